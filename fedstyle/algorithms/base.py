@@ -1,0 +1,231 @@
+"""The algorithm API: one class per method, written once for every runtime.
+
+An :class:`Algorithm` says what happens on a client (local training, payloads it uploads, state it
+keeps) and on the server (setup broadcast, per-round payloads, aggregation). The runtimes — the
+in-process star and peer-to-peer simulators and the Flower bridge — call these hooks and move
+weights and payloads; they never special-case a method.
+
+Hooks, in the order a star run calls them::
+
+    configure_model(model)                           once, on every process holding a model
+    init_server_state(server)                        once, on the server
+    setup_upload(ctx, model)        -> Payload|None  client, before round 0 (None: no setup phase)
+    setup_broadcast(uploads, server) -> Payload      server, from every client's upload
+    setup_download(ctx, model, broadcast)            client
+    round_payloads(server, client_ids) -> {id: Payload}   server, each round, sent beside the model
+    local_train(ctx, model, payload) -> ClientResult     client, on the downloaded weights
+    aggregate(server, updates) -> weights            server
+
+A peer-to-peer run calls ``p2p_share`` and ``training_loss`` per iteration instead (see
+``fedstyle.federation.p2p``).
+
+Composition: every method carries the local options below (a feature-level style op inside each
+client — MixStyle or DSU at chosen stages — and FedBN's local BatchNorm), so "FedBN + MixStyle" or
+"CCST + MixStyle" are hyperparameters, not new classes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Mapping
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from fedstyle.algorithms.hparams import HParam, resolve_hparams
+from fedstyle.errors import ConfigError, FedstyleError
+from fedstyle.federation.context import ClientContext, ClientUpdate, ServerContext
+from fedstyle.federation.payload import Payload
+
+_BN_TYPES = (nn.modules.batchnorm._BatchNorm,)
+
+#: topology names: the star (server + clients) and the peer-to-peer graphs of fedstyle.federation.topology
+STAR: tuple[str, ...] = ("star",)
+PEER_TO_PEER: tuple[str, ...] = ("complete", "ring", "rgg", "erdos_renyi")
+
+
+class NonFiniteLossError(FedstyleError):
+    """Training diverged: the loss became NaN or infinite."""
+
+
+@dataclass
+class ClientResult:
+    """What ``local_train`` reports; the runtime adds the weights and the sample count."""
+
+    train_loss: float
+    payload: Payload = field(default_factory=dict)
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+def batchnorm_keys(model: nn.Module) -> set[str]:
+    """State-dict keys of every BatchNorm layer (parameters and running statistics)."""
+    keys: set[str] = set()
+    for prefix, module in model.named_modules():
+        if isinstance(module, _BN_TYPES):
+            for name, _ in list(module.named_parameters(recurse=False)) + list(module.named_buffers(recurse=False)):
+                keys.add(f"{prefix}.{name}" if prefix else name)
+    return keys
+
+
+class Algorithm:
+    """Base class: FedAvg behaviour plus the local composition options every method accepts."""
+
+    name: ClassVar[str] = ""
+    label: ClassVar[str] = ""
+    summary: ClassVar[str] = ""
+    paper: ClassVar[str] = ""
+    topologies: ClassVar[tuple[str, ...]] = STAR
+
+    HPARAMS: ClassVar[tuple[HParam, ...]] = (
+        HParam("style", "none", "feature-level style op inside each client", choices=("none", "mixstyle", "dsu")),
+        HParam("style_p", 0.5, "probability that the style op fires at a stage", low=0.0, high=1.0),
+        HParam("style_stages", "layer1,layer2,layer3", "comma-separated backbone stages after which the style op runs"),
+        HParam("local_bn", False, "keep BatchNorm layers local to each client (FedBN, Li et al. ICLR'21)"),
+        HParam("aggregation", "size", "weight client models by sample count (size) or equally (uniform)",
+               choices=("size", "uniform")),
+    )
+    #: subclasses change defaults of inherited hyperparameters here (e.g. MixStyle sets style=mixstyle)
+    DEFAULTS: ClassVar[dict[str, Any]] = {}
+
+    def __init__(self, hparams: Mapping[str, Any] | None = None, *, num_classes: int, num_clients: int):
+        self.hp = self.resolve(hparams or {})
+        self.num_classes = num_classes
+        self.num_clients = num_clients
+
+    # -- hyperparameters ----------------------------------------------------------------
+    @classmethod
+    def declared_hparams(cls) -> list[HParam]:
+        """All hyperparameters along the class hierarchy, subclass defaults applied."""
+        table: dict[str, HParam] = {}
+        for klass in reversed(cls.__mro__):
+            for h in klass.__dict__.get("HPARAMS", ()):
+                table[h.name] = h
+            for name, default in klass.__dict__.get("DEFAULTS", {}).items():
+                h = table[name]
+                table[name] = HParam(h.name, default, h.help, h.choices, h.low, h.high)
+        return list(table.values())
+
+    @classmethod
+    def resolve(cls, given: Mapping[str, Any]) -> dict[str, Any]:
+        return resolve_hparams(cls.declared_hparams(), given, cls.name)
+
+    @classmethod
+    def display_name(cls, hp: Mapping[str, Any]) -> str:
+        """A table label: the method's label plus the local options that differ from its defaults."""
+        defaults = {h.name: h.default for h in cls.declared_hparams()}
+        parts = [cls.label or cls.name]
+        if hp.get("local_bn") and not defaults["local_bn"]:
+            parts.append("FedBN")
+        if hp.get("style", "none") != defaults["style"] and hp.get("style") != "none":
+            parts.append({"mixstyle": "MixStyle", "dsu": "DSU"}[hp["style"]])
+        return " + ".join(parts)
+
+    # -- model --------------------------------------------------------------------------
+    def configure_model(self, model: nn.Module) -> None:
+        """Record the parameter keys and insert the local style op after the chosen stages (training only).
+
+        Subclasses that override this call ``super().configure_model(model)`` first.
+        """
+        self.param_keys = [k for k, _ in model.named_parameters()]
+        if self.hp["style"] == "none":
+            return
+        from fedstyle.style import STYLE_OPS
+
+        make_op = STYLE_OPS.get(self.hp["style"])
+        stages = [s.strip() for s in self.hp["style_stages"].split(",") if s.strip()]
+        if not stages:
+            raise ConfigError("style_stages is empty; give stage names such as layer1,layer2,layer3")
+        model.insert_ops(stages, lambda: make_op(p=self.hp["style_p"]))
+
+    def local_keys(self, model: nn.Module) -> set[str]:
+        """State keys that never leave a client's control (FedBN: BatchNorm layers)."""
+        return batchnorm_keys(model) if self.hp["local_bn"] else set()
+
+    # -- server -------------------------------------------------------------------------
+    def init_server_state(self, server: ServerContext) -> None:
+        """Fill ``server.state`` with persistent tensors (default: none)."""
+
+    def setup_broadcast(self, uploads: dict[int, Payload], server: ServerContext) -> Payload:
+        """Combine the clients' setup uploads into what every client receives."""
+        return {}
+
+    def round_payloads(self, server: ServerContext, client_ids: list[int]) -> dict[int, Payload]:
+        """Per-client payloads sent beside the model this round (default: none)."""
+        return {}
+
+    def aggregate(self, server: ServerContext, updates: list[ClientUpdate]) -> dict[str, torch.Tensor]:
+        """Weighted average of the clients' weights (Eq. of FedAvg, McMahan et al. 2017)."""
+        return weighted_average(updates, uniform=self.hp["aggregation"] == "uniform")
+
+    # -- client -------------------------------------------------------------------------
+    def init_client_state(self, ctx: ClientContext, model: nn.Module) -> None:
+        """Fill ``ctx.state`` with persistent per-client tensors on first participation."""
+
+    def setup_upload(self, ctx: ClientContext, model: nn.Module) -> Payload | None:
+        """Return the setup payload (e.g. a style) or None when the method has no setup phase."""
+        return None
+
+    def setup_download(self, ctx: ClientContext, model: nn.Module, broadcast: Payload) -> None:
+        """Receive the server's setup broadcast (e.g. augment local data)."""
+
+    def training_loss(self, ctx: ClientContext, model: nn.Module, x, y, payload: Payload) -> torch.Tensor:
+        """Loss of one mini-batch (default: cross-entropy)."""
+        return F.cross_entropy(model(x), y)
+
+    def local_train(self, ctx: ClientContext, model: nn.Module, payload: Payload) -> ClientResult:
+        """Local optimisation on the downloaded weights; ``model`` is trained in place."""
+        model.train()
+        optimizer = ctx.train.make_optimizer(model.parameters())
+        total = torch.zeros((), device=ctx.device)
+        steps = 0
+        for x, y, _ in ctx.batches():
+            loss = self.training_loss(ctx, model, x, y, payload)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            total += loss.detach()
+            steps += 1
+        mean_loss = float(total) / max(1, steps)
+        check_finite(mean_loss, ctx)
+        self.after_local_train(ctx, model)
+        return ClientResult(train_loss=mean_loss, payload=self.upload_payload(ctx, model))
+
+    def after_local_train(self, ctx: ClientContext, model: nn.Module) -> None:
+        """Update persistent client state after local training (e.g. FedDyn's gradient term)."""
+
+    def upload_payload(self, ctx: ClientContext, model: nn.Module) -> Payload:
+        """Payload sent up with the weights after local training (default: none)."""
+        return {}
+
+    # -- peer-to-peer -------------------------------------------------------------------
+    def p2p_share(self, ctx: ClientContext, model: nn.Module, x: torch.Tensor) -> Payload | None:
+        """Payload a device sends its neighbours each iteration, from its current batch (default: none)."""
+        return None
+
+
+def check_finite(loss: float, ctx: ClientContext) -> None:
+    if not torch.isfinite(torch.tensor(loss)):
+        raise NonFiniteLossError(
+            f"training diverged on client {ctx.client_id} in round {ctx.round} (loss {loss}); "
+            f"lower --lr (now {ctx.train.lr:g}) or check the data"
+        )
+
+
+def weighted_average(updates: list[ClientUpdate], uniform: bool = False) -> dict[str, torch.Tensor]:
+    """Average of the clients' weights by sample count (or equally); integer buffers are rounded."""
+    if not updates:
+        raise FedstyleError("no client returned an update this round")
+    sizes = torch.tensor([1.0 if uniform else float(u.num_samples) for u in updates], dtype=torch.float64)
+    coefs = (sizes / sizes.sum()).tolist()
+    out: dict[str, torch.Tensor] = {}
+    for key, first in updates[0].weights.items():
+        if first.is_floating_point():
+            acc = first.detach().to(torch.float32) * coefs[0]
+            for c, u in zip(coefs[1:], updates[1:]):
+                acc.add_(u.weights[key].to(torch.float32), alpha=c)
+            out[key] = acc.to(first.dtype)
+        else:  # counters such as BatchNorm's num_batches_tracked
+            acc = sum(c * u.weights[key].to(torch.float64) for c, u in zip(coefs, updates))
+            out[key] = torch.round(acc).to(first.dtype)
+    return out

@@ -1,0 +1,223 @@
+"""The ``fedstyle`` command line."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from pathlib import Path
+
+from fedstyle.errors import FedstyleError
+
+RUN_EXAMPLES = """\
+examples:
+  # leave MNIST out; 6 single-domain clients, half of them each round
+  fedstyle run --method fedavg --dataset digits4 --target mnist --partition per_domain \\
+      --clients 6 --fraction 0.5 --rounds 2 --out runs/x
+  # a method's own hyperparameters
+  fedstyle run --method fedprox --hp mu=0.01 --target syn --out runs/prox
+  # FedBN + MixStyle, i.e. local options composed on any method
+  fedstyle run --method fedbn --hp style=mixstyle --target syn --out runs/bn-ms
+  # peer-to-peer DSGD on a random geometric graph of 9 devices
+  fedstyle run --method dsgd --topology rgg --radius 0.8 --partition per_domain --clients 9 --target mnist --out runs/p2p
+  # a TOML file (flags given as well override it); [hparams] holds the method's options
+  fedstyle run --config exp.toml --seed 1 --out runs/s1
+  # continue an interrupted run (Ctrl-C or killed) from its last checkpoint
+  fedstyle run --resume runs/x
+"""
+
+MAIN_EPILOG = """\
+a 5-minute tour:
+  fedstyle demo                       leave-one-domain-out on digits4, FedAvg vs MixStyle, table + plot
+  fedstyle data list                  datasets (built-in and folder benchmarks)
+  fedstyle data show digits4          PNG grid: a row per domain, a column per class
+  fedstyle methods                    every method with its hyperparameters and defaults
+  fedstyle run --help                 train one configuration into a run directory
+  fedstyle report runs/*              the papers' table (mean ± std over seeds) + CSV + plot
+"""
+
+
+def _flag(f: dataclasses.Field) -> str:
+    return f.metadata.get("flag") or "--" + f.name.replace("_", "-")
+
+
+def _add_config_flags(parser: argparse.ArgumentParser) -> None:
+    from fedstyle.experiments.config import RunConfig
+
+    group = parser.add_argument_group("run settings (also TOML keys of --config; flags override the file)")
+    for f in dataclasses.fields(RunConfig):
+        meta, annotation = f.metadata, str(f.type)
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        helptext = meta["help"] + ("" if default in (None, [], {}) else f" (default: {default})")
+        kwargs = dict(dest=f.name, help=helptext, default=argparse.SUPPRESS)
+        if meta.get("repeat"):
+            kwargs.update(action="append", metavar="NAME=VALUE" if f.name == "hparams" else "DOMAIN")
+        elif annotation.startswith("bool"):
+            kwargs.update(action=argparse.BooleanOptionalAction)
+        else:
+            kwargs.update(type=int if "int" in annotation else float if "float" in annotation else str)
+            if meta.get("choices"):
+                kwargs["choices"] = meta["choices"]
+        group.add_argument(_flag(f), **kwargs)
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from fedstyle.algorithms.hparams import parse_assignments
+    from fedstyle.errors import ConfigError
+    from fedstyle.experiments.config import RunConfig
+    from fedstyle.experiments.runner import resume_experiment, run_experiment
+
+    if args.resume:
+        summary = resume_experiment(args.resume, quiet=args.quiet, device=getattr(args, "device", None))
+        out = Path(args.resume)
+    else:
+        if not args.out:
+            raise ConfigError("give --out DIR for the run directory (or --resume DIR to continue one)")
+        config = RunConfig.from_toml(args.config) if args.config else RunConfig()
+        changes = {name: getattr(args, name) for name in RunConfig.field_names() if hasattr(args, name)}
+        if "hparams" in changes:
+            changes["hparams"] = {**config.hparams, **parse_assignments(changes["hparams"])}
+        config = config.updated(**changes)
+        summary = run_experiment(config, args.out, quiet=args.quiet)
+        out = Path(args.out)
+    _print_summary(summary, out)
+    return 0
+
+
+def _print_summary(summary: dict, out: Path) -> None:
+    targets = ", ".join(
+        f"{d} {100 * v['selected']:.1f}% (last {100 * v['last']:.1f}%)" for d, v in summary["targets"].items()
+    )
+    print(f"{summary['label']} on {summary['dataset']}: {targets}")
+    print(f"  selection: {summary['selection_rule']}, round {summary['selected_round']} of {summary['rounds']}; "
+          f"{summary['seconds']:.1f} s; {summary['bytes_up'] / 1e6:.1f} MB up, {summary['bytes_down'] / 1e6:.1f} MB down")
+    print(f"  run directory: {out}")
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    from fedstyle.experiments.report import to_text, write_report
+
+    table, paths = write_report([Path(p) for p in args.runs], Path(args.out), which=args.which)
+    print(to_text(table))
+    for p in paths.values():
+        print(f"wrote {p}")
+    return 0
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from fedstyle.experiments.demo import run_demo
+
+    run_demo(Path(args.out), quiet=args.quiet, rounds=args.rounds, device=args.device)
+    return 0
+
+
+def _cmd_methods(args: argparse.Namespace) -> int:
+    from fedstyle.algorithms import METHODS
+
+    for name, cls in METHODS.items():
+        print(f"{name}  ({cls.label}; topologies: {', '.join(cls.topologies)})")
+        print(f"    {cls.summary}")
+        if cls.paper:
+            print(f"    paper: {cls.paper}")
+        for h in cls.declared_hparams():
+            print(f"    --hp {h.describe()}")
+        print()
+    return 0
+
+
+def _cmd_data_list(args: argparse.Namespace) -> int:
+    from fedstyle.data import DATASETS
+
+    for name, entry in DATASETS.items():
+        print(f"{name:12s} {getattr(entry, 'description', '')}")
+    return 0
+
+
+def _cmd_data_show(args: argparse.Namespace) -> int:
+    from fedstyle.data import load_dataset, save_grid
+
+    dataset = load_dataset(args.name, data_root=args.data_root, resolution=args.resolution,
+                           skip_bad_images=args.skip_bad_images, progress=not args.quiet)
+    out = Path(args.out or f"{args.name}.png")
+    save_grid(dataset, out, per_cell=args.per_cell, seed=args.seed)
+    sizes = ", ".join(f"{d} {dataset.size(d)}" for d in dataset.domains)
+    print(f"{dataset.name}: {dataset.num_classes} classes, {dataset.resolution}x{dataset.resolution}; {sizes}")
+    print(f"wrote {out}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="fedstyle",
+        description="Federated domain generalization: train one classifier across clients whose images come "
+        "from different visual domains, and test it on a domain no client has.",
+        epilog=MAIN_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    run = sub.add_parser("run", help="train one configuration into a run directory",
+                         description="Train one federated configuration; writes config.json, partition.json, "
+                         "metrics.jsonl, a checkpoint, summary.json and finally `done` into --out.",
+                         epilog=RUN_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    run.add_argument("--config", metavar="FILE.toml", help="read settings from a TOML file ([hparams] table for --hp)")
+    run.add_argument("--out", metavar="DIR", help="run directory to create")
+    run.add_argument("--resume", metavar="DIR", help="continue the interrupted run in DIR (its config.json is used)")
+    run.add_argument("--quiet", action="store_true", help="no progress bar or messages (for CI and scripts)")
+    _add_config_flags(run)
+    run.set_defaults(func=_cmd_run)
+
+    report = sub.add_parser("report", help="paper-style table over run directories (mean ± std over seeds)",
+                            description="Collect run directories (searched recursively) into the papers' table: "
+                            "rows are methods, columns held-out domains and their average, cells mean ± std over seeds. "
+                            "Writes report.md, report.csv and accuracy.png.")
+    report.add_argument("runs", nargs="+", metavar="DIR", help="run directories or folders containing them")
+    report.add_argument("--out", default="report", metavar="DIR", help="where to write the report (default: report)")
+    report.add_argument("--which", choices=("selected", "last"), default="selected",
+                        help="accuracy of the selected model or of the last round (default: selected)")
+    report.set_defaults(func=_cmd_report)
+
+    demo = sub.add_parser("demo", help="leave-one-domain-out on digits4 comparing methods, in a few minutes",
+                          description="The main job on the built-in digits4: every domain left out in turn, "
+                          "FedAvg against local MixStyle (and the style methods as they land); prints the table, "
+                          "writes the report and the plot.")
+    demo.add_argument("--out", default="fedstyle-demo", metavar="DIR", help="output folder (default: fedstyle-demo)")
+    demo.add_argument("--rounds", type=int, default=None, help="override the demo's number of rounds")
+    demo.add_argument("--device", default="auto", help="cpu, cuda or auto (default: auto)")
+    demo.add_argument("--quiet", action="store_true", help="no progress bars")
+    demo.set_defaults(func=_cmd_demo)
+
+    methods = sub.add_parser("methods", help="list every method with its hyperparameters and defaults")
+    methods.set_defaults(func=_cmd_methods)
+
+    data = sub.add_parser("data", help="list datasets or draw one as a PNG grid")
+    data_sub = data.add_subparsers(dest="data_command", metavar="ACTION", required=True)
+    data_list = data_sub.add_parser("list", help="list datasets")
+    data_list.set_defaults(func=_cmd_data_list)
+    show = data_sub.add_parser("show", help="write a PNG grid: a row per domain, a column per class")
+    show.add_argument("name", help="dataset name (see `fedstyle data list`)")
+    show.add_argument("--out", metavar="FILE.png", help="output image (default: NAME.png)")
+    show.add_argument("--data-root", help="dataset folder (folder datasets, fashion4's idx files)")
+    show.add_argument("--resolution", type=int, default=None, help="image side in pixels")
+    show.add_argument("--skip-bad-images", action="store_true", help="skip unreadable images")
+    show.add_argument("--per-cell", type=int, default=1, help="images per (domain, class) cell")
+    show.add_argument("--seed", type=int, default=0, help="which images are drawn")
+    show.add_argument("--quiet", action="store_true", help="no progress bar")
+    show.set_defaults(func=_cmd_data_show)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except FedstyleError as err:
+        print(f"fedstyle: error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

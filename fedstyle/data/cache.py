@@ -1,0 +1,199 @@
+"""Decode once, memory-map forever: the on-disk cache behind every dataset.
+
+A dataset is described by a *recipe* (a JSON-serialisable dict with at least ``name`` and
+``version``; it holds everything that changes the decoded pixels: seed, resolution, a fingerprint
+of the source files ...). Its decoded arrays live in ``cache_dir()/<name>-<sha256(recipe)[:16]>/``
+as one ``.npy`` file per domain and array plus a ``meta.json``. The directory is written under a
+temporary name and renamed with :func:`os.replace`, so a crash never leaves a half-written cache,
+and a cached dataset is opened with ``numpy.load(mmap_mode="c")``: nothing is decoded or copied,
+and the copy-on-write mapping is writable, so ``torch.from_numpy`` takes it without warnings.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import platformdirs
+import torch
+
+from fedstyle.data.contract import DomainDataset
+from fedstyle.errors import ConfigError
+
+CACHE_ENV = "FEDSTYLE_CACHE"
+META_FILE = "meta.json"
+# Bumped when the on-disk layout of a cache entry changes (independent of any recipe version).
+LAYOUT_VERSION = 1
+
+
+def cache_dir() -> Path:
+    """Root of the dataset cache: ``$FEDSTYLE_CACHE`` if set, else the user cache dir."""
+    configured = os.environ.get(CACHE_ENV)
+    return Path(configured).expanduser() if configured else Path(platformdirs.user_cache_dir("fedstyle"))
+
+
+def recipe_key(recipe: dict) -> str:
+    """First 16 hex digits of the SHA-256 of the recipe's canonical JSON (sorted keys, no spaces)."""
+    try:
+        canonical = json.dumps(recipe, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    except TypeError as err:
+        raise ConfigError(f"dataset recipe must be JSON-serialisable: {err}") from None
+    return hashlib.sha256(canonical.encode("ascii")).hexdigest()[:16]
+
+
+def entry_dir(recipe: dict) -> Path:
+    """Cache directory of the dataset that ``recipe`` describes."""
+    return cache_dir() / f"{recipe['name']}-{recipe_key(recipe)}"
+
+
+@dataclass
+class DecodedArrays:
+    """What a dataset builder returns: decoded numpy arrays, one entry per domain.
+
+    ``images[d]`` is uint8 (N, 3, H, W); ``labels[d]`` is integer (N,). Builders with too much
+    data for memory fill arrays from :meth:`ArrayWriter.empty_images` instead of numpy arrays.
+    """
+
+    domains: list[str]
+    classes: list[str]
+    images: dict[str, np.ndarray]
+    labels: dict[str, np.ndarray]
+    mean: tuple[float, float, float]
+    std: tuple[float, float, float]
+    augment: str = "crop"
+    info: dict = field(default_factory=dict)
+
+
+class ArrayWriter:
+    """Hands builders memory-mapped ``.npy`` files inside the (temporary) cache entry."""
+
+    def __init__(self, directory: Path):
+        self.directory = directory
+        self._allocated: dict[int, np.ndarray] = {}
+
+    def empty_images(self, domain_index: int, count: int, height: int, width: int) -> np.ndarray:
+        """A writable uint8 (count, 3, height, width) array backed by the cache file itself."""
+        array = np.lib.format.open_memmap(
+            _image_path(self.directory, domain_index), mode="w+", dtype=np.uint8, shape=(count, 3, height, width)
+        )
+        self._allocated[domain_index] = array
+        return array
+
+    def owns(self, domain_index: int, array: np.ndarray) -> bool:
+        return self._allocated.get(domain_index) is array
+
+
+def _image_path(directory: Path, index: int) -> Path:
+    # Files are numbered, not named after domains: domain names may hold spaces or slashes.
+    return directory / f"images_{index}.npy"
+
+
+def _label_path(directory: Path, index: int) -> Path:
+    return directory / f"labels_{index}.npy"
+
+
+def cached_dataset(
+    recipe: dict,
+    build: Callable[[ArrayWriter], DecodedArrays],
+    progress: bool = True,
+) -> DomainDataset:
+    """Return the dataset ``recipe`` describes, calling ``build`` only if it is not cached yet.
+
+    Args:
+        recipe: JSON-serialisable description with ``name`` and ``version`` keys; any change to
+            it (bump ``version`` when the building code changes) selects a new cache entry.
+        build: decodes the dataset; it receives an :class:`ArrayWriter` for arrays too large for
+            memory and may ignore it.
+        progress: print a one-line note to stderr when building.
+    """
+    for key in ("name", "version"):
+        if key not in recipe:
+            raise ConfigError(f"dataset recipe needs a {key!r} entry, got keys {sorted(recipe)}")
+    target = entry_dir(recipe)
+    if not _is_complete(target):
+        if target.exists():  # left behind by an older layout or edited by hand
+            shutil.rmtree(target, ignore_errors=True)
+        if progress:
+            print(f"fedstyle: building {recipe['name']} once, cached in {target}", file=sys.stderr)
+        _build_entry(recipe, build, target)
+    return load_entry(target)
+
+
+def _is_complete(directory: Path) -> bool:
+    try:
+        meta = json.loads((directory / META_FILE).read_text())
+    except (OSError, ValueError):
+        return False
+    return meta.get("layout") == LAYOUT_VERSION
+
+
+def _build_entry(recipe: dict, build: Callable[[ArrayWriter], DecodedArrays], target: Path) -> None:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
+    try:
+        writer = ArrayWriter(staging)
+        arrays = build(writer)
+        _write_arrays(arrays, writer, staging, recipe)
+        try:
+            os.replace(staging, target)
+        except OSError:
+            # Another process finished the same entry first; its copy is identical.
+            if not _is_complete(target):
+                raise
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging, ignore_errors=True)
+
+
+def _write_arrays(arrays: DecodedArrays, writer: ArrayWriter, directory: Path, recipe: dict) -> None:
+    for index, domain in enumerate(arrays.domains):
+        images = arrays.images[domain]
+        if writer.owns(index, images):
+            images.flush()
+        else:
+            np.save(_image_path(directory, index), np.ascontiguousarray(images, dtype=np.uint8))
+        np.save(_label_path(directory, index), np.asarray(arrays.labels[domain], dtype=np.int64))
+    meta = {
+        "layout": LAYOUT_VERSION,
+        "name": recipe["name"],
+        "recipe": recipe,
+        "domains": list(arrays.domains),
+        "classes": list(arrays.classes),
+        "mean": [float(v) for v in arrays.mean],
+        "std": [float(v) for v in arrays.std],
+        "augment": arrays.augment,
+        "info": arrays.info,
+    }
+    # meta.json is written last: its presence marks a complete entry.
+    (directory / META_FILE).write_text(json.dumps(meta, indent=1, sort_keys=True))
+
+
+def load_entry(directory: Path) -> DomainDataset:
+    """Open a complete cache entry as a :class:`DomainDataset` of memory-mapped tensors."""
+    meta = json.loads((directory / META_FILE).read_text())
+    images, labels = {}, {}
+    for index, domain in enumerate(meta["domains"]):
+        images[domain] = torch.from_numpy(np.load(_image_path(directory, index), mmap_mode="c"))
+        labels[domain] = torch.from_numpy(np.load(_label_path(directory, index), mmap_mode="c"))
+    info = dict(meta["info"])
+    info.setdefault("recipe", meta["recipe"])
+    info["cache_dir"] = str(directory)
+    return DomainDataset(
+        name=meta["name"],
+        domains=list(meta["domains"]),
+        classes=list(meta["classes"]),
+        images=images,
+        labels=labels,
+        mean=tuple(meta["mean"]),
+        std=tuple(meta["std"]),
+        augment=meta["augment"],
+        info=info,
+    )

@@ -1,0 +1,156 @@
+"""Assemble a run from its config: dataset, protocol split, clients, model, method, simulator."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import networkx as nx
+import torch
+
+from fedstyle.algorithms import METHODS, Algorithm
+from fedstyle.data import BatchTransform, DomainDataset, load_dataset
+from fedstyle.errors import ConfigError
+from fedstyle.experiments.config import RunConfig
+from fedstyle.federation.context import ClientData
+from fedstyle.federation.evaluate import EvalSet
+from fedstyle.federation.p2p import P2PSimulator
+from fedstyle.federation.star import FederationSettings, StarSimulator
+from fedstyle.federation.topology import build_graph
+from fedstyle.models import build_model, input_normalization
+from fedstyle.partition import ClientSpec, Split, make_partition, make_split
+from fedstyle.seeding import derive_seed, seed_everything
+
+#: data up to this size is moved to the accelerator once, so batches never cross the bus
+_DEVICE_DATA_BYTES = 2 << 30
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
+            return torch.device("mps")
+        return torch.device("cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise ConfigError(f"--device {name!r} is not a device; use cpu, cuda, cuda:N, mps or auto") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"--device {name} asked for CUDA but this torch sees no GPU; use --device cpu or auto")
+    return device
+
+
+@dataclass
+class Experiment:
+    config: RunConfig
+    dataset: DomainDataset
+    split: Split
+    client_specs: list[ClientSpec]
+    algorithm: Algorithm
+    model: torch.nn.Module
+    simulator: StarSimulator | P2PSimulator
+    transform: BatchTransform
+    device: torch.device
+    source_val: dict[str, EvalSet] = field(default_factory=dict)
+    targets: dict[str, EvalSet] = field(default_factory=dict)
+    heldout_val: dict[str, EvalSet] = field(default_factory=dict)
+    graph: nx.Graph | None = None
+
+    @property
+    def label(self) -> str:
+        return type(self.algorithm).display_name(self.algorithm.hp)
+
+
+def _gather(dataset: DomainDataset, spec: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    images, labels, domains = [], [], []
+    for domain, idx in spec.items():
+        images.append(dataset.images[domain][idx])
+        labels.append(dataset.labels[domain][idx])
+        domains.append(torch.full((len(idx),), dataset.domains.index(domain), dtype=torch.long))
+    return torch.cat(images), torch.cat(labels), torch.cat(domains)
+
+
+def resolve_config(config: RunConfig, dataset: DomainDataset) -> RunConfig:
+    """Fill every 'auto' or unset option with the value actually used."""
+    method = METHODS.get(config.method)
+    backbone = config.backbone
+    if backbone == "auto":
+        backbone = "convnet" if dataset.resolution <= 64 else "resnet18"
+    return config.updated(
+        backbone=backbone,
+        resolution=dataset.resolution,
+        augment=config.augment or dataset.augment,
+        hparams=method.resolve(config.hparams),
+        selection=config.resolved_selection(),
+    )
+
+
+def build_experiment(config: RunConfig, progress: bool = True) -> Experiment:
+    config.validate()
+    method_cls = METHODS.get(config.method)
+    if config.topology not in method_cls.topologies:
+        raise ConfigError(
+            f"method {config.method!r} runs on {', '.join(method_cls.topologies)}, not --topology {config.topology}"
+            + ("; for peer-to-peer training use --method dsgd" if config.topology != "star" else "")
+        )
+    method_cls.resolve(config.hparams)  # fail on a bad --hp before loading data
+    device = resolve_device(config.device)
+    dataset = load_dataset(
+        config.dataset,
+        data_root=config.data_root,
+        resolution=config.resolution,
+        skip_bad_images=config.skip_bad_images,
+        progress=progress,
+    )
+    config = resolve_config(config, dataset)
+    split = make_split(
+        dataset, config.protocol, targets=list(config.targets), val_domain=config.val_domain,
+        source=config.source, val_fraction=config.val_fraction, seed=config.seed,
+    )
+    specs = make_partition(
+        config.partition, split, dataset, num_clients=config.clients, alpha=config.alpha, lam=config.lam,
+        min_size=config.min_client_size, seed=derive_seed(config.seed, "partition"),
+    )
+    mean, std = dataset.mean, dataset.std
+    if config.pretrained:
+        norm = input_normalization(config.backbone)
+        if norm is not None:
+            mean, std = norm
+    transform = BatchTransform(mean, std, config.augment)
+
+    seed_everything(derive_seed(config.seed, "model-init"))
+    model = build_model(config.backbone, dataset.num_classes, dataset.resolution, config.pretrained, config.weights)
+    algorithm = method_cls(config.hparams, num_classes=dataset.num_classes, num_clients=len(specs))
+    algorithm.configure_model(model)
+    model.to(device)
+
+    clients = [ClientData(*_gather(dataset, spec.indices), transform) for spec in specs]
+    source_val = {d: EvalSet(dataset.images[d][idx], dataset.labels[d][idx]) for d, idx in split.val.items() if len(idx)}
+    targets = {d: EvalSet(dataset.images[d][split.heldout[d]], dataset.labels[d][split.heldout[d]]) for d in split.targets}
+    heldout_val = {}
+    if split.val_domain is not None:
+        idx = split.heldout[split.val_domain]
+        heldout_val[split.val_domain] = EvalSet(dataset.images[split.val_domain][idx], dataset.labels[split.val_domain][idx])
+
+    if device.type != "cpu":
+        total = sum(c.images.numel() for c in clients) + sum(s.images.numel() for s in [*source_val.values(), *targets.values()])
+        if total <= _DEVICE_DATA_BYTES:
+            clients = [c.to(device) for c in clients]
+            for sets in (source_val, targets, heldout_val):
+                for name, s in sets.items():
+                    sets[name] = EvalSet(s.images.to(device), s.labels.to(device))
+
+    settings = FederationSettings(
+        rounds=config.rounds, lr=config.lr, lr_schedule=config.lr_schedule, batch_size=config.batch_size,
+        local_epochs=config.local_epochs, local_steps=config.local_steps, optimizer=config.optimizer,
+        momentum=config.momentum, weight_decay=config.weight_decay, fraction=config.fraction,
+        clients_per_round=config.clients_per_round,
+    )
+    graph = None
+    if config.topology == "star":
+        simulator = StarSimulator(algorithm, model, clients, settings, config.seed, device)
+    else:
+        graph = build_graph(config.topology, len(clients), derive_seed(config.seed, "graph"), config.radius, config.edge_prob)
+        simulator = P2PSimulator(algorithm, model, clients, settings, graph, config.seed, device)
+    return Experiment(config, dataset, split, specs, algorithm, model, simulator, transform, device,
+                      source_val, targets, heldout_val, graph)

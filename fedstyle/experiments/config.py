@@ -1,0 +1,154 @@
+"""Run configuration: one dataclass, read from a TOML file and/or command-line flags.
+
+Each field carries its own help text and flag name; the ``fedstyle run`` parser is generated
+from these fields, so the CLI, the TOML keys and ``config.json`` can never drift apart.
+Precedence: defaults < TOML file (``--config``) < flags.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+from fedstyle.errors import ConfigError
+
+SELECTIONS = ("source_val", "heldout_val", "last", "oracle")
+TOPOLOGIES = ("star", "complete", "ring", "rgg", "erdos_renyi")
+
+
+def _opt(default: Any, help: str, *, flag: str | None = None, choices: tuple | None = None, repeat: bool = False, **kw):
+    meta = {"help": help, "flag": flag, "choices": choices, "repeat": repeat}
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda d=default: type(d)(d), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+@dataclass
+class RunConfig:
+    # what to train
+    method: str = _opt("fedavg", "method name (see `fedstyle methods`)")
+    hparams: dict = _opt({}, "the method's own hyperparameters, NAME=VALUE (repeatable; see `fedstyle methods`)",
+                         flag="--hp", repeat=True)
+    # data
+    dataset: str = _opt("digits4", "dataset name (see `fedstyle data list`)")
+    data_root: str | None = _opt(None, "folder of a folder dataset (root/<domain>/<class>/<image>) or of fashion4's idx files")
+    skip_bad_images: bool = _opt(False, "skip unreadable images (counted and reported) instead of stopping")
+    resolution: int | None = _opt(None, "image side in pixels (default: the dataset's)")
+    augment: str | None = _opt(None, "training augmentation: none, crop, crop_flip (default: the dataset's)")
+    # protocol
+    protocol: str = _opt("lodo", "evaluation protocol", choices=("lodo", "ltdo", "single_source"))
+    targets: list = _opt([], "held-out test domain (repeatable)", flag="--target", repeat=True)
+    val_domain: str | None = _opt(None, "ltdo: the held-out validation domain")
+    source: str | None = _opt(None, "single_source: the one training domain")
+    val_fraction: float = _opt(0.1, "fraction of each source domain kept for source validation")
+    # clients
+    partition: str = _opt("domain", "how source data is split over clients",
+                          choices=("domain", "per_domain", "dirichlet", "lambda", "label_dirichlet"))
+    clients: int | None = _opt(None, "number of clients (domain partition: one per source domain)")
+    fraction: float = _opt(1.0, "fraction of clients sampled per round (star)")
+    clients_per_round: int = _opt(0, "clients sampled per round (overrides --fraction when > 0)")
+    alpha: float = _opt(0.5, "Dirichlet concentration for dirichlet / label_dirichlet partitions")
+    lam: float = _opt(0.1, "Bai et al. heterogeneity lambda in [0, 1] for the lambda partition")
+    min_client_size: int = _opt(10, "smallest allowed client (Dirichlet partitions resample until met)")
+    # topology
+    topology: str = _opt("star", "star (server) or a peer-to-peer graph", choices=TOPOLOGIES)
+    radius: float = _opt(0.8, "rgg: connection radius in the unit square")
+    edge_prob: float = _opt(0.5, "erdos_renyi: edge probability")
+    # optimisation
+    backbone: str = _opt("auto", "network: convnet, resnet18, resnet50, efficientnet_lite0 (auto: by dataset)")
+    pretrained: bool = _opt(False, "start from ImageNet weights (resnets need --weights FILE)")
+    weights: str | None = _opt(None, "torchvision checkpoint file for a resnet backbone")
+    rounds: int = _opt(20, "communication rounds (peer-to-peer: epochs of iterations)")
+    local_epochs: int = _opt(1, "local epochs per round")
+    local_steps: int = _opt(0, "local steps per round (overrides --local-epochs when > 0)")
+    batch_size: int = _opt(32, "mini-batch size")
+    lr: float = _opt(0.05, "learning rate")
+    lr_schedule: str = _opt("cosine", "learning-rate schedule over rounds", choices=("constant", "cosine", "step"))
+    optimizer: str = _opt("sgd", "client optimizer", choices=("sgd", "adam"))
+    momentum: float = _opt(0.9, "SGD momentum")
+    weight_decay: float = _opt(5e-4, "weight decay")
+    # run
+    seed: int = _opt(0, "random seed (same config and seed give the same metrics)")
+    device: str = _opt("auto", "cpu, cuda, cuda:1, mps or auto")
+    eval_every: int = _opt(1, "evaluate every k rounds (and always after the last)")
+    selection: str = _opt("auto", "model selection: source_val, heldout_val (ltdo), last, oracle (auto: source_val, "
+                          "or heldout_val under ltdo)", choices=("auto",) + SELECTIONS)
+    allow_oracle: bool = _opt(False, "permit --selection oracle (selects on the target: optimistic, labelled so)")
+
+    # ------------------------------------------------------------------------------
+    @classmethod
+    def field_names(cls) -> list[str]:
+        return [f.name for f in dataclasses.fields(cls)]
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any], where: str = "config") -> "RunConfig":
+        known = set(cls.field_names())
+        values = dict(values)
+        if "hparams" in values and not isinstance(values["hparams"], Mapping):
+            raise ConfigError(f"{where}: [hparams] must be a table of NAME = VALUE")
+        # TOML users naturally write `target = "mnist"`
+        if "target" in values:
+            t = values.pop("target")
+            values["targets"] = [t] if isinstance(t, str) else list(t)
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ConfigError(f"{where}: unknown setting {unknown[0]!r}; valid settings: {', '.join(sorted(known))}")
+        return cls(**values)
+
+    @classmethod
+    def from_toml(cls, path: str | Path) -> "RunConfig":
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"config file {path} does not exist")
+        try:
+            data = tomllib.loads(path.read_text())
+        except tomllib.TOMLDecodeError as err:
+            raise ConfigError(f"{path} is not valid TOML: {err}") from None
+        return cls.from_mapping(data, where=str(path))
+
+    def updated(self, **changes: Any) -> "RunConfig":
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+
+    def resolved_selection(self) -> str:
+        if self.selection == "auto":
+            return "heldout_val" if self.protocol == "ltdo" else "source_val"
+        return self.selection
+
+    def validate(self) -> None:
+        """Check option values and combinations that need no dataset (those are checked later)."""
+        checks = [
+            (self.rounds >= 1, "--rounds must be at least 1"),
+            (self.local_epochs >= 1 or self.local_steps > 0, "--local-epochs must be at least 1"),
+            (self.local_steps >= 0, "--local-steps must be >= 0"),
+            (self.batch_size >= 2, "--batch-size must be at least 2 (BatchNorm needs two samples)"),
+            (self.lr > 0, "--lr must be positive"),
+            (0 < self.fraction <= 1, "--fraction must be in (0, 1]"),
+            (self.clients_per_round >= 0, "--clients-per-round must be >= 0"),
+            (self.alpha > 0, "--alpha must be positive"),
+            (0 <= self.lam <= 1, "--lam must be in [0, 1]"),
+            (self.clients is None or self.clients >= 1, "--clients must be at least 1"),
+            (self.eval_every >= 1, "--eval-every must be at least 1"),
+            (0 <= self.val_fraction < 1, "--val-fraction must be in [0, 1)"),
+            (self.radius > 0, "--radius must be positive"),
+            (0 < self.edge_prob <= 1, "--edge-prob must be in (0, 1]"),
+            (self.momentum >= 0 and self.weight_decay >= 0, "--momentum and --weight-decay must be >= 0"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise ConfigError(message)
+        selection = self.resolved_selection()
+        if selection == "oracle" and not self.allow_oracle:
+            raise ConfigError("--selection oracle picks the model on the test domain (optimistic); "
+                              "add --allow-oracle to do it anyway, and it will be labelled (oracle) in every table")
+        if selection == "heldout_val" and self.protocol != "ltdo":
+            raise ConfigError("--selection heldout_val needs --protocol ltdo with a --val-domain")

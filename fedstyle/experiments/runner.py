@@ -1,0 +1,280 @@
+"""Run an experiment into a run directory, and resume an interrupted one.
+
+A run directory holds::
+
+    config.json        the fully resolved configuration
+    partition.json     clients with their sample counts per domain and per class
+    metrics.jsonl      one JSON object per evaluation
+    checkpoint.safetensors   the run state at the last evaluation (atomic)
+    summary.json       the selected and last accuracies per held-out domain, time, bytes
+    done               written last: the run is complete
+
+Every random draw depends only on (seed, round, client), and the checkpoint holds every piece of
+state that carries across rounds, so ``--resume`` ends with the same summary as an uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fedstyle.errors import ConfigError, FedstyleError
+from fedstyle.experiments.build import Experiment, build_experiment
+from fedstyle.experiments.checkpoint import load_checkpoint, save_checkpoint
+from fedstyle.experiments.config import RunConfig
+from fedstyle.federation.evaluate import evaluate
+from fedstyle.io import atomic_write_json, atomic_write_text
+from fedstyle.partition import write_partition_json
+
+CONFIG, METRICS, SUMMARY, DONE = "config.json", "metrics.jsonl", "summary.json", "done"
+
+SELECTION_LABELS = {
+    "source_val": "source_val (best mean source-validation accuracy)",
+    "heldout_val": "heldout_val (best accuracy on the held-out validation domain)",
+    "last": "last (final round)",
+    "oracle": "oracle (best on the target — optimistic, not a valid model selection)",
+}
+
+
+@dataclass
+class Selector:
+    """Tracks the model chosen by the selection rule over evaluations."""
+
+    rule: str
+    best_score: float = -math.inf
+    best_round: int = 0
+    best_targets: dict[str, float] = field(default_factory=dict)
+
+    def score(self, record: dict[str, Any]) -> float:
+        if self.rule == "source_val":
+            values = list(record["source_val_acc"].values())
+        elif self.rule == "heldout_val":
+            values = list(record["heldout_val_acc"].values())
+        elif self.rule == "oracle":
+            values = list(record["target_acc"].values())
+        else:  # last
+            return float(record["round"])
+        return sum(values) / len(values) if values else -math.inf
+
+    def update(self, record: dict[str, Any]) -> None:
+        score = self.score(record)
+        if score > self.best_score:  # ties keep the earlier round
+            self.best_score, self.best_round, self.best_targets = score, record["round"], dict(record["target_acc"])
+
+    def state(self) -> dict[str, Any]:
+        return {"rule": self.rule, "best_score": self.best_score, "best_round": self.best_round,
+                "best_targets": self.best_targets}
+
+
+class Reporter:
+    """Progress over rounds: a tqdm bar with live loss and accuracy, silent with quiet=True."""
+
+    def __init__(self, total: int, initial: int, quiet: bool, desc: str):
+        self.quiet = quiet
+        self.bar = None
+        if not quiet:
+            from tqdm.auto import tqdm
+
+            self.bar = tqdm(total=total, initial=initial, desc=desc, unit="round", dynamic_ncols=True, file=sys.stderr)
+
+    def info(self, message: str) -> None:
+        if self.quiet:
+            return
+        if self.bar is not None:
+            self.bar.write(message, file=sys.stderr)
+        else:
+            print(message, file=sys.stderr)
+
+    def step(self, postfix: dict[str, str]) -> None:
+        if self.bar is not None:
+            self.bar.set_postfix(postfix, refresh=False)
+            self.bar.update(1)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def _mean(values) -> float:
+    values = list(values)
+    return sum(values) / len(values) if values else float("nan")
+
+
+def evaluate_round(exp: Experiment, completed_rounds: int, train_loss: float, seconds: float) -> dict[str, Any]:
+    sim = exp.simulator
+    weights = sim.eval_weights()
+    record: dict[str, Any] = {
+        "round": completed_rounds,
+        "seconds": round(seconds, 4),
+        "train_loss": train_loss,
+        "source_val_acc": evaluate(exp.model, weights, exp.source_val, exp.transform, exp.device),
+        "target_acc": evaluate(exp.model, weights, exp.targets, exp.transform, exp.device),
+    }
+    if exp.heldout_val:
+        record["heldout_val_acc"] = evaluate(exp.model, weights, exp.heldout_val, exp.transform, exp.device)
+    devices = sim.device_weights()
+    if devices:  # peer-to-peer: the average model above, and every device's own model
+        per_device = [evaluate(exp.model, w, exp.targets, exp.transform, exp.device) for w in devices]
+        record["device_target_acc"] = {
+            d: {"mean": _mean(acc[d] for acc in per_device),
+                "std": float(_std([acc[d] for acc in per_device]))} for d in exp.targets
+        }
+        record["consensus_distance"] = sim.consensus()
+    t = sim.traffic
+    record.update({"bytes_up": t.up, "bytes_down": t.down, "bytes_model_up": t.model_up,
+                   "bytes_model_down": t.model_down, "bytes_payload_up": t.payload_up,
+                   "bytes_payload_down": t.payload_down})
+    return record
+
+
+def _std(values: list[float]) -> float:
+    if len(values) < 2:
+        return 0.0
+    m = _mean(values)
+    return math.sqrt(sum((v - m) ** 2 for v in values) / (len(values) - 1))
+
+
+def _read_metrics(path: Path, upto_round: int) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    records = []
+    for line in path.read_text().splitlines():
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:  # a line cut by a kill: it is after the checkpoint anyway
+            break
+        if record["round"] <= upto_round:
+            records.append(record)
+    return records
+
+
+def _prepare_new_run(out: Path) -> None:
+    if out.exists() and any(out.iterdir()):
+        if (out / CONFIG).exists():
+            raise ConfigError(f"{out} already holds a run; continue it with `fedstyle run --resume {out}` "
+                              "or choose another --out")
+        raise ConfigError(f"{out} exists and is not empty; choose another --out")
+
+
+def run_experiment(config: RunConfig, out: str | Path, *, quiet: bool = False) -> dict[str, Any]:
+    """Train ``config`` into the run directory ``out`` (which must be new or empty)."""
+    out = Path(out)
+    _prepare_new_run(out)
+    exp = build_experiment(config, progress=not quiet)
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out / CONFIG, exp.config.to_json() + "\n")
+    write_partition_json(exp.client_specs, exp.dataset, out / "partition.json")
+    return _train(exp, out, quiet=quiet, checkpoint=None)
+
+
+def resume_experiment(out: str | Path, *, quiet: bool = False, device: str | None = None) -> dict[str, Any]:
+    """Continue the run in ``out`` from its last checkpoint (or return its summary if complete)."""
+    out = Path(out)
+    if not (out / CONFIG).exists():
+        raise ConfigError(f"{out} holds no run (no {CONFIG}); start one with `fedstyle run --out {out} ...`")
+    if (out / DONE).exists():
+        return json.loads((out / SUMMARY).read_text())
+    config = RunConfig.from_mapping(json.loads((out / CONFIG).read_text()), where=str(out / CONFIG))
+    if device is not None:
+        config = config.updated(device=device)
+    exp = build_experiment(config, progress=not quiet)
+    return _train(exp, out, quiet=quiet, checkpoint=load_checkpoint(out))
+
+
+def _train(exp: Experiment, out: Path, *, quiet: bool, checkpoint) -> dict[str, Any]:
+    config, sim = exp.config, exp.simulator
+    selector = Selector(config.selection)
+    start_round, elapsed = 0, 0.0
+    # The setup exchange always runs (it is deterministic), also on resume: what it leaves outside
+    # the checkpointed state — augmented client data, say — is rebuilt; the checkpoint then
+    # restores the state and traffic counters as they were.
+    tick = time.perf_counter()
+    setup_info = sim.setup()
+    if checkpoint is not None:
+        tensors, meta = checkpoint
+        sim.load_state_tensors({k: v.to(exp.device) for k, v in tensors.items()})
+        sim.load_meta(meta["simulator"])
+        start_round, elapsed = meta["round"], meta["seconds"]
+        selector = Selector(**meta["selector"])
+    records = _read_metrics(out / METRICS, start_round)
+    atomic_write_text(out / METRICS, "".join(json.dumps(r) + "\n" for r in records))
+
+    reporter = Reporter(config.rounds, start_round, quiet, desc=f"{exp.label} {config.dataset}")
+    if start_round:
+        reporter.info(f"resuming {out} after round {start_round}")
+    if setup_info:
+        reporter.info("setup exchange: " + ", ".join(f"{k} {v:.2f}" for k, v in setup_info.items()))
+    try:
+        last_loss = float("nan")
+        with open(out / METRICS, "a") as metrics_file:
+            for r in range(start_round, config.rounds):
+                result = sim.run_round(r)
+                last_loss = result.train_loss
+                done_rounds = r + 1
+                postfix = {"loss": f"{last_loss:.3f}"}
+                if done_rounds % config.eval_every == 0 or done_rounds == config.rounds:
+                    seconds = elapsed + time.perf_counter() - tick
+                    record = evaluate_round(exp, done_rounds, last_loss, seconds)
+                    selector.update(record)
+                    metrics_file.write(json.dumps(record) + "\n")
+                    metrics_file.flush()
+                    records.append(record)
+                    save_checkpoint(out, sim.state_tensors(), {
+                        "round": done_rounds, "seconds": seconds, "simulator": sim.meta(), "selector": selector.state(),
+                    })
+                    postfix.update(src=f"{_mean(record['source_val_acc'].values()):.3f}",
+                                   tgt=f"{_mean(record['target_acc'].values()):.3f}")
+                reporter.step(postfix)
+    except KeyboardInterrupt:
+        reporter.close()
+        print(f"\ninterrupted; continue with: fedstyle run --resume {out}", file=sys.stderr)
+        raise
+    finally:
+        reporter.close()
+    summary = make_summary(exp, records, selector)
+    atomic_write_json(out / SUMMARY, summary)
+    atomic_write_text(out / DONE, time.strftime("%Y-%m-%dT%H:%M:%S") + "\n")
+    return summary
+
+
+def make_summary(exp: Experiment, records: list[dict[str, Any]], selector: Selector) -> dict[str, Any]:
+    if not records:
+        raise FedstyleError("the run finished without any evaluation")
+    config, last = exp.config, records[-1]
+    label = exp.label + (" (oracle)" if config.selection == "oracle" else "")
+    summary = {
+        "method": config.method,
+        "label": label,
+        "dataset": config.dataset,
+        "protocol": config.protocol,
+        "partition": config.partition,
+        "topology": config.topology,
+        "seed": config.seed,
+        "selection": config.selection,
+        "selection_rule": SELECTION_LABELS[config.selection],
+        "selected_round": selector.best_round,
+        "rounds": config.rounds,
+        "num_clients": len(exp.client_specs),
+        "targets": {d: {"selected": selector.best_targets.get(d), "last": last["target_acc"][d]} for d in exp.targets},
+        "target_avg": {
+            "selected": _mean(selector.best_targets.values()),
+            "last": _mean(last["target_acc"].values()),
+        },
+        "seconds": last["seconds"],
+        "bytes_up": last["bytes_up"],
+        "bytes_down": last["bytes_down"],
+        "traffic": {k: last[k] for k in last if k.startswith("bytes_")},
+    }
+    if config.val_domain:
+        summary["val_domain"] = config.val_domain
+    if "device_target_acc" in last:
+        summary["device_target_acc_last"] = last["device_target_acc"]
+        summary["consensus_distance_last"] = last["consensus_distance"]
+    return summary

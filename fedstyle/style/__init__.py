@@ -1,0 +1,22 @@
+"""Feature-level style operations, inserted after backbone stages with ``Backbone.insert_op``.
+
+``STYLE_OPS`` maps a name to a constructor taking the firing probability ``p`` (and the op's
+other hyperparameters as keywords), e.g. ``STYLE_OPS.get("mixstyle")(p=0.5)``.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from torch import nn
+
+from fedstyle.registry import Registry
+from fedstyle.style.dsu import DSU
+from fedstyle.style.mixstyle import MixStyle
+from fedstyle.style.stats import adain, channel_stats, restyle
+
+STYLE_OPS: Registry[Callable[..., nn.Module]] = Registry("style op")
+STYLE_OPS.add("mixstyle", MixStyle)
+STYLE_OPS.add("dsu", DSU)
+
+__all__ = ["DSU", "MixStyle", "STYLE_OPS", "adain", "channel_stats", "restyle"]

@@ -1,0 +1,75 @@
+"""MixStyle (Zhou et al., ICLR'21): mix feature statistics between samples of a batch."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.distributions import Beta
+
+from fedstyle.errors import ConfigError
+from fedstyle.style.stats import channel_stats, restyle
+
+
+def check_probability(p: float, name: str = "p") -> float:
+    if not 0.0 <= p <= 1.0:
+        raise ConfigError(f"{name} must be a probability in [0, 1], got {p}")
+    return float(p)
+
+
+def fires(p: float) -> bool:
+    """One Bernoulli(p) draw from torch's global CPU generator.
+
+    Drawn on the CPU so that deciding whether an op runs never synchronises with an accelerator;
+    ``torch.manual_seed`` seeds this generator together with the device ones.
+    """
+    if p >= 1.0:
+        return True
+    if p <= 0.0:
+        return False
+    return bool(torch.rand(()) < p)
+
+
+class MixStyle(nn.Module):
+    """MixStyle at one stage; identity in eval mode.
+
+    With probability ``p`` per forward call (training only): lambda ~ Beta(alpha, alpha) per sample,
+    a random permutation ``perm`` of the batch, and
+
+        mu_mix = lambda * mu + (1 - lambda) * mu[perm],  sigma_mix likewise,
+        out = sigma_mix * (x - mu) / sigma + mu_mix,
+
+    with (mu, sigma) detached from the graph as in the paper (gradients flow through x only).
+    sigma uses the 1/HW variance of the paper's equations; ``unbiased=True`` reproduces the
+    authors' code (``torch.var`` default, 1/(HW - 1)). The random permutation is the paper's
+    "random" mixing; samples are drawn from torch's global generator of ``x``'s device.
+    """
+
+    def __init__(self, p: float = 0.5, alpha: float = 0.1, eps: float = 1e-6, unbiased: bool = False):
+        super().__init__()
+        self.p = check_probability(p)
+        if alpha <= 0:
+            raise ConfigError(f"MixStyle alpha must be > 0 (Beta concentration), got {alpha}")
+        self.alpha = float(alpha)
+        self.eps = float(eps)
+        self.unbiased = unbiased
+
+    def extra_repr(self) -> str:
+        return f"p={self.p}, alpha={self.alpha}, eps={self.eps}, unbiased={self.unbiased}"
+
+    def sample_mix_weights(self, batch_size: int, like: torch.Tensor) -> torch.Tensor:
+        """lambda ~ Beta(alpha, alpha), shape (B, 1, 1, 1), on ``like``'s device and dtype."""
+        concentration = torch.tensor(self.alpha, device=like.device, dtype=torch.float32)
+        lam = Beta(concentration, concentration).sample((batch_size, 1, 1, 1))
+        return lam.to(like.dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.training or not fires(self.p):
+            return x
+        batch = x.shape[0]
+        mu, sigma = channel_stats(x, eps=self.eps, unbiased=self.unbiased)
+        mu, sigma = mu.detach(), sigma.detach()
+        lam = self.sample_mix_weights(batch, x)
+        perm = torch.randperm(batch, device=x.device)
+        mu_mix = lam * mu + (1 - lam) * mu[perm]
+        sigma_mix = lam * sigma + (1 - lam) * sigma[perm]
+        return restyle(x, mu, sigma, mu_mix, sigma_mix)

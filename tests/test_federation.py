@@ -1,0 +1,273 @@
+"""The algorithm API and the simulators on tiny in-memory data (no dataset files)."""
+
+import math
+
+import networkx as nx
+import pytest
+import torch
+import torch.nn.functional as F
+
+from fedstyle.algorithms import METHODS
+from fedstyle.algorithms.base import NonFiniteLossError, batchnorm_keys, weighted_average
+from fedstyle.algorithms.hparams import HParam, parse_assignments, resolve_hparams
+from fedstyle.data.transforms import BatchTransform
+from fedstyle.errors import ConfigError, FedstyleError
+from fedstyle.federation.client import load_weights, snapshot
+from fedstyle.federation.context import ClientData, ClientUpdate, ServerContext, lr_at
+from fedstyle.federation.p2p import P2PSimulator
+from fedstyle.federation.payload import check_payload, payload_nbytes, weights_nbytes
+from fedstyle.federation.star import FederationSettings, StarSimulator
+from fedstyle.models import build_model
+from fedstyle.seeding import seed_everything
+
+TRANSFORM = BatchTransform((0.5, 0.5, 0.5), (0.5, 0.5, 0.5), "none")
+
+
+def make_clients(n=3, per_client=24, size=16, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    clients = []
+    for cid in range(n):
+        labels = torch.arange(per_client) % 4
+        # class-dependent brightness so a model can learn something
+        base = (labels * 60 + 20).view(-1, 1, 1, 1).float()
+        images = (base + torch.randint(0, 30, (per_client, 3, size, size), generator=g)).clamp(0, 255).to(torch.uint8)
+        clients.append(ClientData(images, labels, torch.full((per_client,), cid), TRANSFORM))
+    return clients
+
+
+def make_model(method="fedavg", hp=None, n_clients=3):
+    seed_everything(0)
+    model = build_model("convnet", 4, 16)
+    algo = METHODS.get(method)(hp or {}, num_classes=4, num_clients=n_clients)
+    algo.configure_model(model)
+    return algo, model
+
+
+SETTINGS = FederationSettings(rounds=2, lr=0.05, batch_size=8, local_epochs=1)
+
+
+def update(weights, n):
+    return ClientUpdate(client_id=0, weights=weights, num_samples=n, train_loss=0.0)
+
+
+# -- hyperparameters ----------------------------------------------------------------------
+def test_hparam_parsing_and_errors():
+    h = HParam("mu", 0.01, "prox", low=0.0)
+    assert h.parse("0.5") == 0.5
+    with pytest.raises(ConfigError, match="not a valid float"):
+        h.parse("abc")
+    with pytest.raises(ConfigError, match="below the minimum"):
+        h.parse("-1")
+    b = HParam("flag", False, "a flag")
+    assert b.parse("true") is True and b.parse("0") is False
+    with pytest.raises(ConfigError):
+        b.parse("maybe")
+    c = HParam("style", "none", "op", choices=("none", "mixstyle"))
+    with pytest.raises(ConfigError, match="not one of"):
+        c.parse("dsu2")
+    i = HParam("k", 3, "count")
+    assert i.parse("4") == 4
+    with pytest.raises(ConfigError):
+        i.parse(2.5)
+    with pytest.raises(ConfigError, match="unknown hyperparameter 'mux'.*valid: mu"):
+        resolve_hparams([h], {"mux": 1}, "fedprox")
+    assert parse_assignments(["mu=0.1", "style = dsu"]) == {"mu": "0.1", "style": "dsu"}
+    with pytest.raises(ConfigError, match="NAME=VALUE"):
+        parse_assignments(["mu"])
+
+
+def test_subclass_defaults_and_display_name():
+    assert METHODS.get("mixstyle").resolve({})["style"] == "mixstyle"
+    assert METHODS.get("fedbn").resolve({})["local_bn"] is True
+    fedbn = METHODS.get("fedbn")
+    assert fedbn.display_name(fedbn.resolve({"style": "mixstyle"})) == "FedBN + MixStyle"
+    fedavg = METHODS.get("fedavg")
+    assert fedavg.display_name(fedavg.resolve({"local_bn": "true", "style": "dsu"})) == "FedAvg + FedBN + DSU"
+
+
+# -- payloads -----------------------------------------------------------------------------
+def test_payload_checks_and_bytes():
+    p = check_payload({"mu": torch.zeros(4, 8), "k": 3, "name": "abc"}, "test")
+    assert payload_nbytes(p) == 4 * 8 * 4 + 8 + 3
+    with pytest.raises(FedstyleError, match="only tensors"):
+        check_payload({"obj": object()}, "test")
+    with pytest.raises(FedstyleError, match="keys must be strings"):
+        check_payload({1: torch.zeros(1)}, "test")
+    assert weights_nbytes({"a": torch.zeros(10), "b": torch.zeros(2, dtype=torch.float64)}) == 56
+
+
+# -- aggregation --------------------------------------------------------------------------
+def test_weighted_average_by_size_and_uniform():
+    a = {"w": torch.tensor([1.0, 2.0]), "n": torch.tensor(10)}
+    b = {"w": torch.tensor([5.0, 6.0]), "n": torch.tensor(20)}
+    out = weighted_average([update(a, 1), update(b, 3)])
+    assert torch.allclose(out["w"], torch.tensor([4.0, 5.0]))  # 0.25*a + 0.75*b
+    assert out["n"].dtype == torch.int64 and int(out["n"]) == 18  # round(2.5 + 15)
+    out = weighted_average([update(a, 1), update(b, 3)], uniform=True)
+    assert torch.allclose(out["w"], torch.tensor([3.0, 4.0]))
+
+
+def test_feddyn_server_update_hand_computed():
+    algo = METHODS.get("feddyn")({"alpha": 0.5}, num_classes=2, num_clients=4)
+    algo.param_keys = ["w"]
+    server = ServerContext(weights={"w": torch.tensor([1.0])}, state={}, round=0, num_clients=4, seed=0)
+    ups = [update({"w": torch.tensor([3.0])}, 1), update({"w": torch.tensor([5.0])}, 9)]
+    out = algo.aggregate(server, ups)
+    # h = 0 - (0.5/4) * ((3-1) + (5-1)) = -0.75 ; w = mean(3, 5) - h/alpha = 4 + 1.5
+    assert torch.allclose(server.state["feddyn/h/w"], torch.tensor([-0.75]))
+    assert torch.allclose(out["w"], torch.tensor([5.5]))
+
+
+def test_feddyn_client_penalty_and_state_update():
+    algo, model = make_model("feddyn", {"alpha": 0.1})
+    clients = make_clients(1)
+    sim = StarSimulator(algo, model, clients, SETTINGS, seed=0, device=torch.device("cpu"))
+    before = torch.nn.utils.parameters_to_vector([sim.server.weights[k] for k in algo.param_keys])
+    sim.run_round(0)
+    state = sim.client_states[0]
+    # grad_i = 0 - alpha * (w_i - w_server): recompute from the uploaded weights
+    w_local = torch.nn.utils.parameters_to_vector([state_w for state_w in _last_local(sim, algo)])
+    assert torch.allclose(state["feddyn/grad"], -0.1 * (w_local - before), atol=1e-6)
+
+
+def _last_local(sim, algo):
+    # the model object still holds the client's trained weights after its round
+    return [dict(sim.model.named_parameters())[k].detach() for k in algo.param_keys]
+
+
+def test_fedprox_zero_at_anchor_and_positive_away():
+    algo, model = make_model("fedprox", {"mu": 1.0})
+    x = torch.randn(4, 3, 16, 16)
+    y = torch.tensor([0, 1, 2, 3])
+
+    class Ctx:
+        global_weights = snapshot(model)
+
+    model.eval()
+    base = F.cross_entropy(model(x), y)
+    assert torch.allclose(algo.training_loss(Ctx, model, x, y, {}), base)
+    with torch.no_grad():
+        model.head.bias.add_(1.0)  # ||delta||^2 = 4 -> prox = 0.5 * 1.0 * 4
+    shifted = F.cross_entropy(model(x), y)
+    assert torch.allclose(algo.training_loss(Ctx, model, x, y, {}), shifted + 2.0)
+
+
+# -- star simulator -----------------------------------------------------------------------
+def test_star_round_counts_bytes_and_samples_clients():
+    algo, model = make_model()
+    sim = StarSimulator(algo, model, make_clients(3), FederationSettings(rounds=2, lr=0.05, batch_size=8,
+                        clients_per_round=2), seed=0, device=torch.device("cpu"))
+    result = sim.run_round(0)
+    assert len(result.clients) == 2 and math.isfinite(result.train_loss)
+    model_bytes = weights_nbytes(sim.server.weights)
+    assert sim.traffic.model_down == 2 * model_bytes and sim.traffic.model_up == 2 * model_bytes
+    assert sim.sample_clients(0) == result.clients  # derived from (seed, round): repeatable
+    assert sim.traffic.payload_up == 0
+
+
+def test_star_same_seed_same_weights_and_model_changes():
+    def train():
+        algo, model = make_model("mixstyle")
+        sim = StarSimulator(algo, model, make_clients(3), SETTINGS, seed=5, device=torch.device("cpu"))
+        start = {k: v.clone() for k, v in sim.server.weights.items()}
+        sim.run_round(0)
+        sim.run_round(1)
+        return start, sim.server.weights
+
+    start, w1 = train()
+    _, w2 = train()
+    assert all(torch.equal(w1[k], w2[k]) for k in w1)
+    assert not torch.equal(start["head.weight"], w1["head.weight"])
+
+
+def test_fedbn_keeps_batchnorm_local_and_does_not_send_it_down():
+    algo, model = make_model("fedbn")
+    bn = batchnorm_keys(model)
+    assert bn and "backbone.layer1.1.weight" in bn or any(k.endswith("running_mean") for k in bn)
+    sim = StarSimulator(algo, model, make_clients(2), SETTINGS, seed=0, device=torch.device("cpu"))
+    sim.run_round(0)
+    shared = [k for k in sim.server.weights if k not in bn]
+    assert sim.traffic.model_down == 2 * weights_nbytes(sim.server.weights, shared)
+    key = next(k for k in bn if k.endswith("running_mean"))
+    a, b = sim.client_states[0]["local/" + key], sim.client_states[1]["local/" + key]
+    assert not torch.allclose(a, b)  # each client kept its own statistics
+
+
+def test_empty_client_is_refused():
+    algo, model = make_model()
+    clients = make_clients(2)
+    clients.append(ClientData(clients[0].images[:0], clients[0].labels[:0], clients[0].domains[:0], TRANSFORM))
+    with pytest.raises(ConfigError, match="client 2 has no training samples"):
+        StarSimulator(algo, model, clients, SETTINGS, seed=0, device=torch.device("cpu"))
+
+
+def test_nan_loss_gives_a_clear_error():
+    algo, model = make_model()
+    sim = StarSimulator(algo, model, make_clients(1), FederationSettings(rounds=1, lr=1e30, batch_size=8),
+                        seed=0, device=torch.device("cpu"))
+    with pytest.raises(NonFiniteLossError, match="lower --lr"):
+        sim.run_round(0)
+
+
+def test_lr_schedules():
+    assert lr_at(0.1, "constant", 5, 10) == 0.1
+    assert lr_at(0.1, "cosine", 0, 10) == pytest.approx(0.1)
+    assert lr_at(0.1, "cosine", 5, 10) == pytest.approx(0.05)
+    assert lr_at(0.1, "step", 8, 10) == pytest.approx(0.001)
+    with pytest.raises(ConfigError):
+        lr_at(0.1, "linear", 0, 10)
+
+
+def test_client_data_drops_single_sample_tail_batch():
+    data = make_clients(1, per_client=17)[0]
+    assert data.num_batches(8) == 2  # 8 + 8, the 1-sample tail is dropped
+    batches = list(data.batches(8, torch.Generator().manual_seed(0), torch.device("cpu"), steps=3))
+    assert [len(b[1]) for b in batches] == [8, 8, 8]
+
+
+# -- peer-to-peer -------------------------------------------------------------------------
+def test_p2p_mixing_with_zero_lr_averages_neighbours():
+    algo, model = make_model("dsgd")
+    graph = nx.path_graph(3)
+    sim = P2PSimulator(algo, model, make_clients(3), FederationSettings(rounds=1, lr=1e-12, batch_size=8,
+                       local_steps=1, momentum=0.0, weight_decay=0.0), graph, seed=0, device=torch.device("cpu"))
+    key = "head.bias"
+    with torch.no_grad():
+        sim.stacked[key] = torch.stack([torch.full((4,), v) for v in (0.0, 3.0, 6.0)])
+    sim.run_round(0)
+    # MH on a path 0-1-2: P = [[2/3,1/3,0],[1/3,1/3,1/3],[0,1/3,2/3]]
+    expected = torch.tensor([1.0, 3.0, 5.0])
+    assert torch.allclose(sim.stacked[key][:, 0], expected, atol=1e-5)
+    assert sim.eval_weights()[key][0].item() == pytest.approx(3.0, abs=1e-5)  # the average is preserved
+
+
+def test_p2p_round_trains_counts_bytes_and_reduces_consensus_gap():
+    algo, model = make_model("dsgd", {"style": "mixstyle"})
+    graph = nx.complete_graph(3)
+    sim = P2PSimulator(algo, model, make_clients(3), FederationSettings(rounds=1, lr=0.05, batch_size=8),
+                       graph, seed=0, device=torch.device("cpu"))
+    result = sim.run_round(0)
+    steps = sim.steps_per_round()
+    shared = weights_nbytes({k: v[0] for k, v in sim.stacked.items()})
+    assert sim.traffic.model_up == steps * 3 * 2 * shared  # each device sends to its 2 neighbours each step
+    assert math.isfinite(result.train_loss)
+    assert sim.consensus() >= 0
+    assert len(sim.device_weights()) == 3
+
+
+def test_p2p_refuses_adam_and_wrong_graph_size():
+    algo, model = make_model("dsgd")
+    with pytest.raises(ConfigError, match="nodes"):
+        P2PSimulator(algo, model, make_clients(3), SETTINGS, nx.complete_graph(2), 0, torch.device("cpu"))
+    adam = FederationSettings(rounds=1, lr=0.01, optimizer="adam")
+    with pytest.raises(ConfigError, match="sgd"):
+        P2PSimulator(algo, model, make_clients(2), adam, nx.complete_graph(2), 0, torch.device("cpu"))
+
+
+def test_load_weights_in_place_keeps_parameter_objects():
+    _, model = make_model()
+    params = [id(p) for p in model.parameters()]
+    weights = {k: torch.zeros_like(v) for k, v in model.state_dict().items()}
+    load_weights(model, weights)
+    assert [id(p) for p in model.parameters()] == params
+    assert all(float(v.abs().sum()) == 0 for v in model.state_dict().values())

@@ -1,0 +1,258 @@
+"""Results report: aggregation checked against hand-computed means and sample stds."""
+
+from __future__ import annotations
+
+import csv
+import json
+import warnings
+from pathlib import Path
+
+import pytest
+
+from fedstyle.errors import ConfigError, DataError
+from fedstyle.experiments.report import (
+    _average_curve,
+    _mean_band,
+    collect,
+    plot_accuracy,
+    results_table,
+    to_csv,
+    to_markdown,
+    to_text,
+    write_report,
+)
+
+# label -> seed -> target -> selected accuracy (fraction). Leave-one-domain-out: one target per run.
+ACCURACY = {
+    "FedAvg": {0: {"art": 0.80, "photo": 0.90}, 1: {"art": 0.70, "photo": 0.94}},
+    "MixStyle": {0: {"art": 0.82, "photo": 0.96}, 1: {"art": 0.78, "photo": 0.92}},
+}
+LAST_DROP = 0.10  # last-round accuracy = selected - 0.10
+
+
+def make_run(
+    root: Path,
+    label: str,
+    seed: int,
+    target: str,
+    selected: float,
+    *,
+    method: str | None = None,
+    selection: str = "source_val",
+    dataset: str = "PACS",
+    done: bool = True,
+    rounds: int = 3,
+) -> Path:
+    run = root / f"{label.replace(' ', '_')}-seed{seed}-{target}"
+    run.mkdir(parents=True)
+    method = method or label.lower()
+    config = {
+        "method": method, "dataset": dataset, "seed": seed, "protocol": "loo",
+        "targets": [target], "val_domain": None, "selection": selection,
+    }
+    (run / "config.json").write_text(json.dumps(config))
+    with open(run / "metrics.jsonl", "w") as file:
+        for r in range(1, rounds + 1):
+            row = {
+                "round": r, "seconds": float(r), "train_loss": 1.0 / r,
+                "source_val_acc": {"cartoon": 0.5}, "target_acc": {target: selected * r / rounds},
+                "bytes_up": 10 * r, "bytes_down": 10 * r,
+            }
+            file.write(json.dumps(row) + "\n")
+    summary = {
+        "method": method, "label": label, "dataset": dataset, "seed": seed, "selection": selection,
+        "selected_round": rounds, "targets": {target: {"selected": selected, "last": selected - LAST_DROP}},
+        "seconds": 3.0, "bytes_up": 30, "bytes_down": 30,
+    }
+    (run / "summary.json").write_text(json.dumps(summary))
+    if done:
+        (run / "done").touch()
+    return run
+
+
+@pytest.fixture
+def sweep(tmp_path) -> Path:
+    root = tmp_path / "runs"
+    for label, seeds in ACCURACY.items():
+        for seed, targets in seeds.items():
+            for target, accuracy in targets.items():
+                make_run(root, label, seed, target, accuracy)
+    return root
+
+
+def cells(table) -> dict[str, list[str]]:
+    return {row[0]: row[1:] for row in table.text_rows()}
+
+
+def test_table_cells_by_hand(sweep):
+    table = results_table(collect([sweep]))
+    assert table.header == ["Method", "art", "photo", "Avg", "n"]
+    # FedAvg art: 80, 70 -> 75.0 ± sqrt(50) = 7.07; photo: 90, 94 -> 92.0 ± sqrt(8) = 2.83;
+    # Avg per seed: 85, 82 -> 83.5 ± sqrt(4.5) = 2.12.
+    # MixStyle art: 82, 78 -> 80.0 ± 2.83; photo: 96, 92 -> 94.0 ± 2.83; Avg: 89, 85 -> 87.0 ± 2.83.
+    assert cells(table) == {
+        "FedAvg": ["75.0 ± 7.1", "92.0 ± 2.8", "83.5 ± 2.1", "2"],
+        "MixStyle": ["80.0 ± 2.8", "94.0 ± 2.8", "87.0 ± 2.8", "2"],
+    }
+    average = table.rows[0].average
+    assert average.mean == pytest.approx(83.5) and average.std == pytest.approx(4.5**0.5)
+    assert "model selection: source_val (best mean source-validation accuracy)" in table.caption
+    assert table.footnotes == ()
+
+
+def test_last_round_table_and_order(sweep):
+    table = results_table(collect([sweep]), which="last", order=["MixStyle"], domains=["photo"])
+    assert table.header == ["Method", "photo", "art", "Avg", "n"]
+    assert cells(table)["MixStyle"] == ["84.0 ± 2.8", "70.0 ± 2.8", "77.0 ± 2.8", "2"]
+    assert [row.label for row in table.rows] == ["MixStyle", "FedAvg"]
+    assert "last round" in table.caption
+    with pytest.raises(ConfigError, match="unknown methods"):
+        results_table(collect([sweep]), order=["FedProx"])
+    with pytest.raises(ConfigError, match="which"):
+        results_table(collect([sweep]), which="best")
+
+
+def test_incomplete_runs_skipped_with_warning_or_included(sweep):
+    (sweep / "FedAvg-seed1-art" / "done").unlink()
+    with pytest.warns(UserWarning, match=r"skipping 1 incomplete run.*\n.*FedAvg-seed1-art"):
+        records = collect([sweep])
+    assert len(records) == 7
+    row = cells(results_table(records))["FedAvg"]
+    # art has only seed 0 (80.0, no std, marked); seed 1's Avg covers photo only: Avg of 85 and 94.
+    assert row == ["80.0*", "92.0 ± 2.8", "89.5 ± 6.4*", "2"]
+    markdown = to_markdown(results_table(records))
+    assert r"| 80.0\* | 92.0 ± 2.8 | 89.5 ± 6.4\* | 2 |" in markdown and "\n\\* fewer seeds" in markdown
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        included = collect([sweep], include_incomplete=True)
+    assert len(included) == 8
+    assert cells(results_table(included))["FedAvg"][0] == "75.0 ± 7.1"
+
+
+def test_unfinished_run_without_summary_is_listed(sweep):
+    unfinished = sweep / "crashed"
+    unfinished.mkdir()
+    (unfinished / "metrics.jsonl").write_text('{"round": 1}\n')
+    with pytest.warns(UserWarning, match=r"no summary.json yet.*\n.*crashed"):
+        assert len(collect([sweep])) == 8
+
+
+def test_truncated_metrics_line(tmp_path):
+    run = make_run(tmp_path, "FedAvg", 0, "art", 0.8, done=False)
+    with open(run / "metrics.jsonl", "a") as file:
+        file.write('{"round": 4, "target_')
+    assert collect([tmp_path], include_incomplete=True)[0].metrics[-1]["round"] == 3
+    (run / "done").touch()
+    with pytest.raises(DataError, match="line 4"):
+        collect([run])
+
+
+def test_missing_method_domain_and_mixed_selection(sweep, tmp_path):
+    make_run(sweep, "ERM", 0, "art", 0.6)
+    make_run(sweep, "ERM", 1, "art", 0.7, selection="last")
+    table = results_table(collect([sweep]))
+    assert cells(table)["ERM (mixed selection: source_val, last)"] == ["65.0 ± 7.1", "—", "65.0 ± 7.1*", "2"]
+    assert "source_val (best mean source-validation accuracy) for ERM, FedAvg, MixStyle" in table.caption
+    assert "last (last round, no selection) for ERM" in table.caption
+
+
+def test_oracle_caption(tmp_path):
+    make_run(tmp_path, "FedAvg", 0, "art", 0.8)
+    make_run(tmp_path, "FedAvg (oracle)", 0, "art", 0.9, method="fedavg", selection="oracle")
+    table = results_table(collect([tmp_path]))
+    assert cells(table) == {"FedAvg": ["80.0", "80.0", "1"], "FedAvg (oracle)": ["90.0", "90.0", "1"]}
+    assert "oracle (selected on the target — optimistic) for FedAvg (oracle)" in table.caption
+
+
+def test_duplicate_run_is_an_error(sweep, tmp_path):
+    make_run(tmp_path / "again", "FedAvg", 0, "art", 0.5)
+    with pytest.raises(DataError, match="two runs report 'FedAvg' seed 0 on target 'art'"):
+        results_table(collect([sweep, tmp_path / "again"]))
+
+
+def test_datasets_are_reported_one_at_a_time(sweep):
+    make_run(sweep, "FedAvg", 0, "clipart", 0.5, dataset="OfficeHome")
+    records = collect([sweep])
+    with pytest.raises(ConfigError, match="span datasets"):
+        results_table(records)
+    assert results_table(records, dataset="OfficeHome").domains == ("clipart",)
+
+
+def test_bad_inputs(tmp_path):
+    with pytest.raises(DataError, match="does not exist"):
+        collect([tmp_path / "nope"])
+    with pytest.raises(DataError, match="no run directories"):
+        collect([tmp_path])
+    run = make_run(tmp_path, "FedAvg", 0, "art", 0.8)
+    summary = json.loads((run / "summary.json").read_text())
+    summary["targets"]["art"]["selected"] = 80.0  # percent instead of a fraction
+    (run / "summary.json").write_text(json.dumps(summary))
+    with pytest.raises(DataError, match=r"fractions in \[0, 1\]"):
+        collect([run])
+    (run / "summary.json").write_text("{not json")
+    with pytest.raises(DataError, match="not valid JSON"):
+        collect([run])
+
+
+def test_csv_contents(sweep, tmp_path):
+    table = results_table(collect([sweep]))
+    path = to_csv(table, tmp_path / "out" / "table.csv")
+    with open(path, newline="") as file:
+        rows = list(csv.DictReader(file))
+    assert list(rows[0]) == [
+        "method", "selection", "art_mean", "art_std", "photo_mean", "photo_std", "avg_mean", "avg_std", "n",
+    ]
+    assert rows[0] == {
+        "method": "FedAvg", "selection": "source_val", "art_mean": "75.0000", "art_std": "7.0711",
+        "photo_mean": "92.0000", "photo_std": "2.8284", "avg_mean": "83.5000", "avg_std": "2.1213", "n": "2",
+    }
+    assert rows[1]["method"] == "MixStyle" and rows[1]["avg_mean"] == "87.0000"
+
+
+def test_text_and_markdown(sweep):
+    table = results_table(collect([sweep]))
+    text = to_text(table).splitlines()
+    assert text[0] == table.caption
+    header, rule, first = text[2], text[3], text[4]
+    assert header.split() == ["Method", "art", "photo", "Avg", "n"]
+    assert len(rule) >= len(first) and first.startswith("FedAvg") and first.endswith("2")
+    markdown = to_markdown(table)
+    assert table.caption in markdown
+    assert "| FedAvg | 75.0 ± 7.1 | 92.0 ± 2.8 | 83.5 ± 2.1 | 2 |" in markdown
+
+
+def test_curve_aggregation_by_hand():
+    # One method, two domains, two seeds; seed 1 misses domain b at round 2.
+    per_domain = {"a": {0: {1: 10.0, 2: 20.0}, 1: {1: 30.0, 2: 40.0}}, "b": {0: {1: 50.0, 2: 60.0}, 1: {1: 70.0}}}
+    averaged = _average_curve(per_domain)
+    assert averaged == {0: {1: 30.0, 2: 40.0}, 1: {1: 50.0}}
+    rounds, means, stds = _mean_band(averaged)
+    assert rounds == [1, 2] and means == [40.0, 40.0]
+    assert stds == [pytest.approx(200**0.5), 0.0]
+
+
+def test_write_report(sweep, tmp_path):
+    out = tmp_path / "report"
+    table, paths = write_report([sweep], out)
+    assert set(paths) == {"markdown", "csv", "plot"}
+    assert sorted(p.name for p in out.iterdir()) == ["accuracy.png", "report.csv", "report.md"]  # no temps
+    png = paths["plot"].read_bytes()
+    assert png.startswith(b"\x89PNG") and len(png) > 5000
+    markdown = paths["markdown"].read_text()
+    assert table.caption in markdown and "accuracy.png" in markdown
+    assert "FedAvg, seed 1, target art" in markdown
+
+
+def test_plot_many_domains_and_no_metrics(tmp_path):
+    for index in range(7):  # more than 6 domains: only the average panel
+        make_run(tmp_path / "many", "FedAvg", 0, f"d{index}", 0.5 + index / 20)
+    path = plot_accuracy(collect([tmp_path / "many"]), tmp_path / "many.png")
+    assert path.stat().st_size > 1000
+    run = make_run(tmp_path / "bare", "FedAvg", 0, "art", 0.8)
+    (run / "metrics.jsonl").unlink()
+    with pytest.raises(DataError, match="nothing to plot"):
+        plot_accuracy(collect([run]), tmp_path / "bare.png")
+    with pytest.warns(UserWarning, match="accuracy.png not written"):
+        _, paths = write_report([run], tmp_path / "bare-report")
+    assert "plot" not in paths and paths["markdown"].exists()
