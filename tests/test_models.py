@@ -95,7 +95,7 @@ def test_inserted_op_runs_in_training_only(name):
     model.eval()
     model(x)
     assert len(recorder.calls) == 1
-    assert list(model.state_dict()) == [k for k in model.state_dict() if not k.startswith("stage_ops")]
+    assert not any(key.startswith("stage_ops") for key in model.state_dict())  # the recorder has no state
 
 
 @pytest.mark.parametrize("name", sorted(BACKBONE_FACTORIES))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 
 import pytest
@@ -191,7 +192,8 @@ def test_stage_shapes_and_feature_dim():
     x = torch.randn(2, 3, 64, 64)
     shapes = {}
     for stage in model.stage_names:
-        shapes[stage] = tuple(model.forward_until(x, stage).shape)
+        x = model.run_stage(stage, x)
+        shapes[stage] = tuple(x.shape)
     assert shapes == {
         "stem": (2, 64, 16, 16),
         "layer1": (2, 64, 16, 16),
@@ -199,7 +201,7 @@ def test_stage_shapes_and_feature_dim():
         "layer3": (2, 256, 4, 4),
         "layer4": (2, 512, 2, 2),
     }
-    assert model.feature_dim == 512 and model(x).shape == (2, 512)
+    assert model.feature_dim == 512 and model.pool(x).shape == (2, 512)
     big = resnet50().eval()
     assert big.feature_dim == 2048 and big(torch.randn(1, 3, 32, 32)).shape == (1, 2048)
 
@@ -219,8 +221,9 @@ def test_torchvision_initialisation():
 
 
 # -- checkpoint loading ----------------------------------------------------------------------
-def torchvision_style_checkpoint(seed: int = 0) -> dict[str, torch.Tensor]:
-    torch.manual_seed(seed)
+@functools.cache
+def _checkpoint() -> dict[str, torch.Tensor]:
+    torch.manual_seed(0)
     source = resnet18()
     for buffer_name, buffer in source.named_buffers():
         if buffer_name.endswith("running_mean"):
@@ -229,6 +232,11 @@ def torchvision_style_checkpoint(seed: int = 0) -> dict[str, torch.Tensor]:
     state["fc.weight"] = torch.randn(1000, 512)
     state["fc.bias"] = torch.randn(1000)
     return state
+
+
+def torchvision_style_checkpoint() -> dict[str, torch.Tensor]:
+    """A resnet18 state dict with fc.* and non-default running means, as torchvision saves it."""
+    return dict(_checkpoint())
 
 
 def assert_same_state(model: ResNet, state: dict[str, torch.Tensor]) -> None:

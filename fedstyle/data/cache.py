@@ -87,6 +87,24 @@ class ArrayWriter:
         self._allocated[domain_index] = array
         return array
 
+    def keep_images(self, domain_index: int, keep: np.ndarray) -> np.ndarray:
+        """Shrink an array from :meth:`empty_images` to the rows ``keep`` (e.g. skipping bad files).
+
+        The rows are copied into a new file that then replaces the old one (POSIX keeps the old
+        mapping valid until it is dropped).
+        """
+        full = self._allocated.pop(domain_index)
+        path = _image_path(self.directory, domain_index)
+        partial = path.with_name(f"{path.stem}.partial.npy")
+        kept = np.lib.format.open_memmap(partial, mode="w+", dtype=np.uint8, shape=(len(keep),) + full.shape[1:])
+        block = 256
+        for start in range(0, len(keep), block):
+            kept[start : start + block] = full[keep[start : start + block]]
+        kept.flush()
+        os.replace(partial, path)
+        self._allocated[domain_index] = kept
+        return kept
+
     def owns(self, domain_index: int, array: np.ndarray) -> bool:
         return self._allocated.get(domain_index) is array
 

@@ -178,7 +178,7 @@ def coordinate_grid(size: int) -> tuple[np.ndarray, np.ndarray]:
 
 def stroke_noise(rng: np.random.Generator, shape: tuple, long: float, short: float) -> np.ndarray:
     """Zero-mean noise smeared into strokes; half the samples horizontal, half vertical."""
-    noise = rng.normal(size=shape).astype(np.float32)
+    noise = rng.standard_normal(shape, dtype=np.float32)
     vertical = rng.random(shape[0]) < 0.5
     noise[vertical] = blur(noise[vertical], (long, short))
     noise[~vertical] = blur(noise[~vertical], (short, long))
@@ -197,7 +197,7 @@ def render_photo(m: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     wall = random_colours(rng, count, (0.05, 0.35), (0.55, 0.95))
     floor = random_colours(rng, count, (0.05, 0.35), (0.35, 0.8))
     background = wall[:, None, None] * (1 - ramp) + floor[:, None, None] * ramp
-    texture = blur(rng.normal(size=(count, size, size)).astype(np.float32), 1.5) * 3.0
+    texture = blur(rng.standard_normal((count, size, size), dtype=np.float32), 1.5) * 3.0
     background = background * (1 + 0.08 * texture)[..., None]
     offset = rng.integers(1, 3, size=2)
     shadow = blur(np.roll(alpha[..., 0], shift=tuple(offset), axis=(1, 2)), 1.5)[..., None]
@@ -206,7 +206,7 @@ def render_photo(m: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     light_y, light_x = rng.uniform(-0.8, 0.8, size=(2, count, 1, 1)).astype(np.float32)
     spot = np.exp(-((ys - light_y) ** 2 + (xs - light_x) ** 2) / 1.2)
     image = image * (0.6 + 0.55 * spot)[..., None]
-    return image + rng.normal(0.0, 0.015, size=image.shape).astype(np.float32)
+    return image + 0.015 * rng.standard_normal(image.shape, dtype=np.float32)
 
 
 @RENDERERS.register("art")
@@ -217,18 +217,18 @@ def render_art(m: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     light = random_colours(rng, count, (0.5, 0.9), (0.8, 1.0))
     tone = blur(m, 0.6)[..., None]
     garment = dark[:, None, None] * (1 - tone) + light[:, None, None] * tone  # gradient map
-    paper = random_colours(rng, count, (0.15, 0.5), (0.6, 0.9))
-    wash = blur(rng.normal(size=(count, size, size, 3)).astype(np.float32), 4.0) * 3.0
-    background = paper[:, None, None] + 0.1 * wash
+    paper = random_colours(rng, count, (0.1, 0.45), (0.7, 0.95))
+    wash = blur(rng.standard_normal((count, size, size, 3), dtype=np.float32), 4.0) * 3.0
+    background = paper[:, None, None] + 0.07 * wash
     image = background * (1 - alpha) + garment * alpha
     image = image * rng.uniform(0.85, 1.15, size=(count, 1, 1, 3)).astype(np.float32)  # colour jitter
     strokes = stroke_noise(rng, (count, size, size), long=3.0, short=0.7)
-    image = blur(image * (1 + 0.1 * strokes[..., None]), (0.9, 0.3))  # smudged, brushed strokes
+    image = blur(image * (1 + 0.08 * strokes[..., None]), (0.8, 0.3))  # smudged, brushed strokes
     levels = 6
-    image = np.round(np.clip(image, 0, 1) * (levels - 1)) / (levels - 1)  # posterised palette
+    image = np.round(np.clip(image, 0, 1) * (levels - 1)) / np.float32(levels - 1)  # posterised palette
     row, col = np.arange(size)[:, None], np.arange(size)[None, :]
-    weave = 0.96 + 0.04 * ((row + col) % 2)  # canvas threads
-    grain = 1 + 0.03 * rng.normal(size=(count, size, size)).astype(np.float32)
+    weave = (0.96 + 0.04 * ((row + col) % 2)).astype(np.float32)  # canvas threads
+    grain = 1 + 0.03 * rng.standard_normal((count, size, size), dtype=np.float32)
     return image * (weave * grain)[..., None]
 
 
@@ -236,7 +236,8 @@ def boundary(mask: np.ndarray) -> np.ndarray:
     """Pixels of a boolean (N, H, W) mask that touch its outside (per sample, 4-neighbourhood)."""
     cross = np.zeros((1, 3, 3), dtype=bool)
     cross[0, 1, :] = cross[0, :, 1] = True
-    return mask & ~ndimage.binary_erosion(mask, structure=cross, border_value=0)
+    # border_value=1: the image frame is not an edge of the shape.
+    return mask & ~ndimage.binary_erosion(mask, structure=cross, border_value=1)
 
 
 @RENDERERS.register("cartoon")
@@ -265,7 +266,7 @@ def render_sketch(m: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     pressure = rng.uniform(0.55, 0.9, size=(count, 1, 1)).astype(np.float32)
     texture = np.clip(0.75 + 0.35 * stroke_noise(rng, (count, size, size), long=1.5, short=0.3), 0.3, 1.0)
     graphite = np.clip(edges, 0, 1) ** 0.8 * pressure * texture
-    paper = 0.97 + 0.02 * rng.normal(size=(count, size, size)).astype(np.float32)
+    paper = 0.97 + 0.02 * rng.standard_normal((count, size, size), dtype=np.float32)
     grey = paper - graphite
     return np.repeat(grey[..., None], 3, axis=-1)
 

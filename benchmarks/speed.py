@@ -1,0 +1,205 @@
+"""Speed of fedstyle's simulator against a straightforward reference-style loop.
+
+Job: FedAvg on digits4, leave MNIST out, 30 clients (10 single-domain clients per source domain),
+10 sampled per round, ConvNet, batch 32, one local epoch. Measured in the same process:
+
+1. fedstyle's in-process star simulator (one model object, uint8 tensors in memory, batched transforms);
+2. a straightforward loop in the style of the public reference code: ``copy.deepcopy`` of the global
+   model per client, images decoded from PNG files per sample in a ``Dataset.__getitem__`` and
+   batched by a ``DataLoader`` (num_workers=0: this machine has 2 cores, both used by training),
+   state-dict averaging in Python;
+3. the training FLOP/s fedstyle reaches (forward FLOPs of convolutions and linear layers counted by
+   hooks, times 3 for forward + backward) against this machine's measured float32 matmul FLOP/s.
+
+    python benchmarks/speed.py [--rounds 3] [--device cpu]
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from PIL import Image
+from torch import nn
+
+from fedstyle.experiments.build import build_experiment
+from fedstyle.experiments.config import RunConfig
+
+JOB = RunConfig(method="fedavg", dataset="digits4", targets=["mnist"], partition="per_domain", clients=30,
+                clients_per_round=10, rounds=1000, batch_size=32, local_epochs=1, lr=0.05, lr_schedule="constant",
+                seed=0)
+
+
+def forward_flops(model: nn.Module, input_shape: tuple[int, ...]) -> int:
+    """Multiply-adds x 2 of every Conv2d and Linear for one sample (BatchNorm, ReLU, pooling ignored)."""
+    total = 0
+
+    def conv_hook(module, inputs, output):
+        nonlocal total
+        k = module.kernel_size[0] * module.kernel_size[1] * module.in_channels // module.groups
+        total += 2 * k * output[0].numel()
+
+    def linear_hook(module, inputs, output):
+        nonlocal total
+        total += 2 * module.in_features * module.out_features
+
+    hooks = [m.register_forward_hook(conv_hook) for m in model.modules() if isinstance(m, nn.Conv2d)]
+    hooks += [m.register_forward_hook(linear_hook) for m in model.modules() if isinstance(m, nn.Linear)]
+    model.eval()
+    with torch.no_grad():
+        model(torch.zeros(1, *input_shape, device=next(model.parameters()).device))
+    for h in hooks:
+        h.remove()
+    return total
+
+
+def matmul_flops_per_second(device: torch.device, n: int = 2048, repeats: int = 10) -> float:
+    a = torch.randn(n, n, device=device)
+    b = torch.randn(n, n, device=device)
+    for _ in range(2):
+        a @ b
+    _sync(device)
+    start = time.perf_counter()
+    for _ in range(repeats):
+        a @ b
+    _sync(device)
+    return 2 * n**3 * repeats / (time.perf_counter() - start)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def time_fedstyle(exp, rounds: int) -> tuple[float, int]:
+    sim = exp.simulator
+    sim.run_round(0)  # warm-up
+    _sync(exp.device)
+    samples = 0
+    start = time.perf_counter()
+    for r in range(1, rounds + 1):
+        result = sim.run_round(r)
+        samples += sum(len(sim.clients[c]) for c in result.clients)  # one local epoch each
+    _sync(exp.device)
+    return (time.perf_counter() - start) / rounds, samples
+
+
+class PngDataset(torch.utils.data.Dataset):
+    """Reference-code style: one PNG file per sample, decoded and normalised in __getitem__."""
+
+    def __init__(self, files: list[Path], labels: list[int], mean, std):
+        self.files, self.labels = files, labels
+        self.mean = np.asarray(mean, dtype=np.float32).reshape(3, 1, 1)
+        self.std = np.asarray(std, dtype=np.float32).reshape(3, 1, 1)
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def __getitem__(self, i):
+        with Image.open(self.files[i]) as img:
+            x = np.asarray(img.convert("RGB"), dtype=np.float32).transpose(2, 0, 1) / 255.0
+        return torch.from_numpy((x - self.mean) / self.std), self.labels[i]
+
+
+def write_pngs(exp, folder: Path) -> list[tuple[list[Path], list[int]]]:
+    out = []
+    for cid, data in enumerate(exp.simulator.clients):
+        files, labels = [], []
+        for i in range(len(data)):
+            path = folder / f"c{cid}_{i}.png"
+            Image.fromarray(data.images[i].permute(1, 2, 0).cpu().numpy()).save(path)
+            files.append(path)
+            labels.append(int(data.labels[i]))
+        out.append((files, labels))
+    return out
+
+
+def time_reference_loop(exp, pngs, rounds: int) -> float:
+    cfg = exp.config
+    global_model = copy.deepcopy(exp.model).to(exp.device)
+    mean, std = exp.transform.mean.flatten().tolist(), exp.transform.std.flatten().tolist()
+
+    def one_round(r: int) -> None:
+        chosen = exp.simulator.sample_clients(r)
+        states, sizes = [], []
+        for cid in chosen:
+            local = copy.deepcopy(global_model)
+            local.train()
+            opt = torch.optim.SGD(local.parameters(), lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+            files, labels = pngs[cid]
+            loader = torch.utils.data.DataLoader(PngDataset(files, labels, mean, std), batch_size=cfg.batch_size,
+                                                 shuffle=True, num_workers=0, drop_last=False)
+            for x, y in loader:
+                if len(y) < 2:
+                    continue
+                x, y = x.to(exp.device), y.to(exp.device)
+                loss = F.cross_entropy(local(x), y)
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+            states.append(local.state_dict())
+            sizes.append(len(files))
+        total = sum(sizes)
+        avg = {}
+        for key in states[0]:
+            if states[0][key].is_floating_point():
+                avg[key] = sum(s[key] * (n / total) for s, n in zip(states, sizes))
+            else:
+                avg[key] = states[0][key]
+        global_model.load_state_dict(avg)
+
+    one_round(0)
+    _sync(exp.device)
+    start = time.perf_counter()
+    for r in range(1, rounds + 1):
+        one_round(r)
+    _sync(exp.device)
+    return (time.perf_counter() - start) / rounds
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=3, help="timed rounds per variant (after one warm-up)")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--json", help="also write the figures to this JSON file")
+    args = parser.parse_args()
+
+    exp = build_experiment(JOB.updated(device=args.device), progress=False)
+    device = exp.device
+    res = exp.dataset.resolution
+    fedstyle_s, samples = time_fedstyle(exp, args.rounds)
+    samples_per_s = samples / (fedstyle_s * args.rounds)
+    flops = forward_flops(exp.model, (3, res, res))
+    train_flops_per_s = 3 * flops * samples_per_s
+    peak = matmul_flops_per_second(device)
+    with tempfile.TemporaryDirectory() as tmp:
+        pngs = write_pngs(exp, Path(tmp))
+        reference_s = time_reference_loop(exp, pngs, args.rounds)
+
+    figures = {
+        "device": str(device),
+        "threads": torch.get_num_threads(),
+        "fedstyle_seconds_per_round": fedstyle_s,
+        "fedstyle_train_samples_per_second": samples_per_s,
+        "reference_loop_seconds_per_round": reference_s,
+        "speedup_vs_reference": reference_s / fedstyle_s,
+        "forward_mflops_per_sample": flops / 1e6,
+        "training_gflops_per_second": train_flops_per_s / 1e9,
+        "matmul_gflops_per_second": peak / 1e9,
+        "fraction_of_matmul_rate": train_flops_per_s / peak,
+    }
+    for k, v in figures.items():
+        print(f"{k:36s} {v:.3f}" if isinstance(v, float) else f"{k:36s} {v}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(figures, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,370 @@
+"""Image-folder datasets: ``root/<domain>/<class>/<image>``, named benchmarks or any folder.
+
+Images (``.jpg``, ``.jpeg``, ``.png`` in any letter case) are decoded once with PIL, converted to
+RGB (grey and palette images expanded, transparent images composited on white) and resized to
+``resolution x resolution`` with a plain antialiased bilinear resize (no crop, so nothing of an
+off-centre object is lost; aspect ratios are not kept, as in DomainBed's evaluation transform).
+Within a domain, images are ordered by (class, file name); classes are sorted by name.
+
+Domain folders of named benchmarks are matched ignoring case, spaces, ``-`` and ``_`` (so
+``Real World`` is OfficeHome's ``Real_World``). A domain folder that holds only ``train`` /
+``val`` / ``test`` folders (as Digits-DG ships) has its splits merged.
+
+The cache recipe includes a fingerprint of the file list (relative paths, sizes, mtimes), so
+adding, removing or touching an image rebuilds the cache.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import warnings
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+from tqdm.auto import tqdm
+
+from fedstyle.data.cache import ArrayWriter, DecodedArrays, cached_dataset
+from fedstyle.data.contract import DomainDataset
+from fedstyle.errors import ConfigError, DataError
+from fedstyle.registry import Registry
+
+# Bump when decoding or resizing changes.
+RECIPE_VERSION = 1
+IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png"}
+SPLIT_FOLDERS = {"train", "val", "test"}
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+LAYOUT_HINT = "expected layout: ROOT/<domain>/<class>/<image>.jpg|.jpeg|.png"
+DECODE_BLOCK = 512
+
+
+@dataclass(frozen=True)
+class FolderBenchmark:
+    """A folder dataset's known shape: domain names (None: discovered), class count, defaults."""
+
+    name: str
+    description: str
+    domains: tuple[str, ...] | None = None
+    num_classes: int | None = None
+    classes: tuple[str, ...] | None = None
+    resolution: int = 224
+    mean: tuple[float, float, float] = IMAGENET_MEAN
+    std: tuple[float, float, float] = IMAGENET_STD
+    augment: str = "crop_flip"
+
+    def root_hint(self) -> str:
+        if self.domains is None:
+            return f"pass --data-root DIR with one folder per domain, each holding one folder per class ({LAYOUT_HINT})"
+        folders = " ".join(f"{d}/" for d in self.domains)
+        return f"pass --data-root DIR pointing at the {self.name.upper()} folder with {folders} (each holding one folder per class)"
+
+
+BENCHMARKS: Registry[FolderBenchmark] = Registry("folder benchmark")
+for _benchmark in (
+    FolderBenchmark(
+        "pacs", "PACS (Li et al., 2017): 4 domains, 7 classes",
+        ("art_painting", "cartoon", "photo", "sketch"), 7,
+        ("dog", "elephant", "giraffe", "guitar", "horse", "house", "person"),
+    ),
+    FolderBenchmark(
+        "officehome", "Office-Home (Venkateswara et al., 2017): 4 domains, 65 classes",
+        ("Art", "Clipart", "Product", "Real_World"), 65,
+    ),
+    FolderBenchmark(
+        "vlcs", "VLCS (Fang et al., 2013): 4 domains, 5 classes",
+        ("Caltech101", "LabelMe", "SUN09", "VOC2007"), 5, ("bird", "car", "chair", "dog", "person"),
+    ),
+    FolderBenchmark(
+        "domainnet", "DomainNet (Peng et al., 2019): 6 domains, 345 classes",
+        ("clipart", "infograph", "painting", "quickdraw", "real", "sketch"), 345,
+    ),
+    FolderBenchmark(
+        "digits_dg", "Digits-DG (Zhou et al., 2020): 4 domains, 10 classes, 32 x 32",
+        ("mnist", "mnist_m", "svhn", "syn"), 10, tuple(str(d) for d in range(10)),
+        resolution=32, mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5), augment="crop",
+    ),
+    FolderBenchmark("folder", "any ROOT/<domain>/<class>/<image> tree (domains and classes from folder names)"),
+):
+    BENCHMARKS.add(_benchmark.name, _benchmark)
+
+
+# ----------------------------------------------------------------------------- scanning
+
+
+@dataclass
+class DomainListing:
+    """The image files of one domain folder, grouped by class name."""
+
+    folder: Path
+    files: dict[str, list[Path]] = field(default_factory=dict)
+    ignored: int = 0
+
+
+def _visible_entries(folder: Path) -> list[os.DirEntry]:
+    with os.scandir(folder) as entries:
+        return sorted((e for e in entries if not e.name.startswith(".")), key=lambda e: e.name)
+
+
+def _loose_key(name: str) -> str:
+    return re.sub(r"[\s_\-]", "", name).lower()
+
+
+def find_domain_folders(root: Path, benchmark: FolderBenchmark) -> dict[str, Path]:
+    """Map each domain name to its folder (discovered for the generic ``folder`` dataset)."""
+    if not root.is_dir():
+        raise DataError(f"dataset root {root} does not exist or is not a folder; {benchmark.root_hint()}")
+    subfolders = {e.name: Path(e.path) for e in _visible_entries(root) if e.is_dir()}
+    if benchmark.domains is None:
+        if not subfolders:
+            raise DataError(f"{root} has no domain folders; {LAYOUT_HINT}")
+        return subfolders
+    by_key = {_loose_key(name): path for name, path in subfolders.items()}
+    folders, missing = {}, []
+    for domain in benchmark.domains:
+        path = subfolders.get(domain) or by_key.get(_loose_key(domain))
+        if path is None:
+            missing.append(domain)
+        else:
+            folders[domain] = path
+    if missing:
+        found = ", ".join(sorted(subfolders)) or "nothing"
+        raise DataError(
+            f"{benchmark.name}: domain folder(s) {', '.join(missing)} missing in {root} (found: {found}); "
+            f"{benchmark.root_hint()}"
+        )
+    return folders
+
+
+def _class_folders(domain_folder: Path) -> list[Path]:
+    entries = _visible_entries(domain_folder)
+    loose_images = [e.name for e in entries if e.is_file() and Path(e.name).suffix.lower() in IMAGE_SUFFIXES]
+    if loose_images:
+        raise DataError(
+            f"{domain_folder} holds images directly ({loose_images[0]} ...); images must sit in one folder "
+            f"per class; {LAYOUT_HINT}"
+        )
+    folders = [Path(e.path) for e in entries if e.is_dir()]
+    if folders and all(f.name.lower() in SPLIT_FOLDERS for f in folders):
+        return [c for split in folders for c in _class_folders(split)]
+    return folders
+
+
+def scan_domain(domain_folder: Path) -> DomainListing:
+    """List the images of one domain; class folders of merged splits share their class name."""
+    listing = DomainListing(domain_folder)
+    for class_folder in _class_folders(domain_folder):
+        images = listing.files.setdefault(class_folder.name, [])
+        for entry in _visible_entries(class_folder):
+            if entry.is_file() and Path(entry.name).suffix.lower() in IMAGE_SUFFIXES:
+                images.append(Path(entry.path))
+            else:
+                listing.ignored += 1
+    if not listing.files:
+        raise DataError(f"domain folder {domain_folder} has no class folders; {LAYOUT_HINT}")
+    for class_name, images in listing.files.items():
+        if not images:
+            raise DataError(
+                f"class folder {domain_folder / class_name} has no .jpg/.jpeg/.png images; "
+                "add images or remove the folder from every domain"
+            )
+        images.sort(key=lambda p: (p.name, str(p)))
+    return listing
+
+
+def check_same_classes(listings: dict[str, DomainListing]) -> list[str]:
+    """The sorted class list shared by all domains, or a DataError naming the differences."""
+    reference_domain = next(iter(listings))
+    reference = set(listings[reference_domain].files)
+    for domain, listing in listings.items():
+        classes = set(listing.files)
+        if classes != reference:
+            missing, extra = sorted(reference - classes), sorted(classes - reference)
+            raise DataError(
+                f"domain {domain!r} ({listing.folder}) has different classes than {reference_domain!r}: "
+                f"missing {missing or 'none'}, extra {extra or 'none'}; every domain needs the same class folders"
+            )
+    return sorted(reference)
+
+
+def file_fingerprint(root: Path, listings: dict[str, DomainListing]) -> str:
+    """SHA-256 over every image's relative path, size and modification time."""
+    digest = hashlib.sha256()
+    for domain, listing in listings.items():
+        for class_name in sorted(listing.files):
+            for path in listing.files[class_name]:
+                stat = path.stat()
+                digest.update(f"{domain}\0{path.relative_to(root)}\0{stat.st_size}\0{stat.st_mtime_ns}\n".encode())
+    return digest.hexdigest()[:32]
+
+
+# ----------------------------------------------------------------------------- decoding
+
+
+def to_rgb(image: Image.Image) -> Image.Image:
+    """RGB version of any PIL image; transparency is composited over white."""
+    if image.mode in ("RGBA", "LA", "PA") or (image.mode == "P" and "transparency" in image.info):
+        rgba = image.convert("RGBA")
+        return Image.alpha_composite(Image.new("RGBA", rgba.size, (255, 255, 255, 255)), rgba).convert("RGB")
+    if image.mode.startswith("I") or image.mode == "F":
+        # 16-bit / integer / float grey: PIL's convert would clip everything above 255 to white.
+        values = np.asarray(image, dtype=np.float64)
+        scale = 257.0 if image.mode.startswith("I") and values.max(initial=0) > 255 else 1.0
+        return Image.fromarray(np.clip(values / scale, 0, 255).astype(np.uint8), "L").convert("RGB")
+    return image.convert("RGB")
+
+
+def decode_image(path: Path, resolution: int) -> np.ndarray:
+    """Decode ``path`` to uint8 (resolution, resolution, 3)."""
+    with Image.open(path) as image:
+        # JPEG can decode at 1/2, 1/4 or 1/8 scale directly; draft keeps both sides >= resolution.
+        image.draft("RGB", (resolution, resolution))
+        image.load()
+        rgb = to_rgb(image)
+    if rgb.size != (resolution, resolution):
+        rgb = rgb.resize((resolution, resolution), Image.Resampling.BILINEAR)
+    return np.asarray(rgb, dtype=np.uint8)
+
+
+def _decode_or_error(path: Path, resolution: int) -> np.ndarray | str:
+    try:
+        return decode_image(path, resolution)
+    except Exception as err:  # PIL raises many types (OSError, SyntaxError, ValueError, ...)
+        return f"{type(err).__name__}: {err}"
+
+
+def bad_image_error(path: Path | str, reason: str) -> DataError:
+    return DataError(
+        f"cannot read image {path} ({reason}); replace or delete it, or pass skip_bad_images=True "
+        "(CLI: --skip-bad-images) to leave unreadable images out"
+    )
+
+
+def decode_domain(
+    writer: ArrayWriter,
+    domain_index: int,
+    paths: list[Path],
+    resolution: int,
+    skip_bad_images: bool,
+    executor: ThreadPoolExecutor,
+    bar: tqdm,
+) -> tuple[np.ndarray, list[int], list[list[str]]]:
+    """Decode into the cache file of one domain; returns (images, kept indices, [file, reason]s)."""
+    images = writer.empty_images(domain_index, len(paths), resolution, resolution)
+    kept, bad = [], []
+    for start in range(0, len(paths), DECODE_BLOCK):
+        block = paths[start : start + DECODE_BLOCK]
+        for offset, result in enumerate(executor.map(lambda p: _decode_or_error(p, resolution), block)):
+            index = start + offset
+            if isinstance(result, str):
+                if not skip_bad_images:
+                    raise bad_image_error(paths[index], result)
+                bad.append([str(paths[index]), result])
+            else:
+                images[index] = result.transpose(2, 0, 1)
+                kept.append(index)
+        bar.update(len(block))
+    if bad:
+        images = writer.keep_images(domain_index, np.asarray(kept, dtype=np.int64))
+    return images, kept, bad
+
+
+def build_folder_dataset(
+    writer: ArrayWriter,
+    benchmark: FolderBenchmark,
+    root: Path,
+    listings: dict[str, DomainListing],
+    classes: list[str],
+    resolution: int,
+    skip_bad_images: bool,
+    progress: bool,
+) -> DecodedArrays:
+    total = sum(len(files) for listing in listings.values() for files in listing.files.values())
+    images, labels, bad_images = {}, {}, []
+    workers = max(1, min(8, os.cpu_count() or 1))  # PIL releases the GIL while decoding
+    with ThreadPoolExecutor(workers) as executor, tqdm(
+        total=total, desc=f"decoding {benchmark.name}", unit="img", disable=not progress
+    ) as bar:
+        for domain_index, (domain, listing) in enumerate(listings.items()):
+            paths = [p for c in classes for p in listing.files[c]]
+            domain_labels = np.repeat(np.arange(len(classes)), [len(listing.files[c]) for c in classes])
+            images[domain], kept, bad = decode_domain(
+                writer, domain_index, paths, resolution, skip_bad_images, executor, bar
+            )
+            labels[domain] = domain_labels[kept]
+            bad_images += bad
+            if len(kept) == 0:
+                raise DataError(f"no image of domain {domain!r} ({listing.folder}) could be read")
+    return DecodedArrays(
+        domains=list(listings),
+        classes=classes,
+        images=images,
+        labels=labels,
+        mean=benchmark.mean,
+        std=benchmark.std,
+        augment=benchmark.augment,
+        info={
+            "root": str(root),
+            "domain_folders": {d: str(listing.folder) for d, listing in listings.items()},
+            "skipped_images": len(bad_images),
+            "bad_images": bad_images,
+            "ignored_files": sum(listing.ignored for listing in listings.values()),
+        },
+    )
+
+
+def load_folder_benchmark(
+    benchmark: FolderBenchmark | str,
+    data_root: str | os.PathLike | None,
+    resolution: int | None = None,
+    skip_bad_images: bool = False,
+    progress: bool = True,
+) -> DomainDataset:
+    """Scan, decode (once, cached) and return a folder dataset."""
+    if isinstance(benchmark, str):
+        benchmark = BENCHMARKS.get(benchmark)
+    if data_root is None:
+        raise ConfigError(f"{benchmark.name} needs its images: {benchmark.root_hint()}")
+    resolution = benchmark.resolution if resolution is None else int(resolution)
+    if resolution < 8:
+        raise ConfigError(f"resolution must be at least 8 pixels, got {resolution}")
+    root = Path(data_root).expanduser().resolve()
+    folders = find_domain_folders(root, benchmark)
+    listings = {domain: scan_domain(folder) for domain, folder in folders.items()}
+    classes = check_same_classes(listings)
+    if benchmark.num_classes is not None and len(classes) != benchmark.num_classes:
+        warnings.warn(
+            f"{benchmark.name} has {benchmark.num_classes} classes but {root} holds {len(classes)}; "
+            "using the class folders found",
+            stacklevel=2,
+        )
+    recipe = {
+        "name": benchmark.name,
+        "version": RECIPE_VERSION,
+        "resolution": resolution,
+        "domains": {d: str(f.relative_to(root)) for d, f in folders.items()},
+        "classes": classes,
+        "files": file_fingerprint(root, listings),
+    }
+    dataset = cached_dataset(
+        recipe,
+        lambda writer: build_folder_dataset(
+            writer, benchmark, root, listings, classes, resolution, skip_bad_images, progress
+        ),
+        progress,
+    )
+    skipped = dataset.info.get("skipped_images", 0)
+    if skipped and not skip_bad_images:
+        # The cache was built by an earlier run that skipped them; be as strict as a fresh decode.
+        raise bad_image_error(*dataset.info["bad_images"][0])
+    if skipped:
+        warnings.warn(
+            f"{benchmark.name}: skipped {skipped} unreadable image(s), listed with reasons in "
+            "dataset.info['bad_images']",
+            stacklevel=2,
+        )
+    return dataset

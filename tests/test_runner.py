@@ -1,0 +1,152 @@
+"""End-to-end runs on the tiny folder dataset: run directory, determinism, resume, CLI, every method."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from fedstyle.algorithms import METHODS
+from fedstyle.cli.main import main
+from fedstyle.errors import ConfigError
+from fedstyle.experiments.runner import resume_experiment, run_experiment
+from fedstyle.federation.star import StarSimulator
+
+
+def _without_time(summary: dict) -> dict:
+    return {k: v for k, v in summary.items() if k != "seconds"}
+
+
+def _metrics(run_dir):
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return [{k: v for k, v in json.loads(line).items() if k != "seconds"} for line in lines]
+
+
+def test_run_directory_contents(tiny_config, tmp_path):
+    out = tmp_path / "run"
+    summary = run_experiment(tiny_config, out, quiet=True)
+    for name in ("config.json", "partition.json", "metrics.jsonl", "summary.json", "checkpoint.safetensors", "done"):
+        assert (out / name).exists(), name
+    config = json.loads((out / "config.json").read_text())
+    assert config["backbone"] == "convnet" and config["selection"] == "source_val"
+    assert config["hparams"]["style"] == "none"  # resolved with defaults
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["round"] for r in records] == [1, 2]
+    for r in records:
+        assert set(r["source_val_acc"]) == {"red", "green", "blue"} and set(r["target_acc"]) == {"grey"}
+        assert all(0.0 <= a <= 1.0 for a in [*r["source_val_acc"].values(), *r["target_acc"].values()])
+        assert r["bytes_up"] > 0 and r["bytes_down"] > 0
+    assert records[1]["bytes_up"] == 2 * records[0]["bytes_up"]  # 3 clients each round, same model size
+    assert summary["selected_round"] in (1, 2)
+    assert set(summary["targets"]["grey"]) == {"selected", "last"}
+    assert summary["targets"]["grey"]["last"] == records[-1]["target_acc"]["grey"]
+    partition = json.loads((out / "partition.json").read_text())
+    assert len(partition) == 3 and {c["client"] for c in partition} == {0, 1, 2}
+
+
+def test_same_seed_same_metrics_different_seed_differs(tiny_config, tmp_path):
+    a = run_experiment(tiny_config, tmp_path / "a", quiet=True)
+    b = run_experiment(tiny_config, tmp_path / "b", quiet=True)
+    assert _without_time(a) == _without_time(b)
+    assert _metrics(tmp_path / "a") == _metrics(tmp_path / "b")
+    c = run_experiment(tiny_config.updated(seed=1), tmp_path / "c", quiet=True)
+    assert _metrics(tmp_path / "a") != _metrics(tmp_path / "c")
+
+
+@pytest.mark.parametrize("method,topology,eval_every", [("mixstyle", "star", 1), ("feddyn", "star", 2),
+                                                        ("dsgd", "ring", 1)])
+def test_resume_equals_uninterrupted(tiny_config, tmp_path, monkeypatch, method, topology, eval_every):
+    config = tiny_config.updated(method=method, topology=topology, rounds=4, eval_every=eval_every)
+    full = run_experiment(config, tmp_path / "full", quiet=True)
+
+    simulator = StarSimulator if topology == "star" else __import__(
+        "fedstyle.federation.p2p", fromlist=["P2PSimulator"]).P2PSimulator
+    original = simulator.run_round
+
+    def interrupted(self, round_index):
+        if round_index == 3:
+            raise KeyboardInterrupt
+        return original(self, round_index)
+
+    monkeypatch.setattr(simulator, "run_round", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        run_experiment(config, tmp_path / "cut", quiet=True)
+    assert not (tmp_path / "cut" / "done").exists()
+    monkeypatch.setattr(simulator, "run_round", original)
+    resumed = resume_experiment(tmp_path / "cut", quiet=True)
+    assert _without_time(resumed) == _without_time(full)
+    assert _metrics(tmp_path / "cut") == _metrics(tmp_path / "full")
+    assert (tmp_path / "cut" / "done").exists()
+    assert resume_experiment(tmp_path / "cut", quiet=True) == json.loads((tmp_path / "cut" / "summary.json").read_text())
+
+
+def _cases():
+    for name, cls in METHODS.items():
+        for topology in cls.topologies:
+            yield name, topology
+
+
+@pytest.mark.parametrize("method,topology", list(_cases()))
+def test_every_method_on_every_topology_it_supports(tiny_config, tmp_path, method, topology):
+    config = tiny_config.updated(method=method, topology=topology, rounds=1, radius=1.5)
+    if topology != "star":
+        config = config.updated(partition="per_domain", clients=6)
+    summary = run_experiment(config, tmp_path / "run", quiet=True)
+    assert 0.0 <= summary["targets"]["grey"]["last"] <= 1.0
+    if topology != "star":
+        assert "device_target_acc_last" in summary and summary["consensus_distance_last"] >= 0
+
+
+def test_ltdo_selects_on_the_heldout_validation_domain(tiny_config, tmp_path):
+    config = tiny_config.updated(protocol="ltdo", targets=["grey"], val_domain="blue", rounds=2)
+    summary = run_experiment(config, tmp_path / "run", quiet=True)
+    assert summary["selection"] == "heldout_val" and summary["val_domain"] == "blue"
+    record = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[0])
+    assert set(record["heldout_val_acc"]) == {"blue"} and set(record["source_val_acc"]) == {"red", "green"}
+
+
+def test_existing_run_directory_is_refused(tiny_config, tmp_path):
+    run_experiment(tiny_config, tmp_path / "run", quiet=True)
+    with pytest.raises(ConfigError, match="--resume"):
+        run_experiment(tiny_config, tmp_path / "run", quiet=True)
+
+
+def test_bad_options_fail_before_anything_is_written(tiny_config, tmp_path):
+    with pytest.raises(ConfigError, match="unknown hyperparameter"):
+        run_experiment(tiny_config.updated(hparams={"nope": 1}), tmp_path / "a", quiet=True)
+    with pytest.raises(ConfigError, match="--allow-oracle"):
+        run_experiment(tiny_config.updated(selection="oracle"), tmp_path / "b", quiet=True)
+    with pytest.raises(ConfigError, match="dsgd"):
+        run_experiment(tiny_config.updated(topology="ring"), tmp_path / "c", quiet=True)
+    with pytest.raises(ConfigError, match="unknown"):
+        run_experiment(tiny_config.updated(targets=["purple"]), tmp_path / "d", quiet=True)
+    assert not any((tmp_path / n).exists() for n in "abcd")
+
+
+def test_oracle_is_labelled(tiny_config, tmp_path):
+    summary = run_experiment(tiny_config.updated(selection="oracle", allow_oracle=True), tmp_path / "o", quiet=True)
+    assert summary["label"].endswith("(oracle)") and "optimistic" in summary["selection_rule"]
+
+
+def test_cli_run_toml_and_report(tiny_root, tmp_path, capsys):
+    toml = tmp_path / "exp.toml"
+    toml.write_text(
+        f'method = "fedbn"\ndataset = "folder"\ndata_root = "{tiny_root}"\nresolution = 16\ntarget = "grey"\n'
+        'rounds = 1\nbatch_size = 8\nlocal_steps = 2\ndevice = "cpu"\n[hparams]\nstyle = "mixstyle"\n'
+    )
+    assert main(["run", "--config", str(toml), "--seed", "3", "--out", str(tmp_path / "r1"), "--quiet"]) == 0
+    config = json.loads((tmp_path / "r1" / "config.json").read_text())
+    assert config["seed"] == 3 and config["hparams"]["style"] == "mixstyle" and config["method"] == "fedbn"
+    assert "FedBN + MixStyle" in capsys.readouterr().out
+    assert main(["report", str(tmp_path / "r1"), "--out", str(tmp_path / "rep")]) == 0
+    assert (tmp_path / "rep" / "report.md").exists() and (tmp_path / "rep" / "accuracy.png").exists()
+    assert "FedBN + MixStyle" in capsys.readouterr().out
+
+
+def test_cli_errors_are_one_clear_line(tiny_root, tmp_path, capsys):
+    code = main(["run", "--dataset", "folder", "--data-root", str(tiny_root), "--target", "grey",
+                 "--hp", "mu=abc", "--method", "fedprox", "--out", str(tmp_path / "x"), "--quiet"])
+    err = capsys.readouterr().err
+    assert code == 2 and "mu" in err and "not a valid float" in err and "Traceback" not in err
+    assert main(["run", "--resume", str(tmp_path / "nothing")]) == 2
+    assert "holds no run" in capsys.readouterr().err
