@@ -17,6 +17,7 @@ import os
 import shutil
 import sys
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -32,6 +33,8 @@ CACHE_ENV = "FEDSTYLE_CACHE"
 META_FILE = "meta.json"
 # Bumped when the on-disk layout of a cache entry changes (independent of any recipe version).
 LAYOUT_VERSION = 1
+# Staging folders older than this were left by a killed build and are removed.
+STALE_STAGING_SECONDS = 24 * 3600
 
 
 def cache_dir() -> Path:
@@ -153,8 +156,18 @@ def _is_complete(directory: Path) -> bool:
     return meta.get("layout") == LAYOUT_VERSION
 
 
+def _remove_stale_staging(target: Path) -> None:
+    for leftover in target.parent.glob(f".{target.name}.*.tmp"):
+        try:
+            if time.time() - leftover.stat().st_mtime > STALE_STAGING_SECONDS:
+                shutil.rmtree(leftover, ignore_errors=True)
+        except OSError:
+            continue
+
+
 def _build_entry(recipe: dict, build: Callable[[ArrayWriter], DecodedArrays], target: Path) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
+    _remove_stale_staging(target)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
     try:
         writer = ArrayWriter(staging)

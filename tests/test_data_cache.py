@@ -1,0 +1,164 @@
+"""The dataset cache: one build per recipe, atomic writes, memory-mapped tensors."""
+
+from __future__ import annotations
+
+import os
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+from fedstyle.data.cache import DecodedArrays, cache_dir, cached_dataset, entry_dir, recipe_key
+from fedstyle.errors import ConfigError
+
+
+@pytest.fixture(autouse=True)
+def fresh_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("FEDSTYLE_CACHE", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+def make_arrays(seed: int = 0) -> DecodedArrays:
+    rng = np.random.default_rng(seed)
+    return DecodedArrays(
+        domains=["alpha", "Real World"],
+        classes=["a", "b", "c"],
+        images={
+            "alpha": rng.integers(0, 256, (5, 3, 4, 4), dtype=np.uint8),
+            "Real World": rng.integers(0, 256, (3, 3, 4, 4), dtype=np.uint8),
+        },
+        labels={"alpha": np.array([0, 1, 2, 2, 1]), "Real World": np.array([2, 0, 1])},
+        mean=(0.1, 0.2, 0.3),
+        std=(0.4, 0.5, 0.6),
+        augment="crop_flip",
+        info={"source": "test"},
+    )
+
+
+class CountingBuilder:
+    def __init__(self, seed: int = 0):
+        self.calls = 0
+        self.seed = seed
+
+    def __call__(self, writer) -> DecodedArrays:
+        self.calls += 1
+        return make_arrays(self.seed)
+
+
+RECIPE = {"name": "toy", "version": 1, "seed": 0}
+
+
+def test_cache_dir_follows_environment(fresh_cache, monkeypatch):
+    assert cache_dir() == fresh_cache
+    monkeypatch.delenv("FEDSTYLE_CACHE")
+    assert cache_dir().name == "fedstyle"
+
+
+def test_recipe_key_is_canonical():
+    assert recipe_key({"a": 1, "b": [1, 2]}) == recipe_key({"b": [1, 2], "a": 1})
+    assert recipe_key({"a": 1}) != recipe_key({"a": 2})
+    assert len(recipe_key({"a": 1})) == 16
+
+
+def test_round_trip_and_second_load_does_not_build(fresh_cache, monkeypatch):
+    build = CountingBuilder()
+    first = cached_dataset(RECIPE, build, progress=False)
+    expected = make_arrays()
+    assert build.calls == 1
+    assert first.domains == expected.domains and first.classes == expected.classes
+    assert first.mean == (0.1, 0.2, 0.3) and first.std == (0.4, 0.5, 0.6) and first.augment == "crop_flip"
+    assert first.info["source"] == "test"
+    for domain in expected.domains:
+        assert first.images[domain].dtype == torch.uint8
+        assert first.labels[domain].dtype == torch.int64
+        np.testing.assert_array_equal(first.images[domain].numpy(), expected.images[domain])
+        np.testing.assert_array_equal(first.labels[domain].numpy(), expected.labels[domain])
+
+    modes = []
+    real_load = np.load
+
+    def spy_load(*args, **kwargs):
+        modes.append(kwargs.get("mmap_mode"))
+        return real_load(*args, **kwargs)
+
+    monkeypatch.setattr(np, "load", spy_load)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # torch.from_numpy warns on read-only memmaps
+        second = cached_dataset(RECIPE, build, progress=False)
+    assert build.calls == 1
+    assert modes == ["c"] * 4  # images and labels of both domains, mapped, not read
+    np.testing.assert_array_equal(second.images["Real World"].numpy(), expected.images["Real World"])
+    assert entry_dir(RECIPE).parent == fresh_cache
+    assert entry_dir(RECIPE).name.startswith("toy-")
+
+
+def test_changing_the_recipe_rebuilds():
+    build = CountingBuilder()
+    cached_dataset(RECIPE, build, progress=False)
+    cached_dataset({**RECIPE, "version": 2}, build, progress=False)
+    cached_dataset({**RECIPE, "seed": 1}, build, progress=False)
+    assert build.calls == 3
+    cached_dataset(dict(reversed(list(RECIPE.items()))), build, progress=False)
+    assert build.calls == 3
+
+
+def test_in_memory_edits_never_reach_the_cache():
+    dataset = cached_dataset(RECIPE, CountingBuilder(), progress=False)
+    dataset.images["alpha"][0].fill_(7)  # copy-on-write mapping: allowed, but private
+    again = cached_dataset(RECIPE, CountingBuilder(), progress=False)
+    np.testing.assert_array_equal(again.images["alpha"].numpy(), make_arrays().images["alpha"])
+
+
+def test_failed_build_leaves_nothing_behind(fresh_cache):
+    def broken(writer):
+        writer.empty_images(0, 2, 4, 4)
+        raise RuntimeError("decoder crashed")
+
+    with pytest.raises(RuntimeError, match="decoder crashed"):
+        cached_dataset(RECIPE, broken, progress=False)
+    assert list(fresh_cache.iterdir()) == []
+    build = CountingBuilder()
+    cached_dataset(RECIPE, build, progress=False)
+    assert build.calls == 1
+    assert [p.name for p in fresh_cache.iterdir()] == [entry_dir(RECIPE).name]
+
+
+def test_incomplete_entry_is_rebuilt():
+    build = CountingBuilder()
+    cached_dataset(RECIPE, build, progress=False)
+    (entry_dir(RECIPE) / "meta.json").unlink()
+    dataset = cached_dataset(RECIPE, build, progress=False)
+    assert build.calls == 2
+    assert dataset.size("alpha") == 5
+
+
+def test_writer_arrays_and_shrinking():
+    def build(writer):
+        images = writer.empty_images(0, 4, 2, 2)
+        images[:] = np.arange(4, dtype=np.uint8)[:, None, None, None]
+        images = writer.keep_images(0, np.array([0, 2, 3]))
+        return DecodedArrays(["d"], ["x"], {"d": images}, {"d": np.zeros(3, dtype=np.int64)}, (0.5,) * 3, (0.5,) * 3)
+
+    dataset = cached_dataset(RECIPE, build, progress=False)
+    assert dataset.images["d"][:, 0, 0, 0].tolist() == [0, 2, 3]
+    assert not any(p.name.endswith(".partial.npy") for p in entry_dir(RECIPE).iterdir())
+
+
+def test_recipe_needs_name_and_version():
+    with pytest.raises(ConfigError, match="version"):
+        cached_dataset({"name": "toy"}, CountingBuilder(), progress=False)
+    with pytest.raises(ConfigError, match="JSON"):
+        cached_dataset({"name": "toy", "version": 1, "bad": object()}, CountingBuilder(), progress=False)
+
+
+def test_stale_staging_folders_are_cleaned(fresh_cache):
+    target = entry_dir(RECIPE)
+    fresh_cache.mkdir(parents=True)
+    stale = fresh_cache / f".{target.name}.abc.tmp"
+    young = fresh_cache / f".{target.name}.def.tmp"  # maybe another process building right now
+    stale.mkdir()
+    young.mkdir()
+    os.utime(stale, (0, 0))
+    cached_dataset(RECIPE, CountingBuilder(), progress=False)
+    assert not stale.exists() and young.exists()
