@@ -123,8 +123,9 @@ def write_pngs(exp, folder: Path) -> list[tuple[list[Path], list[int]]]:
 
 def time_reference_loop(exp, pngs, rounds: int) -> float:
     cfg = exp.config
-    global_model = copy.deepcopy(exp.model).to(exp.device)
-    mean, std = exp.transform.mean.flatten().tolist(), exp.transform.std.flatten().tolist()
+    # the reference code keeps PyTorch's default NCHW layout
+    global_model = copy.deepcopy(exp.model).to(device=exp.device, memory_format=torch.contiguous_format)
+    mean, std = exp.dataset.mean, exp.dataset.std
 
     def one_round(r: int) -> None:
         chosen = exp.simulator.sample_clients(r)

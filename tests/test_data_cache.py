@@ -9,7 +9,13 @@ import numpy as np
 import pytest
 import torch
 
-from fedstyle.data.cache import DecodedArrays, cache_dir, cached_dataset, entry_dir, recipe_key
+from fedstyle.data.cache import (
+    DecodedArrays,
+    cache_dir,
+    cached_dataset,
+    entry_dir,
+    recipe_key,
+)
 from fedstyle.errors import ConfigError
 
 

@@ -8,7 +8,11 @@ import torch
 import torch.nn.functional as F
 
 from fedstyle.algorithms import METHODS
-from fedstyle.algorithms.base import NonFiniteLossError, batchnorm_keys, weighted_average
+from fedstyle.algorithms.base import (
+    NonFiniteLossError,
+    batchnorm_keys,
+    weighted_average,
+)
 from fedstyle.algorithms.hparams import HParam, parse_assignments, resolve_hparams
 from fedstyle.data.transforms import BatchTransform
 from fedstyle.errors import ConfigError, FedstyleError

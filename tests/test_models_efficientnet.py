@@ -10,7 +10,12 @@ from torch.nn import functional as F
 
 from fedstyle.errors import ConfigError
 from fedstyle.models import build_backbone, efficientnet_lite0
-from fedstyle.models.efficientnet import LITE_MEAN, LITE_STD, EfficientNetLite0, efficientnet_weights_path
+from fedstyle.models.efficientnet import (
+    LITE_MEAN,
+    LITE_STD,
+    EfficientNetLite0,
+    efficientnet_weights_path,
+)
 
 # ImageNet class indices
 TABBY_CAT, TIGER_CAT, EGYPTIAN_CAT = 281, 282, 285

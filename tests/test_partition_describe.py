@@ -6,7 +6,12 @@ import pytest
 import torch
 
 from fedstyle.data.contract import DomainDataset
-from fedstyle.partition import describe_partition, make_partition, make_split, write_partition_json
+from fedstyle.partition import (
+    describe_partition,
+    make_partition,
+    make_split,
+    write_partition_json,
+)
 from fedstyle.partition.describe import format_partition_table
 
 

@@ -6,7 +6,13 @@ import torch
 
 from fedstyle.data.contract import DomainDataset
 from fedstyle.errors import ConfigError, UnknownNameError
-from fedstyle.partition import PARTITIONERS, ClientSpec, lambda_counts, make_partition, make_split
+from fedstyle.partition import (
+    PARTITIONERS,
+    ClientSpec,
+    lambda_counts,
+    make_partition,
+    make_split,
+)
 
 
 def make_dataset(sizes: dict[str, int], num_classes: int = 4, seed: int = 0) -> DomainDataset:

@@ -49,7 +49,7 @@ def test_same_seed_same_metrics_different_seed_differs(tiny_config, tmp_path):
     b = run_experiment(tiny_config, tmp_path / "b", quiet=True)
     assert _without_time(a) == _without_time(b)
     assert _metrics(tmp_path / "a") == _metrics(tmp_path / "b")
-    c = run_experiment(tiny_config.updated(seed=1), tmp_path / "c", quiet=True)
+    run_experiment(tiny_config.updated(seed=1), tmp_path / "c", quiet=True)
     assert _metrics(tmp_path / "a") != _metrics(tmp_path / "c")
 
 

@@ -5,11 +5,10 @@ decorated by :func:`register_method`, and import it below. The CLI, ``fedstyle m
 parametrized test matrix pick it up from the registry.
 """
 
+# registry entries: importing a module registers its method
+from fedstyle.algorithms import dsgd, dsu, fedavg, fedbn, feddyn, fedprox, mixstyle  # noqa: E402,F401
 from fedstyle.algorithms.base import PEER_TO_PEER, STAR, Algorithm, ClientResult
 from fedstyle.algorithms.hparams import HParam
 from fedstyle.algorithms.registry import METHODS, register_method
-
-# registry entries: importing a module registers its method
-from fedstyle.algorithms import dsgd, dsu, fedavg, fedbn, feddyn, fedprox, mixstyle  # noqa: E402,F401
 
 __all__ = ["Algorithm", "ClientResult", "HParam", "METHODS", "PEER_TO_PEER", "STAR", "register_method"]

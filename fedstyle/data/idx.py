@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import gzip
 import os
-import tempfile
 import zlib
 from pathlib import Path
 
 import numpy as np
 
 from fedstyle.errors import DataError
+from fedstyle.io import atomic_write
 
 IDX_DTYPES: dict[int, np.dtype] = {
     0x08: np.dtype(np.uint8),
@@ -71,11 +71,4 @@ def write_idx(path: str | os.PathLike, array: np.ndarray) -> None:
     payload = header + np.ascontiguousarray(array, dtype=IDX_DTYPES[code]).tobytes()
     if path.suffix == ".gz":
         payload = gzip.compress(payload, mtime=0)
-    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(handle, "wb") as out:
-            out.write(payload)
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
+    atomic_write(path, lambda tmp: tmp.write_bytes(payload))

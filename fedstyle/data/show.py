@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import os
-import tempfile
 from pathlib import Path
 
 import numpy as np
 
 from fedstyle.data.contract import DomainDataset
 from fedstyle.errors import ConfigError
+from fedstyle.io import atomic_write
 
 
 def cell_image(images: np.ndarray, per_cell: int) -> np.ndarray:
@@ -67,13 +67,4 @@ def save_grid(
         title += f" (first {len(classes)} of {dataset.num_classes} classes)"
     figure.suptitle(title, fontsize=10)
     figure.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".png", dir=path.parent)
-    os.close(handle)
-    try:
-        figure.savefig(temporary, format="png")
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
-    return path
+    return atomic_write(path, lambda tmp: figure.savefig(tmp, format="png"))

@@ -122,7 +122,7 @@ def build_experiment(config: RunConfig, progress: bool = True) -> Experiment:
     model = build_model(config.backbone, dataset.num_classes, dataset.resolution, config.pretrained, config.weights)
     algorithm = method_cls(config.hparams, num_classes=dataset.num_classes, num_clients=len(specs))
     algorithm.configure_model(model)
-    model.to(device)
+    model.to(device=device, memory_format=torch.channels_last)  # matches BatchTransform's NHWC output
 
     clients = [ClientData(*_gather(dataset, spec.indices), transform) for spec in specs]
     source_val = {d: EvalSet(dataset.images[d][idx], dataset.labels[d][idx]) for d, idx in split.val.items() if len(idx)}

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
+
+import tomllib
 
 from fedstyle.errors import ConfigError
 

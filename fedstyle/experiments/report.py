@@ -27,13 +27,13 @@ import json
 import math
 import os
 import statistics
-import tempfile
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Iterable, Iterator, Sequence
 
 from fedstyle.errors import ConfigError, DataError
+from fedstyle.io import atomic_open
 
 SELECTION_RULES = {
     "source_val": "best mean source-validation accuracy",
@@ -411,16 +411,8 @@ def to_markdown(table: Table) -> str:
 @contextlib.contextmanager
 def _atomic_open(path: Path, mode: str) -> Iterator[IO]:
     """Open a temporary file beside ``path``; it replaces ``path`` only if the block succeeds."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        text_options = {"encoding": "utf-8", "newline": ""} if "b" not in mode else {}
-        with os.fdopen(handle, mode, **text_options) as file:
-            yield file
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
+    with atomic_open(path, mode) as file:
+        yield file
 
 
 def _number(value: float | None) -> str:
@@ -493,7 +485,9 @@ def plot_accuracy(records: Sequence[RunRecord], path: str | os.PathLike) -> Path
     One panel per held-out domain (if at most 6) plus one for the mean over held-out domains
     (omitted when there is a single domain, where it would repeat that panel).
     """
-    from matplotlib.figure import Figure  # Figure without pyplot: no global backend/state
+    from matplotlib.figure import (
+        Figure,  # Figure without pyplot: no global backend/state
+    )
 
     domains, curves = _curves(records)
     if not curves:

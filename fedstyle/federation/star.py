@@ -16,8 +16,19 @@ from torch import nn
 
 from fedstyle.algorithms.base import Algorithm
 from fedstyle.errors import ConfigError
-from fedstyle.federation.client import client_round, client_setup_download, client_setup_upload, snapshot
-from fedstyle.federation.context import ClientContext, ClientData, ServerContext, TrainSettings, lr_at
+from fedstyle.federation.client import (
+    client_round,
+    client_setup_download,
+    client_setup_upload,
+    snapshot,
+)
+from fedstyle.federation.context import (
+    ClientContext,
+    ClientData,
+    ServerContext,
+    TrainSettings,
+    lr_at,
+)
 from fedstyle.federation.payload import Payload, payload_nbytes, weights_nbytes
 from fedstyle.seeding import derive_seed, numpy_rng
 

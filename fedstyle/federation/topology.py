@@ -10,7 +10,6 @@ devices are from agreement and how fast gossip on ``W`` contracts that distance.
 from __future__ import annotations
 
 import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -20,6 +19,7 @@ import numpy as np
 import torch
 
 from fedstyle.errors import ConfigError
+from fedstyle.io import atomic_write
 from fedstyle.registry import Registry
 
 MAX_CONNECTION_ATTEMPTS = 100
@@ -186,7 +186,9 @@ def save_graph_png(graph: nx.Graph, path: str | os.PathLike) -> Path:
 
     Random geometric graphs are drawn at their positions in the unit square, others on a circle.
     """
-    from matplotlib.figure import Figure  # Figure without pyplot: no global backend/state
+    from matplotlib.figure import (
+        Figure,  # Figure without pyplot: no global backend/state
+    )
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -199,12 +201,4 @@ def save_graph_png(graph: nx.Graph, path: str | os.PathLike) -> Path:
     summary = graph_summary(graph)
     axes.set_title(f"{graph.graph.get('topology', 'graph')}: n={summary['n']}, edges={summary['edges']}")
     axes.set_axis_off()
-    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(handle, "wb") as file:
-            figure.savefig(file, format="png", dpi=100, bbox_inches="tight")
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
-    return path
+    return atomic_write(path, lambda tmp: figure.savefig(tmp, format="png", dpi=100, bbox_inches="tight"))

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from pathlib import Path
 from typing import Sequence
 
@@ -12,6 +11,7 @@ import numpy as np
 import torch
 
 from fedstyle.data.contract import DomainDataset
+from fedstyle.io import atomic_write_text
 from fedstyle.partition.partitioners import ClientSpec
 
 
@@ -47,15 +47,7 @@ def write_partition_json(
         for row, client in zip(rows, clients):
             row["indices"] = {d: t.tolist() for d, t in client.indices.items()}
     payload = {"dataset": dataset.name, "num_clients": len(clients), "clients": rows}
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(payload, f, indent=1)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    return atomic_write_text(path, json.dumps(payload, indent=1))
 
 
 def format_partition_table(clients: Sequence[ClientSpec], dataset: DomainDataset, max_rows: int = 12) -> str:
