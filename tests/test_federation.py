@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from fedstyle.algorithms import METHODS
+from fedstyle.algorithms.feddyn import flatten
 from fedstyle.algorithms.base import (
     NonFiniteLossError,
     batchnorm_keys,
@@ -126,11 +127,11 @@ def test_feddyn_client_penalty_and_state_update():
     algo, model = make_model("feddyn", {"alpha": 0.1})
     clients = make_clients(1)
     sim = StarSimulator(algo, model, clients, SETTINGS, seed=0, device=torch.device("cpu"))
-    before = torch.nn.utils.parameters_to_vector([sim.server.weights[k] for k in algo.param_keys])
+    before = flatten([sim.server.weights[k] for k in algo.param_keys])
     sim.run_round(0)
     state = sim.client_states[0]
     # grad_i = 0 - alpha * (w_i - w_server): recompute from the uploaded weights
-    w_local = torch.nn.utils.parameters_to_vector([state_w for state_w in _last_local(sim, algo)])
+    w_local = flatten([state_w for state_w in _last_local(sim, algo)])
     assert torch.allclose(state["feddyn/grad"], -0.1 * (w_local - before), atol=1e-6)
 
 

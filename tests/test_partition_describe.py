@@ -1,6 +1,7 @@
 """Partition summaries: per-client counts, atomic JSON, CLI table."""
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -52,10 +53,13 @@ def test_write_partition_json_is_atomic(tmp_path, dataset, clients, monkeypatch)
     path = tmp_path / "partition.json"
     path.write_text("old")
 
-    def failing_dump(*args, **kwargs):
+    real_write_text = Path.write_text
+
+    def failing_write(self, text, *args, **kwargs):  # half a file, then the disk is full
+        real_write_text(self, text[: len(text) // 2])
         raise RuntimeError("disk full")
 
-    monkeypatch.setattr(json, "dump", failing_dump)
+    monkeypatch.setattr(Path, "write_text", failing_write)
     with pytest.raises(RuntimeError):
         write_partition_json(clients, dataset, path)
     assert path.read_text() == "old"

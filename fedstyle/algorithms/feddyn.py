@@ -12,13 +12,17 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from torch.nn.utils import parameters_to_vector
 
 from fedstyle.algorithms.base import Algorithm, weighted_average
 from fedstyle.algorithms.hparams import HParam
 from fedstyle.algorithms.registry import register_method
 
 _GRAD = "feddyn/grad"
+
+
+def flatten(tensors) -> torch.Tensor:
+    """One vector of all tensors (``reshape``, not torch's ``parameters_to_vector``: it cannot view channels-last weights)."""
+    return torch.cat([t.reshape(-1) for t in tensors])
 
 
 class DynamicRegularizer:
@@ -28,20 +32,20 @@ class DynamicRegularizer:
         self.alpha = alpha
 
     def init_client(self, ctx, model) -> None:
-        ctx.state[_GRAD] = torch.zeros_like(parameters_to_vector(model.parameters())).detach()
+        ctx.state[_GRAD] = torch.zeros_like(flatten(model.parameters())).detach()
 
     def anchor(self, ctx, model) -> torch.Tensor:
         """The downloaded parameters as one vector (w_server of this round)."""
-        return parameters_to_vector([ctx.global_weights[name] for name, _ in model.named_parameters()]).detach()
+        return flatten([ctx.global_weights[name] for name, _ in model.named_parameters()]).detach()
 
     def penalty(self, ctx, model, anchor: torch.Tensor) -> torch.Tensor:
-        w = parameters_to_vector(model.parameters())
+        w = flatten(model.parameters())
         grad = ctx.state[_GRAD].to(w.device)
         return -torch.dot(grad, w) + 0.5 * self.alpha * torch.sum((w - anchor) ** 2)
 
     @torch.no_grad()
     def update_client(self, ctx, model, anchor: torch.Tensor) -> None:
-        w = parameters_to_vector(model.parameters())
+        w = flatten(model.parameters())
         ctx.state[_GRAD] = ctx.state[_GRAD].to(w.device) - self.alpha * (w - anchor)
 
     @torch.no_grad()
