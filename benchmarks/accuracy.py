@@ -4,7 +4,7 @@ One client per source domain (CCST's setting), ConvNet, FedAvg against local Mix
 DSU (stages 1-3, p = 0.5). Finished runs in --out are reused, so an interrupted benchmark
 continues where it stopped. Prints the table and writes report.md / report.csv / accuracy.png.
 
-    python benchmarks/accuracy.py [--out runs/accuracy] [--rounds 30] [--seeds 0 1 2]
+    python benchmarks/accuracy.py [--out runs/accuracy] [--rounds 10] [--local-steps 20] [--seeds 0 1 2]
 """
 
 from __future__ import annotations
@@ -24,14 +24,16 @@ METHODS = ["fedavg", "mixstyle", "dsu"]
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="runs/accuracy")
-    parser.add_argument("--rounds", type=int, default=30)
+    parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--local-steps", type=int, default=20, help="local steps of batch 64 per round")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--methods", nargs="+", default=METHODS)
     parser.add_argument("--device", default="auto")
     args = parser.parse_args()
 
     out = Path(args.out)
-    base = RunConfig(dataset="digits4", protocol="lodo", partition="domain", rounds=args.rounds, batch_size=64,
+    base = RunConfig(dataset="digits4", protocol="lodo", partition="domain", rounds=args.rounds,
+                     local_steps=args.local_steps, batch_size=64,
                      lr=0.05, lr_schedule="cosine", eval_every=2, device=args.device)
     domains = load_dataset("digits4", progress=False).domains
     start = time.perf_counter()

@@ -485,9 +485,8 @@ def plot_accuracy(records: Sequence[RunRecord], path: str | os.PathLike) -> Path
     One panel per held-out domain (if at most 6) plus one for the mean over held-out domains
     (omitted when there is a single domain, where it would repeat that panel).
     """
-    from matplotlib.figure import (
-        Figure,  # Figure without pyplot: no global backend/state
-    )
+    from matplotlib.figure import Figure  # Figure without pyplot: no global backend/state
+    from matplotlib.ticker import MaxNLocator
 
     domains, curves = _curves(records)
     if not curves:
@@ -514,6 +513,7 @@ def plot_accuracy(records: Sequence[RunRecord], path: str | os.PathLike) -> Path
             axes.fill_between(rounds, low, high, color=colors[label], alpha=0.2, linewidth=0)
         axes.set_title(title)
         axes.set_xlabel("round")
+        axes.xaxis.set_major_locator(MaxNLocator(integer=True))
         axes.set_ylabel("accuracy (%)")
         axes.grid(alpha=0.3)
     for axes in list(axes_grid.flat)[len(panels):]:
