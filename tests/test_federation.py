@@ -276,3 +276,58 @@ def test_load_weights_in_place_keeps_parameter_objects():
     load_weights(model, weights)
     assert [id(p) for p in model.parameters()] == params
     assert all(float(v.abs().sum()) == 0 for v in model.state_dict().values())
+
+
+# -- the exchange hooks a method can use ----------------------------------------------------
+class ExchangeProbe(METHODS.get("fedavg")):
+    """Uses every exchange hook and records what arrives, so the test can check the plumbing."""
+
+    name = "exchange_probe"
+
+    def setup_upload(self, ctx, model):
+        return {"label_mean": ctx.data.labels.float().mean().reshape(1), "cid": ctx.client_id}
+
+    def setup_broadcast(self, uploads, server):
+        server.state["bank_size"] = torch.tensor(len(uploads))
+        return {"bank": torch.cat([uploads[c]["label_mean"] for c in sorted(uploads)])}
+
+    def setup_download(self, ctx, model, broadcast):
+        ctx.state["bank"] = broadcast["bank"].clone()
+
+    def round_query(self, ctx, model):
+        return {"size": torch.tensor([float(len(ctx.data))])}
+
+    def round_payloads(self, server, client_ids, queries):
+        # each sampled client receives the next sampled client's answer (a one-to-one share)
+        return {c: {"peer_size": queries[client_ids[(i + 1) % len(client_ids)]]["size"]}
+                for i, c in enumerate(client_ids)}
+
+    def training_loss(self, ctx, model, x, y, payload):
+        ctx.state["received"] = payload["peer_size"].clone()
+        return super().training_loss(ctx, model, x, y, payload)
+
+    def upload_payload(self, ctx, model):
+        return {"seen": torch.ones(3)}
+
+
+def test_setup_exchange_round_queries_and_payload_bytes():
+    seed_everything(0)
+    model = build_model("convnet", 4, 16)
+    algo = ExchangeProbe({}, num_classes=4, num_clients=3)
+    algo.configure_model(model)
+    clients = make_clients(3, per_client=24)
+    clients[2] = ClientData(clients[2].images[:16], clients[2].labels[:16], clients[2].domains[:16], TRANSFORM)
+    sim = StarSimulator(algo, model, clients, SETTINGS, seed=0, device=torch.device("cpu"))
+    info = sim.setup()
+    assert "setup_seconds" in info and int(sim.server.state["bank_size"]) == 3
+    expected_bank = torch.stack([c.labels.float().mean() for c in clients])
+    for cid in range(3):
+        assert torch.allclose(sim.client_states[cid]["bank"], expected_bank)
+    setup_up = 3 * (4 + 8)  # one float32 + one int per client
+    assert sim.traffic.payload_up == setup_up and sim.traffic.payload_down == 3 * 3 * 4
+    sim.run_round(0)
+    assert float(sim.client_states[0]["received"]) == 24.0  # client 1's size
+    assert float(sim.client_states[1]["received"]) == 16.0  # client 2's size
+    assert float(sim.client_states[2]["received"]) == 24.0  # client 0's size
+    assert sim.traffic.payload_up == setup_up + 3 * 4 + 3 * 12  # queries + uploads
+    assert sim.traffic.payload_down == 3 * 3 * 4 + 3 * 4

@@ -150,3 +150,34 @@ def test_cli_errors_are_one_clear_line(tiny_root, tmp_path, capsys):
     assert code == 2 and "mu" in err and "not a valid float" in err and "Traceback" not in err
     assert main(["run", "--resume", str(tmp_path / "nothing")]) == 2
     assert "holds no run" in capsys.readouterr().err
+
+
+def test_killed_process_resumes_to_the_same_summary(tiny_root, tmp_path):
+    """SIGKILL (no chance to clean up) in the middle of a run, then `fedstyle run --resume`."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    flags = ["--dataset", "folder", "--data-root", str(tiny_root), "--resolution", "16", "--target", "grey",
+             "--rounds", "30", "--batch-size", "8", "--local-steps", "1", "--min-client-size", "2",
+             "--device", "cpu", "--quiet"]
+    assert main(["run", *flags, "--out", str(tmp_path / "full")]) == 0
+    cut = tmp_path / "cut"
+    proc = subprocess.Popen([sys.executable, "-m", "fedstyle.cli.main", "run", *flags, "--out", str(cut)])
+    deadline = time.time() + 120
+    while time.time() < deadline and proc.poll() is None:
+        metrics = cut / "metrics.jsonl"
+        if metrics.exists() and len(metrics.read_text().splitlines()) >= 3:
+            os.kill(proc.pid, signal.SIGKILL)
+            break
+        time.sleep(0.005)
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL, "the run ended before it could be killed"
+    assert not (cut / "done").exists()
+    assert main(["run", "--resume", str(cut), "--quiet"]) == 0
+    full = json.loads((tmp_path / "full" / "summary.json").read_text())
+    resumed = json.loads((cut / "summary.json").read_text())
+    assert _without_time(resumed) == _without_time(full)
+    assert _metrics(cut) == _metrics(tmp_path / "full")

@@ -12,7 +12,9 @@ Hooks, in the order a star run calls them::
     setup_upload(ctx, model)        -> Payload|None  client, before round 0 (None: no setup phase)
     setup_broadcast(uploads, server) -> Payload      server, from every client's upload
     setup_download(ctx, model, broadcast)            client
-    round_payloads(server, client_ids) -> {id: Payload}   server, each round, sent beside the model
+    round_query(ctx, model)         -> Payload|None  each sampled client, on the downloaded weights,
+                                                     before training (None: no query phase)
+    round_payloads(server, client_ids, queries) -> {id: Payload}   server, sent beside the model
     local_train(ctx, model, payload) -> ClientResult     client, on the downloaded weights
     aggregate(server, updates) -> weights            server
 
@@ -150,8 +152,14 @@ class Algorithm:
         """Combine the clients' setup uploads into what every client receives."""
         return {}
 
-    def round_payloads(self, server: ServerContext, client_ids: list[int]) -> dict[int, Payload]:
-        """Per-client payloads sent beside the model this round (default: none)."""
+    def round_payloads(
+        self, server: ServerContext, client_ids: list[int], queries: dict[int, Payload]
+    ) -> dict[int, Payload]:
+        """Per-client payloads sent beside the model this round (default: none).
+
+        ``queries`` holds what each sampled client answered to ``round_query`` this round (e.g.
+        StableFDG's style statistics under the current global model); empty without a query phase.
+        """
         return {}
 
     def aggregate(self, server: ServerContext, updates: list[ClientUpdate]) -> dict[str, torch.Tensor]:
@@ -168,6 +176,13 @@ class Algorithm:
 
     def setup_download(self, ctx: ClientContext, model: nn.Module, broadcast: Payload) -> None:
         """Receive the server's setup broadcast (e.g. augment local data)."""
+
+    def round_query(self, ctx: ClientContext, model: nn.Module) -> Payload | None:
+        """A sampled client's answer before local training, on this round's downloaded weights.
+
+        Return None (the default) for no query phase; the runtime then skips the extra exchange.
+        """
+        return None
 
     def training_loss(self, ctx: ClientContext, model: nn.Module, x, y, payload: Payload) -> torch.Tensor:
         """Loss of one mini-batch (default: cross-entropy)."""

@@ -71,6 +71,14 @@ def client_setup_download(
     algo.setup_download(ctx, model, broadcast)
 
 
+def client_round_query(
+    algo: Algorithm, model: nn.Module, ctx: ClientContext, global_weights: Mapping[str, torch.Tensor]
+) -> Payload | None:
+    enter_client(algo, model, ctx, global_weights)
+    answer = algo.round_query(ctx, model)
+    return None if answer is None else check_payload(answer, f"{type(algo).__name__}.round_query")
+
+
 def client_round(
     algo: Algorithm,
     model: nn.Module,

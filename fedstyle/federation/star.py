@@ -18,6 +18,7 @@ from fedstyle.algorithms.base import Algorithm
 from fedstyle.errors import ConfigError
 from fedstyle.federation.client import (
     client_round,
+    client_round_query,
     client_setup_download,
     client_setup_upload,
     snapshot,
@@ -176,12 +177,18 @@ class StarSimulator:
         start = time.perf_counter()
         self.server.round = round_index
         chosen = self.sample_clients(round_index)
-        payloads = self.algo.round_payloads(self.server, chosen)
-        down_model = self._download_bytes()
+        self.traffic.model_down += self._download_bytes() * len(chosen)
+        queries: dict[int, Payload] = {}
+        for cid in chosen:
+            answer = client_round_query(self.algo, self.model, self.context(cid, round_index, "query"), self.server.weights)
+            if answer is None:
+                break
+            queries[cid] = answer
+            self.traffic.payload_up += payload_nbytes(answer)
+        payloads = self.algo.round_payloads(self.server, chosen, queries)
         updates = []
         for cid in chosen:
             payload = payloads.get(cid, {})
-            self.traffic.model_down += down_model
             self.traffic.payload_down += payload_nbytes(payload)
             update = client_round(
                 self.algo, self.model, self.context(cid, round_index), self.server.weights, payload, self.local_keys
