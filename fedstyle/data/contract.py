@@ -12,7 +12,20 @@ from dataclasses import dataclass, field
 
 import torch
 
-from fedstyle.errors import DataError
+from fedstyle.errors import ConfigError, DataError
+
+
+MIN_RESOLUTION = 8
+
+
+def check_build_options(name: str, resolution: int | None, default: int, per_class: int | None = None) -> int:
+    """The resolution to build ``name`` at (``default`` when None), after checking the size options."""
+    resolution = default if resolution is None else int(resolution)
+    if resolution < MIN_RESOLUTION:
+        raise ConfigError(f"{name}: --resolution must be at least {MIN_RESOLUTION} pixels, got {resolution}")
+    if per_class is not None and per_class < 1:
+        raise ConfigError(f"{name}: per_class must be positive, got {per_class}")
+    return resolution
 
 
 @dataclass

@@ -25,8 +25,8 @@ from PIL import Image, ImageDraw, ImageFont
 from scipy import ndimage
 
 from fedstyle.data.cache import DecodedArrays, cached_dataset
-from fedstyle.data.contract import DomainDataset
-from fedstyle.errors import ConfigError, DataError
+from fedstyle.data.contract import DomainDataset, check_build_options
+from fedstyle.errors import DataError
 
 NAME = "digits4"
 # Bump when anything below changes the generated pixels.
@@ -283,11 +283,7 @@ def load_digits4(
     per_class: int | None = None,
 ) -> DomainDataset:
     """Load (building and caching on first use) ``digits4``; ``data_root`` is not needed."""
-    resolution = BASE_RESOLUTION if resolution is None else int(resolution)
-    if resolution < 8:
-        raise ConfigError(f"digits4 resolution must be at least 8 pixels, got {resolution}")
-    if per_class is not None and per_class < 1:
-        raise ConfigError(f"per_class must be positive, got {per_class}")
+    resolution = check_build_options(NAME, resolution, BASE_RESOLUTION, per_class)
     recipe = {"name": NAME, "version": RECIPE_VERSION, "seed": int(seed), "resolution": resolution,
               "per_class": per_class}
     return cached_dataset(recipe, lambda _writer: build_digits4(seed, resolution, per_class), progress)

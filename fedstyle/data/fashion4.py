@@ -27,10 +27,10 @@ from matplotlib.colors import hsv_to_rgb
 from scipy import ndimage
 
 from fedstyle.data.cache import DecodedArrays, cached_dataset
-from fedstyle.data.contract import DomainDataset
+from fedstyle.data.contract import DomainDataset, check_build_options
 from fedstyle.data.digits4 import resize_uint8, stratified_split, take_per_class
 from fedstyle.data.idx import read_idx
-from fedstyle.errors import ConfigError, DataError
+from fedstyle.errors import DataError
 from fedstyle.registry import Registry
 
 NAME = "fashion4"
@@ -331,11 +331,7 @@ def load_fashion4(
     per_class: int | None = None,
 ) -> DomainDataset:
     """Load (building and caching on first use) ``fashion4`` from the idx files in ``data_root``."""
-    resolution = BASE_RESOLUTION if resolution is None else int(resolution)
-    if resolution < 8:
-        raise ConfigError(f"fashion4 resolution must be at least 8 pixels, got {resolution}")
-    if per_class is not None and per_class < 1:
-        raise ConfigError(f"per_class must be positive, got {per_class}")
+    resolution = check_build_options(NAME, resolution, BASE_RESOLUTION, per_class)
     files = find_source_files(data_root)
     recipe = {
         "name": NAME,

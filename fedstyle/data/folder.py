@@ -29,7 +29,7 @@ from PIL import Image
 from tqdm.auto import tqdm
 
 from fedstyle.data.cache import ArrayWriter, DecodedArrays, cached_dataset
-from fedstyle.data.contract import DomainDataset
+from fedstyle.data.contract import DomainDataset, check_build_options
 from fedstyle.errors import ConfigError, DataError
 from fedstyle.registry import Registry
 
@@ -335,9 +335,7 @@ def load_folder_benchmark(
         benchmark = BENCHMARKS.get(benchmark)
     if data_root is None:
         raise ConfigError(f"{benchmark.name} needs its images: {benchmark.root_hint()}")
-    resolution = benchmark.resolution if resolution is None else int(resolution)
-    if resolution < 8:
-        raise ConfigError(f"resolution must be at least 8 pixels, got {resolution}")
+    resolution = check_build_options(benchmark.name, resolution, benchmark.resolution)
     root = Path(data_root).expanduser().resolve()
     folders = find_domain_folders(root, benchmark)
     listings = {domain: scan_domain(folder) for domain, folder in folders.items()}

@@ -17,6 +17,16 @@ from torch import nn
 from fedstyle.errors import ConfigError
 
 
+def kaiming_init(model: nn.Module) -> None:
+    """torchvision's initialisation: Kaiming normal (fan_out) convolutions, BatchNorm weight 1 and bias 0."""
+    for module in model.modules():
+        if isinstance(module, nn.Conv2d):
+            nn.init.kaiming_normal_(module.weight, mode="fan_out", nonlinearity="relu")
+        elif isinstance(module, nn.BatchNorm2d):
+            nn.init.ones_(module.weight)
+            nn.init.zeros_(module.bias)
+
+
 class Backbone(nn.Module):
     """Base class: subclasses set ``stage_names`` and ``feature_dim`` and implement ``run_stage``."""
 

@@ -23,7 +23,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from fedstyle.errors import ConfigError
-from fedstyle.models.base import Backbone
+from fedstyle.models.base import Backbone, kaiming_init
 from fedstyle.models.resnet import load_matching_state_dict, read_state_dict
 
 LITE_MEAN = (127.0 / 255.0,) * 3
@@ -132,12 +132,7 @@ class EfficientNetLite0(Backbone):
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        for module in self.modules():
-            if isinstance(module, nn.Conv2d):
-                nn.init.kaiming_normal_(module.weight, mode="fan_out", nonlinearity="relu")
-            elif isinstance(module, nn.BatchNorm2d):
-                nn.init.ones_(module.weight)
-                nn.init.zeros_(module.bias)
+        kaiming_init(self)
 
     def run_stage(self, name: str, x: torch.Tensor) -> torch.Tensor:
         if name == "stem":

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from fedstyle.errors import ConfigError
-from fedstyle.models.base import Backbone
+from fedstyle.models.base import Backbone, kaiming_init
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -106,12 +106,7 @@ class ResNet(Backbone):
 
     def reset_parameters(self) -> None:
         """torchvision's initialisation: Kaiming normal (fan_out) convolutions, BN weight 1, bias 0."""
-        for module in self.modules():
-            if isinstance(module, nn.Conv2d):
-                nn.init.kaiming_normal_(module.weight, mode="fan_out", nonlinearity="relu")
-            elif isinstance(module, nn.BatchNorm2d):
-                nn.init.ones_(module.weight)
-                nn.init.zeros_(module.bias)
+        kaiming_init(self)
 
     def run_stage(self, name: str, x: torch.Tensor) -> torch.Tensor:
         if name == "stem":
