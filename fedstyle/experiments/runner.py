@@ -29,7 +29,8 @@ from fedstyle.experiments.checkpoint import load_checkpoint, save_checkpoint
 from fedstyle.experiments.config import RunConfig
 from fedstyle.federation.evaluate import evaluate
 from fedstyle.io import atomic_write_json, atomic_write_text
-from fedstyle.partition import write_partition_json
+from fedstyle.federation.topology import save_graph_png
+from fedstyle.partition import format_partition_table, write_partition_json
 
 CONFIG, METRICS, SUMMARY, DONE = "config.json", "metrics.jsonl", "summary.json", "done"
 
@@ -171,6 +172,12 @@ def run_experiment(config: RunConfig, out: str | Path, *, quiet: bool = False) -
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out / CONFIG, exp.config.to_json() + "\n")
     write_partition_json(exp.client_specs, exp.dataset, out / "partition.json")
+    if exp.graph is not None:
+        save_graph_png(exp.graph, out / "graph.png")
+    if not quiet:
+        print(f"{exp.label}: {len(exp.client_specs)} clients, sources {', '.join(exp.split.sources)}; "
+              f"held out {', '.join(exp.split.targets)}", file=sys.stderr)
+        print(format_partition_table(exp.client_specs, exp.dataset), file=sys.stderr)
     return _train(exp, out, quiet=quiet, checkpoint=None)
 
 
