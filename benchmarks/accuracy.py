@@ -4,7 +4,7 @@ One client per source domain (CCST's setting), ConvNet, FedAvg against local Mix
 DSU (stages 1-3, p = 0.5). Finished runs in --out are reused, so an interrupted benchmark
 continues where it stopped. Prints the table and writes report.md / report.csv / accuracy.png.
 
-    python benchmarks/accuracy.py [--out runs/accuracy] [--rounds 10] [--local-steps 20] [--seeds 0 1 2]
+    python benchmarks/accuracy.py [--out runs/accuracy] [--rounds 8] [--local-steps 15] [--seeds 0 1 2]
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ METHODS = ["fedavg", "mixstyle", "dsu"]
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="runs/accuracy")
-    parser.add_argument("--rounds", type=int, default=10)
-    parser.add_argument("--local-steps", type=int, default=20, help="local steps of batch 64 per round")
+    parser.add_argument("--rounds", type=int, default=8)
+    parser.add_argument("--local-steps", type=int, default=15, help="local steps of batch 64 per round")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--methods", nargs="+", default=METHODS)
     parser.add_argument("--device", default="auto")
