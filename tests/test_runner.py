@@ -181,3 +181,12 @@ def test_killed_process_resumes_to_the_same_summary(tiny_root, tmp_path):
     resumed = json.loads((cut / "summary.json").read_text())
     assert _without_time(resumed) == _without_time(full)
     assert _metrics(cut) == _metrics(tmp_path / "full")
+
+
+def test_demo_refuses_a_folder_of_runs_with_other_settings(tiny_config, tmp_path):
+    from fedstyle.experiments.demo import _check_same_settings
+
+    run_experiment(tiny_config, tmp_path / "m" / "t", quiet=True)
+    _check_same_settings(tmp_path / "m" / "t", tiny_config)  # same settings: reused
+    with pytest.raises(ConfigError, match="other settings.*rounds"):
+        _check_same_settings(tmp_path / "m" / "t", tiny_config.updated(rounds=7))

@@ -6,11 +6,13 @@ folder are reused, and interrupted ones resumed, so running the demo again is ch
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 from pathlib import Path
 
 from fedstyle.data import load_dataset
+from fedstyle.errors import ConfigError
 from fedstyle.experiments.config import RunConfig
 from fedstyle.experiments.report import to_text, write_report
 from fedstyle.experiments.runner import CONFIG, DONE, resume_experiment, run_experiment
@@ -42,6 +44,17 @@ def demo_runs(rounds: int | None = None, device: str = "auto") -> list[tuple[str
     ]
 
 
+def _check_same_settings(run_dir: Path, config: RunConfig) -> None:
+    """Reuse a run only if it was made with the settings the demo would use now."""
+    stored = json.loads((run_dir / CONFIG).read_text())
+    planned = config.to_dict()
+    differs = [k for k in ("method", "targets", "rounds", "local_steps", "batch_size", "lr", "seed")
+               if stored.get(k) != planned[k]]
+    if differs:
+        raise ConfigError(f"{run_dir} holds a run made with other settings ({', '.join(differs)}); "
+                          f"give the demo another --out or delete {run_dir.parent.parent}")
+
+
 def run_demo(out: Path, quiet: bool = False, rounds: int | None = None, device: str = "auto") -> None:
     start = time.perf_counter()
     load_dataset("digits4", progress=not quiet)  # build the cache once, with a progress bar
@@ -50,10 +63,10 @@ def run_demo(out: Path, quiet: bool = False, rounds: int | None = None, device: 
         run_dir = out / name
         if not quiet:
             print(f"[{i}/{len(runs)}] {config.method}, target {config.targets[0]}", file=sys.stderr)
-        if (run_dir / DONE).exists():
-            continue
         if (run_dir / CONFIG).exists():
-            resume_experiment(run_dir, quiet=quiet)
+            _check_same_settings(run_dir, config)
+            if not (run_dir / DONE).exists():
+                resume_experiment(run_dir, quiet=quiet)
         else:
             run_experiment(config, run_dir, quiet=quiet)
     table, paths = write_report([out / m for m, _ in DEMO_METHODS], out / "report", which="selected")
