@@ -10,46 +10,42 @@ continues where it stopped. Prints the table and writes report.md / report.csv /
 from __future__ import annotations
 
 import argparse
-import time
-from pathlib import Path
 
 from fedstyle.data import load_dataset
 from fedstyle.experiments.config import RunConfig
 from fedstyle.experiments.report import to_markdown, write_report
-from fedstyle.experiments.runner import CONFIG, DONE, resume_experiment, run_experiment
+from fedstyle.experiments.sweep import Variant, plan_jobs, run_sweep
 
 METHODS = ["fedavg", "mixstyle", "dsu"]
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", default="runs/accuracy")
+def digits4_lodo_base(args: argparse.Namespace) -> RunConfig:
+    """The shared setting of the digits4 benchmarks (also used by ccst_table.py)."""
+    return RunConfig(dataset="digits4", protocol="lodo", partition="domain", rounds=args.rounds,
+                     local_steps=args.local_steps, batch_size=64,
+                     lr=0.05, lr_schedule="cosine", eval_every=2, device=args.device)
+
+
+def add_common_flags(parser: argparse.ArgumentParser, out: str) -> None:
+    parser.add_argument("--out", default=out)
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--local-steps", type=int, default=15, help="local steps of batch 64 per round")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--methods", nargs="+", default=METHODS)
     parser.add_argument("--device", default="auto")
+    parser.add_argument("--workers", type=int, default=1, help="runs at once (worker processes)")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_common_flags(parser, "runs/accuracy")
+    parser.add_argument("--methods", nargs="+", default=METHODS)
     args = parser.parse_args()
 
-    out = Path(args.out)
-    base = RunConfig(dataset="digits4", protocol="lodo", partition="domain", rounds=args.rounds,
-                     local_steps=args.local_steps, batch_size=64,
-                     lr=0.05, lr_schedule="cosine", eval_every=2, device=args.device)
+    variants = [Variant(m, m) for m in args.methods]
     domains = load_dataset("digits4", progress=False).domains
-    start = time.perf_counter()
-    for method in args.methods:
-        for seed in args.seeds:
-            for target in domains:
-                run_dir = out / method / f"seed{seed}" / target
-                if (run_dir / DONE).exists():
-                    continue
-                print(f"{method} seed {seed} target {target}", flush=True)
-                if (run_dir / CONFIG).exists():
-                    resume_experiment(run_dir, quiet=True)
-                else:
-                    run_experiment(base.updated(method=method, seed=seed, targets=[target]), run_dir, quiet=True)
-    wall = time.perf_counter() - start
-    table, paths = write_report([out / m for m in args.methods], out / "report", which="selected")
+    jobs = plan_jobs(digits4_lodo_base(args), variants, args.seeds, domains, args.out)
+    wall = run_sweep(jobs, workers=args.workers)
+    table, paths = write_report([f"{args.out}/{v.name}" for v in variants], f"{args.out}/report", which="selected")
     print(to_markdown(table))
     print(f"wall time {wall:.0f} s; report in {paths['markdown']}")
 
