@@ -11,7 +11,12 @@ Job: FedAvg on digits4, leave MNIST out, 30 clients (10 single-domain clients pe
 3. the training FLOP/s fedstyle reaches (forward FLOPs of convolutions and linear layers counted by
    hooks, times 3 for forward + backward) against this machine's measured float32 matmul FLOP/s.
 
-    python benchmarks/speed.py [--rounds 3] [--device cpu]
+    python benchmarks/speed.py [--rounds 3] [--device cpu] [--runtimes]
+
+With ``--runtimes`` (or ``--only-runtimes``) the same run also times the job as whole runs under
+4. fedstyle's in-process simulator, Flower's simulation engine (``--backend flower-sim``, Ray) and a
+   loopback Flower deployment (``fedstyle deploy``: SuperLink + 30 SuperNodes, TLS), in seconds per
+   round and as ratios to the simulator.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import os
 import tempfile
 import time
 from pathlib import Path
@@ -165,12 +171,65 @@ def time_reference_loop(exp, pngs, rounds: int) -> float:
     return (time.perf_counter() - start) / rounds
 
 
+def steady_seconds_per_round(run_dir: Path) -> float:
+    """Seconds per round after the first, from metrics.jsonl (training + the evaluation each round)."""
+    seconds = [r["seconds"] for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())
+               if "event" not in r]
+    return (seconds[-1] - seconds[0]) / (len(seconds) - 1)
+
+
+def time_runtimes(rounds: int, device: str, folder: Path) -> dict[str, float]:
+    """The same FedAvg job, as whole runs, under fedstyle's simulator, Flower's simulation engine and a
+    loopback deployment (SuperLink + one SuperNode per client, TLS): steady seconds per round
+    (the first round, which includes start-up, is left out) and each run's total wall time."""
+    from fedstyle.experiments.runner import run_experiment, start_run_dir
+    from fedstyle.federation.flower.certs import make_certificates
+    from fedstyle.federation.flower.deployment import DeploySettings, deploy_run
+
+    job = JOB.updated(rounds=rounds + 1, device=device, eval_every=1)
+    out: dict[str, float] = {}
+    for name, config in (("simulator", job), ("flower_sim", job.updated(backend="flower-sim"))):
+        start = time.perf_counter()
+        run_experiment(config, folder / name, quiet=True)
+        out[f"{name}_wall_seconds"] = time.perf_counter() - start
+        out[f"{name}_seconds_per_round"] = steady_seconds_per_round(folder / name)
+    make_certificates(folder / "certs")
+    sites = len(build_experiment(job, progress=False).client_specs)
+    start = time.perf_counter()
+    start_run_dir(job, folder / "deploy", quiet=True)
+    # one torch thread per site process (the sites share this machine's cores, as Ray's actors do)
+    threads = os.environ.get("OMP_NUM_THREADS")
+    os.environ["OMP_NUM_THREADS"] = "1"
+    try:
+        deploy_run(folder / "deploy", DeploySettings(sites=sites, certs=str(folder / "certs"), min_sites=sites),
+                   quiet=True, rounds=job.rounds)
+    finally:
+        if threads is None:
+            os.environ.pop("OMP_NUM_THREADS")
+        else:
+            os.environ["OMP_NUM_THREADS"] = threads
+    out["deployment_wall_seconds"] = time.perf_counter() - start
+    out["deployment_seconds_per_round"] = steady_seconds_per_round(folder / "deploy")
+    for name in ("flower_sim", "deployment"):
+        out[f"{name}_over_simulator"] = out[f"{name}_seconds_per_round"] / out["simulator_seconds_per_round"]
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=3, help="timed rounds per variant (after one warm-up)")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--json", help="also write the figures to this JSON file")
+    parser.add_argument("--runtimes", action="store_true",
+                        help="also time the job as whole runs under the simulator, --backend flower-sim and "
+                        "`fedstyle deploy` on loopback (needs fedstyle[flower-sim]; several minutes)")
+    parser.add_argument("--only-runtimes", action="store_true", help="time only the runtimes (implies --runtimes)")
     args = parser.parse_args()
+    if args.only_runtimes:
+        with tempfile.TemporaryDirectory() as tmp:
+            figures = time_runtimes(args.rounds, args.device, Path(tmp))
+        _print_figures(figures, args.json)
+        return
 
     exp = build_experiment(JOB.updated(device=args.device), progress=False)
     device = exp.device
@@ -196,10 +255,17 @@ def main() -> None:
         "matmul_gflops_per_second": peak / 1e9,
         "fraction_of_matmul_rate": train_flops_per_s / peak,
     }
+    if args.runtimes:
+        with tempfile.TemporaryDirectory() as tmp:
+            figures.update(time_runtimes(args.rounds, args.device, Path(tmp)))
+    _print_figures(figures, args.json)
+
+
+def _print_figures(figures: dict, json_path: str | None) -> None:
     for k, v in figures.items():
         print(f"{k:36s} {v:.3f}" if isinstance(v, float) else f"{k:36s} {v}")
-    if args.json:
-        Path(args.json).write_text(json.dumps(figures, indent=2) + "\n")
+    if json_path:
+        Path(json_path).write_text(json.dumps(figures, indent=2) + "\n")
 
 
 if __name__ == "__main__":

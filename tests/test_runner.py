@@ -80,6 +80,10 @@ def test_resume_equals_uninterrupted(tiny_config, tmp_path, monkeypatch, method,
     assert resume_experiment(tmp_path / "cut", quiet=True) == json.loads((tmp_path / "cut" / "summary.json").read_text())
 
 
+#: per-method hyperparameters that keep the smoke runs fast (CCST: one style per image instead of three)
+SMOKE_HPARAMS = {"ccst": {"k": 1}}
+
+
 def _cases():
     for name, cls in METHODS.items():
         for topology in cls.topologies:
@@ -88,7 +92,8 @@ def _cases():
 
 @pytest.mark.parametrize("method,topology", list(_cases()))
 def test_every_method_on_every_topology_it_supports(tiny_config, tmp_path, method, topology):
-    config = tiny_config.updated(method=method, topology=topology, rounds=1, radius=1.5)
+    config = tiny_config.updated(method=method, topology=topology, rounds=1, radius=1.5,
+                                 hparams=SMOKE_HPARAMS.get(method, {}))
     if topology != "star":
         config = config.updated(partition="per_domain", clients=6)
     summary = run_experiment(config, tmp_path / "run", quiet=True)
@@ -190,3 +195,20 @@ def test_demo_refuses_a_folder_of_runs_with_other_settings(tiny_config, tmp_path
     _check_same_settings(tmp_path / "m" / "t", tiny_config)  # same settings: reused
     with pytest.raises(ConfigError, match="other settings.*rounds"):
         _check_same_settings(tmp_path / "m" / "t", tiny_config.updated(rounds=7))
+    with pytest.raises(ConfigError, match="other settings.*--hp mu"):
+        _check_same_settings(tmp_path / "m" / "t", tiny_config.updated(hparams={"mu": 0.1}))
+
+
+def test_demo_plans_fedavg_mixstyle_and_ccst_on_every_target(monkeypatch):
+    from fedstyle.experiments import demo
+
+    class FakeDigits:
+        domains = ["mnist", "mnistm", "optdigits", "syn"]
+
+    monkeypatch.setattr(demo, "load_dataset", lambda *a, **k: FakeDigits)
+    runs = dict(demo.demo_runs(device="cpu"))
+    assert len(runs) == 12 and {name.split("/")[0] for name in runs} == {"fedavg", "mixstyle", "ccst"}
+    ccst = runs["ccst/syn"]
+    assert ccst.method == "ccst" and ccst.targets == ["syn"]
+    assert ccst.hparams == {"style_type": "overall", "k": 3, "style_backend": "fft"}  # CPU: the fast backend
+    assert dict(demo.demo_runs(device="cpu", ccst_style_backend="lite"))["ccst/mnist"].hparams["style_backend"] == "lite"

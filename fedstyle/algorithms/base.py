@@ -11,7 +11,7 @@ Hooks, in the order a star run calls them::
     init_server_state(server)                        once, on the server
     setup_upload(ctx, model)        -> Payload|None  client, before round 0 (None: no setup phase)
     setup_broadcast(uploads, server) -> Payload      server, from every client's upload
-    setup_download(ctx, model, broadcast)            client
+    setup_download(ctx, model, broadcast) -> metrics client (metrics: {name: number} or None)
     round_query(ctx, model)         -> Payload|None  each sampled client, on the downloaded weights,
                                                      before training (None: no query phase)
     round_payloads(server, client_ids, queries) -> {id: Payload}   server, sent beside the model
@@ -174,8 +174,12 @@ class Algorithm:
         """Return the setup payload (e.g. a style) or None when the method has no setup phase."""
         return None
 
-    def setup_download(self, ctx: ClientContext, model: nn.Module, broadcast: Payload) -> None:
-        """Receive the server's setup broadcast (e.g. augment local data)."""
+    def setup_download(self, ctx: ClientContext, model: nn.Module, broadcast: Payload) -> dict[str, float] | None:
+        """Receive the server's setup broadcast (e.g. augment local data).
+
+        May return metrics of the setup work as ``{name: number}`` (e.g. ``style_seconds``,
+        ``stylized_images``); the simulator sums them over clients and the runner logs them.
+        """
 
     def round_query(self, ctx: ClientContext, model: nn.Module) -> Payload | None:
         """A sampled client's answer before local training, on this round's downloaded weights.

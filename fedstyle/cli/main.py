@@ -28,12 +28,14 @@ examples:
 
 MAIN_EPILOG = """\
 a 5-minute tour:
-  fedstyle demo                       leave-one-domain-out on digits4, FedAvg vs MixStyle, table + plot
+  fedstyle demo                       leave-one-domain-out on digits4, FedAvg vs MixStyle vs CCST, table + plot
   fedstyle data list                  datasets (built-in and folder benchmarks)
   fedstyle data show digits4          PNG grid: a row per domain, a column per class
   fedstyle methods                    every method with its hyperparameters and defaults
   fedstyle run --help                 train one configuration into a run directory
   fedstyle report runs/*              the papers' table (mean ± std over seeds) + CSV + plot
+  fedstyle deploy --help              the same runs on a real Flower federation (SuperLink + SuperNodes, TLS)
+  fedstyle style demo                 PNG grid: digits restyled to every domain's style (offline AdaIN)
 """
 
 
@@ -61,10 +63,20 @@ def _add_config_flags(parser: argparse.ArgumentParser) -> None:
         group.add_argument(_flag(f), **kwargs)
 
 
-def _cmd_run(args: argparse.Namespace) -> int:
+def config_from_args(args: argparse.Namespace):
+    """The RunConfig of ``--config FILE.toml`` (if given) overridden by the flags given."""
     from fedstyle.algorithms.hparams import parse_assignments
-    from fedstyle.errors import ConfigError
     from fedstyle.experiments.config import RunConfig
+
+    config = RunConfig.from_toml(args.config) if args.config else RunConfig()
+    changes = {name: getattr(args, name) for name in RunConfig.field_names() if hasattr(args, name)}
+    if "hparams" in changes:
+        changes["hparams"] = {**config.hparams, **parse_assignments(changes["hparams"])}
+    return config.updated(**changes)
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from fedstyle.errors import ConfigError
     from fedstyle.experiments.runner import resume_experiment, run_experiment
 
     if args.resume:
@@ -73,12 +85,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     else:
         if not args.out:
             raise ConfigError("give --out DIR for the run directory (or --resume DIR to continue one)")
-        config = RunConfig.from_toml(args.config) if args.config else RunConfig()
-        changes = {name: getattr(args, name) for name in RunConfig.field_names() if hasattr(args, name)}
-        if "hparams" in changes:
-            changes["hparams"] = {**config.hparams, **parse_assignments(changes["hparams"])}
-        config = config.updated(**changes)
-        summary = run_experiment(config, args.out, quiet=args.quiet)
+        summary = run_experiment(config_from_args(args), args.out, quiet=args.quiet)
         out = Path(args.out)
     _print_summary(summary, out)
     return 0
@@ -107,7 +114,8 @@ def _cmd_report(args: argparse.Namespace) -> int:
 def _cmd_demo(args: argparse.Namespace) -> int:
     from fedstyle.experiments.demo import run_demo
 
-    run_demo(Path(args.out), quiet=args.quiet, rounds=args.rounds, device=args.device)
+    run_demo(Path(args.out), quiet=args.quiet, rounds=args.rounds, device=args.device,
+             ccst_style_backend=args.ccst_backend)
     return 0
 
 
@@ -179,11 +187,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo = sub.add_parser("demo", help="leave-one-domain-out on digits4 comparing methods, in a few minutes",
                           description="The main job on the built-in digits4: every domain left out in turn, "
-                          "FedAvg against local MixStyle (and the style methods as they land); prints the table, "
+                          "FedAvg, local MixStyle and CCST (overall style, K=3); prints the table, "
                           "writes the report and the plot.")
     demo.add_argument("--out", default="fedstyle-demo", metavar="DIR", help="output folder (default: fedstyle-demo)")
     demo.add_argument("--rounds", type=int, default=None, help="override the demo's number of rounds")
     demo.add_argument("--device", default="auto", help="cpu, cuda or auto (default: auto)")
+    demo.add_argument("--ccst-backend", default="auto", choices=("auto", "lite", "fft", "adain"),
+                      help="CCST's style transfer: auto = lite (offline AdaIN) on a GPU, fft on a CPU, where lite "
+                      "would take about two minutes per held-out domain (default: auto)")
     demo.add_argument("--quiet", action="store_true", help="no progress bars")
     demo.set_defaults(func=_cmd_demo)
 
@@ -204,6 +215,14 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("--seed", type=int, default=0, help="which images are drawn")
     show.add_argument("--quiet", action="store_true", help="no progress bar")
     show.set_defaults(func=_cmd_data_show)
+
+    from fedstyle.cli.style import add_style_commands
+
+    add_style_commands(sub)
+
+    from fedstyle.cli.deploy import add_deploy_command
+
+    add_deploy_command(sub)
     return parser
 
 

@@ -75,6 +75,9 @@ class RunConfig:
     # run
     seed: int = _opt(0, "random seed (same config and seed give the same metrics)")
     device: str = _opt("auto", "cpu, cuda, cuda:1, mps or auto")
+    backend: str = _opt("sim", "star runtime: sim (fedstyle's in-process simulator) or flower-sim (Flower's simulation "
+                        "engine on Ray, for many clients; needs pip install 'fedstyle[flower-sim]'); same run directory",
+                        choices=("sim", "flower-sim"))
     eval_every: int = _opt(1, "evaluate every k rounds (and always after the last)")
     selection: str = _opt("auto", "model selection: source_val, heldout_val (ltdo), last, oracle (auto: source_val, "
                           "or heldout_val under ltdo)", choices=("auto",) + SELECTIONS)
@@ -147,6 +150,8 @@ class RunConfig:
         for ok, message in checks:
             if not ok:
                 raise ConfigError(message)
+        if self.backend == "flower-sim" and self.topology != "star":
+            raise ConfigError("--backend flower-sim runs star-topology methods; use --backend sim for peer-to-peer graphs")
         selection = self.resolved_selection()
         if selection == "oracle" and not self.allow_oracle:
             raise ConfigError("--selection oracle picks the model on the test domain (optimistic); "

@@ -4,7 +4,8 @@ A run directory holds::
 
     config.json        the fully resolved configuration
     partition.json     clients with their sample counts per domain and per class
-    metrics.jsonl      one JSON object per evaluation
+    metrics.jsonl      one JSON object per evaluation, after a first {"event": "setup", ...} line
+                       (style and stylization times, setup bytes) for methods with a setup exchange
     checkpoint.safetensors   the run state at the last evaluation (atomic)
     summary.json       the selected and last accuracies per held-out domain, time, bytes
     done               written last: the run is complete
@@ -151,9 +152,17 @@ def _read_metrics(path: Path, upto_round: int) -> list[dict[str, Any]]:
             record = json.loads(line)
         except json.JSONDecodeError:  # a line cut by a kill: it is after the checkpoint anyway
             break
-        if record["round"] <= upto_round:
+        if record.get("event") == "setup" or record["round"] <= upto_round:
             records.append(record)
     return records
+
+
+def _setup_record(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """The setup exchange's metrics (the ``{"event": "setup"}`` line of metrics.jsonl), or {}."""
+    for record in records:
+        if record.get("event") == "setup":
+            return {k: v for k, v in record.items() if k != "event"}
+    return {}
 
 
 def _prepare_new_run(out: Path) -> None:
@@ -167,6 +176,16 @@ def _prepare_new_run(out: Path) -> None:
 def run_experiment(config: RunConfig, out: str | Path, *, quiet: bool = False) -> dict[str, Any]:
     """Train ``config`` into the run directory ``out`` (which must be new or empty)."""
     out = Path(out)
+    exp = start_run_dir(config, out, quiet=quiet)
+    return _train(exp, out, quiet=quiet, checkpoint=None)
+
+
+def start_run_dir(config: RunConfig, out: Path, *, quiet: bool = False) -> Experiment:
+    """Build the experiment and write the new run directory's config.json and partition.json."""
+    if config.backend == "flower-sim":  # fail before writing anything when Flower or Ray is missing
+        from fedstyle.federation.flower import require_ray
+
+        require_ray()
     _prepare_new_run(out)
     exp = build_experiment(config, progress=not quiet)
     out.mkdir(parents=True, exist_ok=True)
@@ -178,7 +197,7 @@ def run_experiment(config: RunConfig, out: str | Path, *, quiet: bool = False) -
         print(f"{exp.label}: {len(exp.client_specs)} clients, sources {', '.join(exp.split.sources)}; "
               f"held out {', '.join(exp.split.targets)}", file=sys.stderr)
         print(format_partition_table(exp.client_specs, exp.dataset), file=sys.stderr)
-    return _train(exp, out, quiet=quiet, checkpoint=None)
+    return exp
 
 
 def resume_experiment(out: str | Path, *, quiet: bool = False, device: str | None = None) -> dict[str, Any]:
@@ -195,14 +214,24 @@ def resume_experiment(out: str | Path, *, quiet: bool = False, device: str | Non
     return _train(exp, out, quiet=quiet, checkpoint=load_checkpoint(out))
 
 
+def train_experiment(exp: Experiment, out: Path, *, quiet: bool, checkpoint) -> dict[str, Any]:
+    """The round loop into ``out`` (public for other runtimes: the Flower ServerApp swaps in its simulator)."""
+    return _train(exp, out, quiet=quiet, checkpoint=checkpoint)
+
+
 def _train(exp: Experiment, out: Path, *, quiet: bool, checkpoint) -> dict[str, Any]:
     config, sim = exp.config, exp.simulator
+    if getattr(config, "backend", "sim") == "flower-sim" and not getattr(sim, "is_flower", False):
+        from fedstyle.federation.flower.simulation import train_on_flower_sim  # needs fedstyle[flower-sim]
+
+        return train_on_flower_sim(exp, out, quiet=quiet, checkpoint=checkpoint)
     selector = Selector(config.selection)
     start_round, elapsed = 0, 0.0
     # The setup exchange always runs (it is deterministic), also on resume: what it leaves outside
     # the checkpointed state — augmented client data, say — is rebuilt; the checkpoint then
     # restores the state and traffic counters as they were.
     tick = time.perf_counter()
+    exp.algorithm.progress = not quiet  # setup work with a progress bar (stylization) follows --quiet
     setup_info = sim.setup()
     if checkpoint is not None:
         tensors, meta = checkpoint
@@ -211,6 +240,9 @@ def _train(exp: Experiment, out: Path, *, quiet: bool, checkpoint) -> dict[str, 
         start_round, elapsed = meta["round"], meta["seconds"]
         selector = Selector(**meta["selector"])
     records = _read_metrics(out / METRICS, start_round)
+    if setup_info and not _setup_record(records):
+        # first line of metrics.jsonl; a resumed run keeps the original run's line (its timings)
+        records.insert(0, {"event": "setup", **setup_info})
     atomic_write_text(out / METRICS, "".join(json.dumps(r) + "\n" for r in records))
 
     reporter = Reporter(config.rounds, start_round, quiet, desc=f"{exp.label} {config.dataset}")
@@ -223,6 +255,9 @@ def _train(exp: Experiment, out: Path, *, quiet: bool, checkpoint) -> dict[str, 
         with open(out / METRICS, "a") as metrics_file:
             for r in range(start_round, config.rounds):
                 result = sim.run_round(r)
+                for event in getattr(result, "events", None) or ():  # Flower runs: dropouts and rejoins
+                    metrics_file.write(json.dumps(event) + "\n")
+                    records.append(event)
                 last_loss = result.train_loss
                 done_rounds = r + 1
                 postfix = {"loss": f"{last_loss:.3f}"}
@@ -252,6 +287,8 @@ def _train(exp: Experiment, out: Path, *, quiet: bool, checkpoint) -> dict[str, 
 
 
 def make_summary(exp: Experiment, records: list[dict[str, Any]], selector: Selector) -> dict[str, Any]:
+    setup = _setup_record(records)
+    records = [r for r in records if "round" in r and "event" not in r]
     if not records:
         raise FedstyleError("the run finished without any evaluation")
     config, last = exp.config, records[-1]
@@ -279,6 +316,8 @@ def make_summary(exp: Experiment, records: list[dict[str, Any]], selector: Selec
         "bytes_down": last["bytes_down"],
         "traffic": {k: last[k] for k in last if k.startswith("bytes_")},
     }
+    if setup:
+        summary["setup"] = setup
     if config.val_domain:
         summary["val_domain"] = config.val_domain
     if "device_target_acc" in last:

@@ -66,9 +66,11 @@ def client_setup_upload(
 
 def client_setup_download(
     algo: Algorithm, model: nn.Module, ctx: ClientContext, global_weights: Mapping[str, torch.Tensor], broadcast: Payload
-) -> None:
+) -> dict[str, float]:
+    """Hand the broadcast to the client; returns the setup metrics it reports ({} when none)."""
     enter_client(algo, model, ctx, global_weights)
-    algo.setup_download(ctx, model, broadcast)
+    metrics = algo.setup_download(ctx, model, broadcast)
+    return {k: float(v) for k, v in (metrics or {}).items()}
 
 
 def client_round_query(

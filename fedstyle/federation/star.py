@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass, field
+from typing import Iterable, Mapping
 
 import torch
 from torch import nn
@@ -92,6 +93,25 @@ class RoundResult:
     metrics: dict[str, float] = field(default_factory=dict)
 
 
+#: setup throughputs: name -> (image count, seconds), both summed over clients (style banks, stylization)
+SETUP_RATES = {"style_images_per_s": ("style_images", "style_seconds"),
+               "stylized_images_per_s": ("stylized_images", "stylize_seconds")}
+
+
+def setup_info(client_metrics: Iterable[Mapping[str, float]], seconds: float, up: int, down: int) -> dict[str, float]:
+    """The setup exchange's record: the clients' metrics summed, its time and bytes, the throughputs of
+    :data:`SETUP_RATES` whose count and (non-zero) time are known. Shared by every star runtime."""
+    info: dict[str, float] = {}
+    for metrics in client_metrics:
+        for key, value in metrics.items():
+            info[key] = info.get(key, 0.0) + float(value)
+    info.update(setup_seconds=seconds, setup_bytes_up=up, setup_bytes_down=down)
+    for name, (count, time_key) in SETUP_RATES.items():
+        if info.get(time_key, 0.0) > 0 and count in info:
+            info[name] = info[count] / info[time_key]
+    return info
+
+
 class StarSimulator:
     topology = "star"
 
@@ -166,11 +186,15 @@ class StarSimulator:
         if uploads:
             self.server.round = 0
             broadcast = self.algo.setup_broadcast(uploads, self.server)
-            self.traffic.payload_up += sum(payload_nbytes(p) for p in uploads.values())
-            self.traffic.payload_down += payload_nbytes(broadcast) * self.num_clients
-            for cid in range(self.num_clients):
+            up = sum(payload_nbytes(p) for p in uploads.values())
+            down = payload_nbytes(broadcast) * self.num_clients
+            self.traffic.payload_up += up
+            self.traffic.payload_down += down
+            metrics = [
                 client_setup_download(self.algo, self.model, self.context(cid, -1, "setup"), self.server.weights, broadcast)
-            info = {"setup_seconds": time.perf_counter() - start}
+                for cid in range(self.num_clients)
+            ]
+            info = setup_info(metrics, time.perf_counter() - start, up, down)
         return info
 
     def run_round(self, round_index: int) -> RoundResult:

@@ -9,7 +9,7 @@ The ImageNet checkpoints expect RGB in [0, 1] normalised with ``IMAGENET_MEAN``/
 from __future__ import annotations
 
 import os
-from typing import Mapping
+from typing import Callable, Mapping
 
 import torch
 from torch import nn
@@ -147,6 +147,31 @@ def read_state_dict(path: str | os.PathLike) -> dict[str, torch.Tensor]:
     return {(k[len("module.") :] if k.startswith("module.") else k): v for k, v in raw.items()}
 
 
+def check_state_dict(
+    state: Mapping[str, torch.Tensor],
+    expected: Mapping[str, torch.Tensor],
+    path: str | os.PathLike,
+    what: str,
+    may_be_missing: Callable[[str], bool] = lambda key: False,
+) -> None:
+    """Raise ConfigError naming the file and the first key of ``state`` that does not match ``expected``.
+
+    A key of ``expected`` absent from ``state`` is an error unless ``may_be_missing(key)``; a key of
+    ``state`` absent from ``expected``, or of another shape, always is. ``what`` names the network.
+    """
+    path = os.fspath(path)
+    for key in expected:
+        if key not in state and not may_be_missing(key):
+            raise ConfigError(f"weights file {path!r} does not match {what}: missing key {key!r} "
+                              f"(is it a checkpoint of this architecture?)")
+    for key, tensor in state.items():
+        if key not in expected:
+            raise ConfigError(f"weights file {path!r} does not match {what}: unexpected key {key!r}")
+        if tuple(tensor.shape) != tuple(expected[key].shape):
+            raise ConfigError(f"weights file {path!r} does not match {what}: key {key!r} has shape "
+                              f"{tuple(tensor.shape)}, expected {tuple(expected[key].shape)}")
+
+
 def load_matching_state_dict(
     backbone: Backbone, state: Mapping[str, torch.Tensor], path: str | os.PathLike, ignore_prefixes: tuple[str, ...]
 ) -> None:
@@ -157,26 +182,11 @@ def load_matching_state_dict(
     to 0. Any other missing or unexpected key, or a shape mismatch, raises ConfigError naming the
     file and the first offending key.
     """
-    path = os.fspath(path)
     state = {k: v for k, v in state.items() if not k.startswith(ignore_prefixes)}
     # Style ops inserted into the backbone are not part of any checkpoint.
     expected = {k: v for k, v in backbone.state_dict().items() if not k.startswith("stage_ops.")}
-    for key in expected:
-        if key not in state and not key.endswith("num_batches_tracked"):
-            raise ConfigError(
-                f"weights file {path!r} does not match {type(backbone).__name__}: missing key {key!r} "
-                f"(is it a checkpoint of this architecture?)"
-            )
-    for key, tensor in state.items():
-        if key not in expected:
-            raise ConfigError(
-                f"weights file {path!r} does not match {type(backbone).__name__}: unexpected key {key!r}"
-            )
-        if tuple(tensor.shape) != tuple(expected[key].shape):
-            raise ConfigError(
-                f"weights file {path!r} does not match {type(backbone).__name__}: key {key!r} has shape "
-                f"{tuple(tensor.shape)}, expected {tuple(expected[key].shape)}"
-            )
+    check_state_dict(state, expected, path, type(backbone).__name__,
+                     may_be_missing=lambda key: key.endswith("num_batches_tracked"))
     full = dict(state)
     for key, value in expected.items():
         full.setdefault(key, torch.zeros_like(value))  # only num_batches_tracked can be missing here

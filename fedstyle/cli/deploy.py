@@ -1,0 +1,246 @@
+"""``fedstyle deploy``: run a method on a real Flower federation (SuperLink + SuperNodes as processes)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+DEPLOY_DESCRIPTION = """\
+Run a star-topology method on a real Flower federation: a SuperLink (the coordinator) and one
+SuperNode per site, each holding one client of the partition, talking over TLS. The run directory
+is the simulator's (config.json, partition.json, metrics.jsonl, checkpoint, summary.json, done) plus
+flower/ with the Flower logs. Needs: pip install -c constraints.txt 'fedstyle[flower]'.
+
+Fault policy: a round starts once --min-sites sites are connected (default 1); sampled sites that
+are gone, fail or do not reply drop out of that round, which is aggregated from the others; every
+dropout is logged in metrics.jsonl ({"event": "dropout", ...}). A restarted site rejoins at the
+next round. If the coordinator stops, `fedstyle deploy --resume OUT` continues from the last checkpoint.
+"""
+
+DEPLOY_EPILOG = """\
+examples:
+  # try it on one machine: certificates, then 3 sites as local processes (free ports on 127.0.0.1)
+  fedstyle deploy certs --out certs --sites 3
+  fedstyle deploy --sites 3 --certs certs --method fedavg --dataset digits4 --target mnist \\
+      --partition per_domain --clients 3 --rounds 5 --out runs/dep
+  # the same without TLS (only on a trusted machine or network)
+  fedstyle deploy --sites 3 --insecure --clients 3 --partition per_domain --target mnist --out runs/dep2
+  # continue after a coordinator crash / Ctrl-C
+  fedstyle deploy --resume runs/dep
+
+across machines:
+  # coordinator (host coord.example.org); certificate for that name, one key pair per site
+  fedstyle deploy certs --out certs --host coord.example.org --sites 3
+  fedstyle deploy coordinator --certs certs --host 0.0.0.0 --port 9093 --sites 3 \\
+      --method fedavg --dataset digits4 --target mnist --partition per_domain --clients 3 --out runs/x
+  # each site K (copy certs/ca.crt there; with --node-auth also certs/site-K.key)
+  fedstyle deploy site --superlink coord.example.org:9093 --root-certificates ca.crt --partition-id K \\
+      [--data-root /data/digits] [--auth-key site-K.key]
+"""
+
+
+def _settings_flags(parser: argparse.ArgumentParser, *, local: bool) -> None:
+    group = parser.add_argument_group("federation")
+    group.add_argument("--sites", type=int, help="number of sites (SuperNodes); one client per site, so it must "
+                       "equal the partition's number of clients")
+    group.add_argument("--certs", metavar="DIR", help="folder from `fedstyle deploy certs` (TLS is on by default)")
+    group.add_argument("--insecure", action="store_true", help="no TLS: traffic unencrypted (trusted networks only)")
+    group.add_argument("--node-auth", action="store_true",
+                       help="Flower SuperNode authentication: only sites whose public key is registered "
+                       "(certs/site-K.pub, registered automatically) may join; each site signs with certs/site-K.key")
+    group.add_argument("--min-sites", type=int, default=1,
+                       help="sites that must be connected for a round to start, and must reply for it to count (default: 1)")
+    group.add_argument("--wait-timeout", type=float, default=600.0,
+                       help="seconds to wait for --min-sites sites before giving up (default: 600)")
+    group.add_argument("--round-timeout", type=float, default=1800.0,
+                       help="seconds a site may take to answer one message before it drops out of the round (default: 1800)")
+    if local:
+        group.add_argument("--site-data-root", action="append", metavar="DIR", default=[],
+                           help="data folder of site K (repeat in site order); default: the coordinator's --data-root")
+    else:
+        group.add_argument("--host", default="0.0.0.0", help="address the SuperLink listens on (default: 0.0.0.0)")
+        group.add_argument("--port", type=int, default=9093, help="SuperLink port for sites and the run (default: 9093)")
+
+
+def add_deploy_command(sub) -> None:
+    from fedstyle.cli.main import _add_config_flags
+
+    deploy = sub.add_parser("deploy", help="run on a real Flower federation (local processes or across machines)",
+                            description=DEPLOY_DESCRIPTION, epilog=DEPLOY_EPILOG,
+                            formatter_class=argparse.RawDescriptionHelpFormatter)
+    deploy.add_argument("--out", metavar="DIR", help="run directory to create")
+    deploy.add_argument("--resume", metavar="DIR", help="restart the federation of DIR and continue from its checkpoint")
+    deploy.add_argument("--config", metavar="FILE.toml", help="read run settings from a TOML file")
+    deploy.add_argument("--quiet", action="store_true", help="no progress bar or messages")
+    _settings_flags(deploy, local=True)
+    _add_config_flags(deploy)
+    deploy.set_defaults(func=_cmd_deploy)
+    actions = deploy.add_subparsers(dest="deploy_command", metavar="ACTION")
+
+    certs = actions.add_parser("certs", help="make a CA, a SuperLink certificate and site key pairs (tests, trials)",
+                               description="Write ca.crt/ca.key, server.crt/server.key (SANs: localhost, 127.0.0.1 and "
+                               "every --host) and site-K.key/site-K.pub for --sites sites (node authentication).")
+    certs.add_argument("--out", required=True, metavar="DIR", help="folder to write (files are never overwritten)")
+    certs.add_argument("--host", action="append", default=[], help="extra host name or IP of the SuperLink (repeatable)")
+    certs.add_argument("--sites", type=int, default=0, help="SuperNode key pairs to make (default: 0)")
+    certs.set_defaults(func=_cmd_certs)
+
+    coord = actions.add_parser("coordinator", help="the SuperLink and the run; sites join from their machines",
+                               description="Start the SuperLink on --host:--port, submit the run and wait for it; sites "
+                               "join with `fedstyle deploy site`. Stops the SuperLink at the end.",
+                               epilog=DEPLOY_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    coord.add_argument("--out", metavar="DIR", help="run directory to create")
+    coord.add_argument("--resume", metavar="DIR", help="continue the run in DIR")
+    coord.add_argument("--config", metavar="FILE.toml", help="read run settings from a TOML file")
+    coord.add_argument("--quiet", action="store_true", help="no progress bar or messages")
+    _settings_flags(coord, local=False)
+    _add_config_flags(coord)
+    coord.set_defaults(func=_cmd_coordinator)
+
+    site = actions.add_parser("site", help="one site: a SuperNode holding one client, in the foreground",
+                              description="Start this site's SuperNode (flower-supernode) connected to the coordinator's "
+                              "SuperLink; it runs the ClientApp for every message until stopped (Ctrl-C).")
+    site.add_argument("--superlink", required=True, metavar="HOST:PORT", help="the coordinator's SuperLink address")
+    site.add_argument("--partition-id", type=int, required=True, metavar="K", help="which client of the partition this site holds")
+    site.add_argument("--root-certificates", metavar="CA.crt", help="the coordinator's CA certificate (TLS)")
+    site.add_argument("--insecure", action="store_true", help="no TLS (only if the coordinator runs --insecure)")
+    site.add_argument("--auth-key", metavar="site-K.key", help="this site's private key (coordinator runs --node-auth)")
+    site.add_argument("--data-root", metavar="DIR", help="this site's copy of the dataset (default: the run's --data-root)")
+    site.add_argument("--port", type=int, default=0, help="local port of the SuperNode's runtime API (default: free)")
+    site.set_defaults(func=_cmd_site)
+
+
+def _settings(args, *, local: bool):
+    from fedstyle.federation.flower.deployment import DeploySettings
+
+    return DeploySettings(
+        sites=args.sites or 0, insecure=args.insecure, certs=args.certs, node_auth=args.node_auth,
+        host="127.0.0.1" if local else args.host, port=0 if local else args.port, min_sites=args.min_sites,
+        wait_timeout=args.wait_timeout, round_timeout=args.round_timeout,
+        site_data_roots=list(getattr(args, "site_data_root", []) or []),
+    )
+
+
+def _new_run(args, settings):
+    """Validate, then write the run directory (config.json, partition.json) like `fedstyle run`."""
+    from fedstyle.cli.main import config_from_args
+    from fedstyle.errors import ConfigError
+    from fedstyle.experiments.runner import start_run_dir
+    from fedstyle.federation.flower import require_flower
+
+    require_flower("fedstyle deploy")
+    if not args.out:
+        raise ConfigError("give --out DIR for the run directory (or --resume DIR to continue one)")
+    config = config_from_args(args)
+    # the ServerApp and the sites run in other folders: paths in config.json must be absolute
+    config = config.updated(**{k: str(Path(v).resolve()) for k in ("data_root", "weights")
+                               if (v := getattr(config, k)) is not None})
+    if config.backend != "sim":
+        raise ConfigError("fedstyle deploy runs on Flower processes; drop --backend")
+    if config.topology != "star":
+        raise ConfigError("fedstyle deploy runs star-topology methods (a coordinator and sites)")
+    settings.validate()
+    exp = start_run_dir(config, Path(args.out), quiet=args.quiet)
+    if len(exp.client_specs) != settings.sites:
+        import shutil
+
+        shutil.rmtree(args.out)  # nothing half-written stays behind
+        raise ConfigError(f"the partition has {len(exp.client_specs)} clients but --sites is {settings.sites}; "
+                          f"each site holds one client: give --clients {settings.sites} (or --sites "
+                          f"{len(exp.client_specs)})")
+    return exp.config
+
+
+def _cmd_deploy(args: argparse.Namespace) -> int:
+    from fedstyle.cli.main import _print_summary
+    from fedstyle.errors import ConfigError
+    from fedstyle.federation.flower.deployment import deploy_run, load_settings
+
+    if args.resume:
+        out = Path(args.resume)
+        settings = load_settings(out)
+        rounds = json.loads((out / "config.json").read_text())["rounds"]
+        if (out / "done").exists():
+            summary = json.loads((out / "summary.json").read_text())
+        else:
+            try:
+                summary = deploy_run(out, settings, quiet=args.quiet, rounds=rounds)
+            except KeyboardInterrupt:
+                print(f"\ninterrupted; continue with: fedstyle deploy --resume {out}", file=sys.stderr)
+                raise
+    else:
+        if not args.sites:
+            raise ConfigError("give --sites N (one site per client), or an action: certs, coordinator, site")
+        settings = _settings(args, local=True)
+        config = _new_run(args, settings)
+        out = Path(args.out)
+        try:
+            summary = deploy_run(out, settings, quiet=args.quiet, rounds=config.rounds)
+        except KeyboardInterrupt:
+            print(f"\ninterrupted; every Flower process is stopped; continue with: fedstyle deploy --resume {out}",
+                  file=sys.stderr)
+            raise
+    _print_summary(summary, out)
+    print(f"  Flower logs: {out / 'flower'}")
+    return 0
+
+
+def _cmd_coordinator(args: argparse.Namespace) -> int:
+    from fedstyle.cli.main import _print_summary
+    from fedstyle.errors import ConfigError
+    from fedstyle.federation.flower.deployment import Federation, load_settings
+
+    if args.resume:
+        out = Path(args.resume)
+        settings = load_settings(out)
+        rounds = json.loads((out / "config.json").read_text())["rounds"]
+    else:
+        if not args.sites:
+            raise ConfigError("give --sites N: the number of sites (one client each) that will join")
+        settings = _settings(args, local=False)
+        rounds = _new_run(args, settings).rounds
+        out = Path(args.out)
+    with Federation(out, settings, quiet=args.quiet) as federation:
+        federation.prepare()
+        federation.start_superlink()
+        if not args.quiet:
+            tls = "--insecure" if settings.insecure else "--root-certificates ca.crt"
+            print(f"SuperLink listening on {settings.host}:{federation.port}; start each site K with:\n"
+                  f"  fedstyle deploy site --superlink <this host>:{federation.port} {tls} --partition-id K",
+                  file=sys.stderr)
+        federation.wait(federation.submit(), rounds)
+    summary = json.loads((out / "summary.json").read_text())
+    _print_summary(summary, out)
+    return 0
+
+
+def _cmd_certs(args: argparse.Namespace) -> int:
+    from fedstyle.federation.flower.certs import make_certificates
+
+    for path in make_certificates(args.out, hosts=args.host, sites=args.sites):
+        print(f"wrote {path}")
+    return 0
+
+
+def _cmd_site(args: argparse.Namespace) -> int:
+    from fedstyle.errors import ConfigError
+    from fedstyle.federation.flower import require_flower
+    from fedstyle.federation.flower.deployment import flower_bin, free_port
+
+    require_flower("fedstyle deploy site")
+    if args.insecure == bool(args.root_certificates):
+        raise ConfigError("give --root-certificates CA.crt (the coordinator's CA) or, without TLS, --insecure")
+    node_config = f"partition-id={args.partition_id}"
+    if args.data_root:
+        node_config += f' data-root="{Path(args.data_root).resolve()}"'
+    argv = [flower_bin("flower-supernode"), "--superlink", args.superlink, "--port", str(args.port or free_port()),
+            "--node-config", node_config]
+    argv += ["--insecure"] if args.insecure else ["--root-certificates", str(Path(args.root_certificates).resolve())]
+    if args.auth_key:
+        argv += ["--auth-supernode-private-key", str(Path(args.auth_key).resolve())]
+    sys.stdout.flush()
+    os.execv(argv[0], argv)  # the SuperNode replaces this process: Ctrl-C and signals reach it directly
+    return 0  # not reached

@@ -1,0 +1,431 @@
+"""Flower processes for ``fedstyle deploy``: a SuperLink, SuperNodes, the run submitted with ``flwr run``.
+
+:class:`Federation` starts each process in its own session (process group) with its log in
+``<run dir>/flower/`` and stops every process it started — and everything those started (Flower's
+SuperExec, ServerApp and ClientApp processes) — on success, on error, on Ctrl-C / SIGTERM and at
+interpreter exit. Ports are chosen free at run time on 127.0.0.1 unless given.
+
+Flower layout under ``<run dir>/flower/``::
+
+    app/pyproject.toml    the Flower App (FAB) naming fedstyle's ServerApp and ClientApp
+    home/                 FLWR_HOME: the `flwr` CLI's SuperLink connection, installed apps
+    deploy.json           how the federation was started (for --resume)
+    superlink.log, site-K.log, serverapp.log
+
+Runtime dependency installation is disabled everywhere (sites may be offline): SuperLink and
+SuperNodes use the Python environment they run in, which must have fedstyle[flower] installed.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fedstyle.errors import ConfigError, FedstyleError
+from fedstyle.io import atomic_write_json, atomic_write_text
+
+CONNECTION = "fedstyle"
+
+APP_PYPROJECT = """\
+# The Flower App that `fedstyle deploy` submits: fedstyle's ServerApp and ClientApp from the installed
+# fedstyle package (runtime dependency installation is disabled, so nothing is installed from here).
+[build-system]
+requires = ["hatchling"]
+build-backend = "hatchling.build"
+
+[project]
+name = "fedstyle-app"
+version = "1.0.0"
+description = "fedstyle algorithms on Flower"
+license = "MIT"
+dependencies = ["flwr>=1.41.0"]
+
+[tool.flwr.app]
+publisher = "fedstyle"
+
+[tool.flwr.app.components]
+serverapp = "fedstyle.federation.flower.serverapp:app"
+clientapp = "fedstyle.federation.flower.clientapp:app"
+
+[tool.flwr.app.config]
+run-dir = ""
+min-sites = 1
+wait-timeout = 600.0
+round-timeout = 1800.0
+"""
+
+
+class DeployError(FedstyleError):
+    """A Flower process failed to start or the run failed."""
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def wait_for_port(host: str, port: int, timeout: float, proc: subprocess.Popen | None = None, log: Path | None = None) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise DeployError(f"process exited with code {proc.returncode} before listening on {host}:{port}"
+                              + (f"; see {log}:\n{tail(log)}" if log else ""))
+        try:
+            with socket.create_connection((host, port), timeout=1.0):
+                return
+        except OSError:
+            time.sleep(0.2)
+    raise DeployError(f"nothing listens on {host}:{port} after {timeout:.0f} s" + (f"; see {log}" if log else ""))
+
+
+def tail(path: Path | None, lines: int = 20) -> str:
+    if path is None or not path.exists():
+        return ""
+    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+
+
+def flower_bin(name: str) -> str:
+    """A Flower executable from the running interpreter's environment (falls back to PATH)."""
+    candidate = Path(sys.executable).parent / name
+    if candidate.exists():
+        return str(candidate)
+    found = shutil.which(name)
+    if found is None:
+        raise ConfigError(f"{name} not found; install Flower with: pip install -c constraints.txt 'fedstyle[flower]'")
+    return found
+
+
+def _children() -> dict[int, list[int]]:
+    """Parent pid -> child pids, from /proc (Linux); empty elsewhere."""
+    tree: dict[int, list[int]] = {}
+    for entry in Path("/proc").glob("[0-9]*") if Path("/proc").is_dir() else ():
+        try:
+            stat = (entry / "stat").read_text()
+            ppid = int(stat[stat.rindex(")") + 2 :].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        tree.setdefault(ppid, []).append(int(entry.name))
+    return tree
+
+
+def descendants(pid: int) -> list[int]:
+    tree, out, stack = _children(), [], [pid]
+    while stack:
+        for child in tree.get(stack.pop(), []):
+            out.append(child)
+            stack.append(child)
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a zombie is dead for our purposes
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return True
+
+
+def stop_tree(proc: subprocess.Popen, sig: int = signal.SIGTERM, grace: float = 10.0) -> None:
+    """Stop ``proc``, its process group and every descendant (SIGTERM, then SIGKILL after ``grace`` s)."""
+    pids = [proc.pid, *descendants(proc.pid)]
+    groups = {proc.pid}  # started with start_new_session: its pgid is its pid
+    for s in (sig, signal.SIGKILL):
+        for pgid in groups:
+            try:
+                os.killpg(pgid, s)
+            except (ProcessLookupError, PermissionError):
+                pass
+        for pid in pids:
+            try:
+                os.kill(pid, s)
+            except (ProcessLookupError, PermissionError):
+                pass
+        deadline = time.monotonic() + (grace if s != signal.SIGKILL else 5.0)
+        while time.monotonic() < deadline:
+            proc.poll()
+            pids = [p for p in pids if _alive(p)]
+            if not pids:
+                break
+            time.sleep(0.1)
+        if not pids:
+            break
+        pids = list(dict.fromkeys(pids + [d for p in pids for d in descendants(p)]))
+    try:
+        proc.wait(timeout=1.0)
+    except subprocess.TimeoutExpired:
+        pass
+
+
+@dataclass
+class DeploySettings:
+    """How a federation is started; saved in flower/deploy.json so --resume starts the same one."""
+
+    sites: int
+    insecure: bool = False
+    certs: str | None = None
+    node_auth: bool = False
+    host: str = "127.0.0.1"
+    port: int = 0  # 0: a free port
+    min_sites: int = 1
+    wait_timeout: float = 600.0
+    round_timeout: float = 1800.0
+    site_data_roots: list[str] = field(default_factory=list)
+
+    def validate(self) -> None:
+        if self.sites < 1:
+            raise ConfigError("--sites must be at least 1")
+        if not 1 <= self.min_sites <= self.sites:
+            raise ConfigError(f"--min-sites must be between 1 and --sites ({self.sites})")
+        if self.insecure and (self.certs or self.node_auth):
+            raise ConfigError("--insecure turns TLS off; it cannot be combined with --certs or --node-auth")
+        if not self.insecure and not self.certs:
+            raise ConfigError("TLS is on by default: give --certs DIR (make one with `fedstyle deploy certs --out DIR`) "
+                              "or pass --insecure to run without encryption")
+        if self.certs:
+            from fedstyle.federation.flower.certs import CA_CERT, SERVER_CERT, SERVER_KEY
+
+            missing = [n for n in (CA_CERT, SERVER_CERT, SERVER_KEY) if not (Path(self.certs) / n).exists()]
+            if missing:
+                raise ConfigError(f"--certs {self.certs} lacks {', '.join(missing)}; make them with "
+                                  f"`fedstyle deploy certs --out {self.certs} --sites {self.sites}`")
+        if self.node_auth:
+            from fedstyle.federation.flower.certs import site_key_paths
+
+            missing = [str(p) for s in range(self.sites) for p in site_key_paths(Path(self.certs), s) if not p.exists()]
+            if missing:
+                raise ConfigError(f"--node-auth needs a key pair per site; missing {missing[0]}; make them with "
+                                  f"`fedstyle deploy certs --out DIR --sites {self.sites}`")
+
+    def run_config(self, run_dir: Path) -> str:
+        return (f'run-dir="{run_dir}" min-sites={self.min_sites} wait-timeout={float(self.wait_timeout)} '
+                f"round-timeout={float(self.round_timeout)}")
+
+
+class Federation:
+    """A SuperLink and SuperNodes on this machine, for one run directory; a context manager."""
+
+    def __init__(self, run_dir: str | Path, settings: DeploySettings, *, quiet: bool = False):
+        settings.validate()
+        self.run_dir = Path(run_dir).resolve()
+        self.settings = settings
+        self.quiet = quiet
+        self.flower_dir = self.run_dir / "flower"
+        self.home = self.flower_dir / "home"
+        self.app_dir = self.flower_dir / "app"
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.port = settings.port or free_port(settings.host)
+        self.site_ports: dict[int, int] = {}
+        self.certs = Path(settings.certs).resolve() if settings.certs else None
+        self._previous_handlers: dict[int, Any] = {}
+
+    # -- lifecycle ----------------------------------------------------------------------
+    def __enter__(self) -> "Federation":
+        atexit.register(self.stop_all)
+        for sig in (signal.SIGTERM, signal.SIGHUP):
+            try:
+                self._previous_handlers[sig] = signal.signal(sig, self._on_signal)
+            except ValueError:  # not the main thread: the caller handles signals
+                pass
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop_all()
+        for sig, handler in self._previous_handlers.items():
+            signal.signal(sig, handler)
+        atexit.unregister(self.stop_all)
+
+    def _on_signal(self, signum, frame) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    def env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env["FLWR_HOME"] = str(self.home)
+        # Flower starts its helpers (flower-superexec, flwr-serverapp, flwr-clientapp) by name from PATH
+        env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        return env
+
+    def _start(self, name: str, argv: list[str]) -> subprocess.Popen:
+        log = self.flower_dir / f"{name}.log"
+        with open(log, "ab") as handle:
+            proc = subprocess.Popen(argv, stdout=handle, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    env=self.env(), cwd=self.flower_dir, start_new_session=True)
+        self.procs[name] = proc
+        return proc
+
+    def stop(self, name: str, sig: int = signal.SIGTERM) -> None:
+        proc = self.procs.pop(name, None)
+        if proc is not None:
+            stop_tree(proc, sig)
+
+    def stop_all(self) -> None:
+        for name in sorted(self.procs, key=lambda n: n == "superlink"):  # sites first, then the SuperLink
+            self.stop(name)
+
+    # -- setup --------------------------------------------------------------------------
+    def prepare(self) -> None:
+        """Write the Flower App, FLWR_HOME's connection and deploy.json."""
+        self.flower_dir.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(self.app_dir / "pyproject.toml", APP_PYPROJECT)
+        connection = [f'[superlink]\ndefault = "{CONNECTION}"\n\n[superlink.{CONNECTION}]',
+                      f'address = "{self.client_host()}:{self.port}"']
+        if self.settings.insecure:
+            connection.append("insecure = true")
+        else:
+            connection.append(f'root-certificates = "{self.certs / "ca.crt"}"')
+        atomic_write_text(self.home / "config.toml", "\n".join(connection) + "\n")
+        atomic_write_json(self.flower_dir / "deploy.json", asdict(self.settings))
+
+    def client_host(self) -> str:
+        return "127.0.0.1" if self.settings.host in ("0.0.0.0", "::") else self.settings.host
+
+    def tls_args_server(self) -> list[str]:
+        if self.settings.insecure:
+            return ["--insecure"]
+        return ["--ssl-certfile", str(self.certs / "server.crt"), "--ssl-keyfile", str(self.certs / "server.key"),
+                "--ssl-ca-certfile", str(self.certs / "ca.crt")]
+
+    def start_superlink(self, timeout: float = 120.0) -> None:
+        argv = [flower_bin("flower-superlink"), *self.tls_args_server(), "--host", self.settings.host,
+                "--port", str(self.port), "--disable-runtime-dependency-installation"]
+        if self.settings.node_auth:
+            argv.append("--enable-supernode-auth")
+        proc = self._start("superlink", argv)
+        wait_for_port(self.client_host(), self.port, timeout, proc, self.flower_dir / "superlink.log")
+        if self.settings.node_auth:
+            self.register_sites()
+
+    def register_sites(self) -> None:
+        from fedstyle.federation.flower.certs import site_key_paths
+
+        for site in range(self.settings.sites):
+            _, public = site_key_paths(self.certs, site)
+            self.flwr(["supernode", "register", str(public), CONNECTION], f"register site {site}")
+
+    def flwr(self, args: list[str], what: str, timeout: float = 120.0) -> str:
+        result = subprocess.run([flower_bin("flwr"), *args], env=self.env(), capture_output=True, text=True,
+                                timeout=timeout, cwd=self.flower_dir, stdin=subprocess.DEVNULL)
+        if result.returncode != 0:
+            raise DeployError(f"{what} failed (flwr {' '.join(args)}):\n{result.stdout[-2000:]}{result.stderr[-2000:]}")
+        return result.stdout
+
+    def site_argv(self, site: int) -> list[str]:
+        port = self.site_ports.setdefault(site, free_port())
+        node_config = f"partition-id={site}"
+        roots = self.settings.site_data_roots
+        if site < len(roots) and roots[site]:
+            node_config += f' data-root="{Path(roots[site]).resolve()}"'
+        argv = [flower_bin("flower-supernode"), "--superlink", f"{self.client_host()}:{self.port}",
+                "--port", str(port), "--node-config", node_config]
+        if self.settings.insecure:
+            argv.append("--insecure")
+        else:
+            argv += ["--root-certificates", str(self.certs / "ca.crt")]
+        if self.settings.node_auth:
+            from fedstyle.federation.flower.certs import site_key_paths
+
+            argv += ["--auth-supernode-private-key", str(site_key_paths(self.certs, site)[0])]
+        return argv
+
+    def start_site(self, site: int) -> subprocess.Popen:
+        return self._start(f"site-{site}", self.site_argv(site))
+
+    def start(self) -> None:
+        self.prepare()
+        self.start_superlink()
+        for site in range(self.settings.sites):
+            self.start_site(site)
+
+    # -- the run ------------------------------------------------------------------------
+    def submit(self) -> subprocess.Popen:
+        """Submit the run (``flwr run --stream``); the returned process ends when the run ends."""
+        argv = [flower_bin("flwr"), "run", str(self.app_dir), CONNECTION, "--run-config",
+                self.settings.run_config(self.run_dir), "--stream"]
+        return self._start("serverapp", argv)
+
+    def wait(self, submitted: subprocess.Popen, rounds: int) -> None:
+        """Wait for the run to end, showing progress from metrics.jsonl; raise if it failed."""
+        from fedstyle.experiments.runner import DONE, METRICS
+
+        bar = None
+        if not self.quiet:
+            from tqdm.auto import tqdm
+
+            bar = tqdm(total=rounds, desc=f"deploy {self.settings.sites} sites", unit="round", file=sys.stderr)
+        shown, seen_events = 0, 0
+        try:
+            while True:
+                finished = submitted.poll() is not None
+                records = _read_lines(self.run_dir / METRICS)
+                evals = [r for r in records if "event" not in r and "round" in r]
+                events = [r for r in records if r.get("event") in ("dropout", "rejoin")]
+                if bar is not None:
+                    for event in events[seen_events:]:
+                        bar.write(f"{event['event']}: round {event['round']}, clients {event['clients']}", file=sys.stderr)
+                    seen_events = len(events)
+                    done_rounds = evals[-1]["round"] if evals else 0
+                    if done_rounds > shown:
+                        bar.update(done_rounds - shown)
+                        shown = done_rounds
+                        acc = evals[-1]["target_acc"]
+                        bar.set_postfix(tgt=f"{sum(acc.values()) / max(1, len(acc)):.3f}", refresh=True)
+                if finished:
+                    break
+                if "superlink" in self.procs and self.procs["superlink"].poll() is not None:
+                    raise DeployError(f"the SuperLink exited (code {self.procs['superlink'].returncode}); "
+                                      f"see {self.flower_dir / 'superlink.log'}:\n{tail(self.flower_dir / 'superlink.log')}")
+                time.sleep(0.5)
+        finally:
+            if bar is not None:
+                bar.close()
+        self.procs.pop("serverapp", None)
+        if not (self.run_dir / DONE).exists():
+            raise DeployError(
+                f"the run did not finish; see {self.flower_dir / 'serverapp.log'}:\n{tail(self.flower_dir / 'serverapp.log', 30)}\n"
+                f"continue it with: fedstyle deploy --resume {self.run_dir}")
+
+
+def _read_lines(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            break
+    return out
+
+
+def load_settings(run_dir: Path) -> DeploySettings:
+    path = run_dir / "flower" / "deploy.json"
+    if not path.exists():
+        raise ConfigError(f"{run_dir} was not started by `fedstyle deploy` (no {path}); "
+                          f"use `fedstyle run --resume {run_dir}` for simulator runs")
+    return DeploySettings(**json.loads(path.read_text()))
+
+
+def deploy_run(run_dir: str | Path, settings: DeploySettings, *, quiet: bool = False, rounds: int) -> dict[str, Any]:
+    """Start the federation, run the run directory's config on it, stop every process; the summary."""
+    from fedstyle.experiments.runner import SUMMARY
+
+    with Federation(run_dir, settings, quiet=quiet) as federation:
+        federation.start()
+        federation.wait(federation.submit(), rounds)
+        return json.loads((federation.run_dir / SUMMARY).read_text())

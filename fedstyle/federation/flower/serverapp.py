@@ -1,0 +1,379 @@
+"""The Flower ServerApp: the simulator's server side, with clients reached through Flower messages.
+
+:class:`FlowerStar` is a :class:`~fedstyle.federation.star.StarSimulator` whose ``setup`` and
+``run_round`` send messages instead of calling the client procedures in-process; everything else
+— the seeded client sampler, the algorithm's ``setup_broadcast`` / ``round_payloads`` /
+``aggregate``, byte counting, checkpoint tensors — is the simulator's own code. The run loop is
+the runner's (``fedstyle.experiments.runner``): same evaluation, selection, checkpoint, metrics.jsonl,
+summary.json and ``done``. Updates are aggregated in client-id order, as in the simulator, so
+without faults a Flower run reproduces the simulator's metrics.
+
+Exchanges per round (each its own message round trip)::
+
+    identify       (new nodes only)   node -> its client id (node config partition-id)
+    setup_upload / setup_download     once, before round 0, when the method has a setup phase
+    round_query                       when the method has a query phase
+    train                             weights + the round's payload down; weights, payload, loss up
+
+Faults — the minimum-available policy: the run starts once every site is connected (or, after
+``wait_timeout`` seconds, with at least ``min_sites``); a round starts once at least ``min_sites``
+sites are connected (waiting up to ``wait_timeout`` seconds); sampled clients whose site is not connected,
+or whose reply is an error or does not come within ``round_timeout``, drop out of the round, which
+is aggregated from the clients that replied (a ClientApp that *raises* — a bug, a bad setting — stops
+the run with its error instead, as the simulator would). Each dropout is logged in metrics.jsonl as
+``{"event": "dropout", "round": R, "phase": ..., "clients": [...]}`` (R: the round being trained,
+1-based like the evaluation lines). A restarted site registers as a new Flower node, is identified
+at the next round, gets the setup broadcast with its first training message, and takes part again
+(``{"event": "rejoin", ...}``). Flower marks a killed SuperNode unavailable after missing two
+heartbeats (30 s each in Flower 1.41), so a round with a dead site lasts at most about a minute longer.
+
+What differs from the simulator, by design: per-client state lives on the sites, so the server's
+checkpoint holds the global model and server state only — a resumed deployment is a new Flower
+run, whose per-run ``context.state`` starts empty on every site (FedDyn's and FedBN's local terms
+restart from their initial values; stateless methods such as FedAvg and CCST resume exactly). Byte
+counts in metrics.jsonl are the simulator's (weights and payloads of sampled clients); Flower's
+own control traffic and the weights sent with the setup exchange are not counted.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from flwr.app import Context, Message, RecordDict
+from flwr.serverapp import Grid, ServerApp
+
+from fedstyle.algorithms.base import Algorithm
+from fedstyle.errors import FedstyleError
+from fedstyle.federation.context import ClientUpdate
+from fedstyle.federation.flower.records import (
+    META,
+    METRICS,
+    PAYLOAD,
+    RESULT,
+    SETUP,
+    WEIGHTS,
+    build_content,
+    check_records,
+    meta_record,
+    payload_names,
+    record_to_weights,
+    records_to_payload,
+)
+from fedstyle.federation.payload import Payload, payload_nbytes, payload_to, weights_nbytes
+from fedstyle.federation.star import RoundResult, StarSimulator, setup_info
+
+#: how often the ServerApp polls the SuperLink for replies (Flower's own loop sleeps 3 s)
+PULL_INTERVAL = 0.1
+#: Flower error codes meaning the ClientApp's code raised (a bug or a bad setting, not a lost site):
+#: LOAD_CLIENT_APP_EXCEPTION, CLIENT_APP_RAISED_EXCEPTION, INVALID_FAB
+_CLIENT_CODE_FAILED = (1, 2, 7)
+
+
+class SiteError(FedstyleError):
+    """Too few sites are available to go on."""
+
+
+@dataclass
+class FaultPolicy:
+    """The minimum-available policy (see the module docstring)."""
+
+    min_sites: int = 1
+    wait_timeout: float = 600.0
+    round_timeout: float = 1800.0
+
+    @classmethod
+    def from_run_config(cls, run_config) -> "FaultPolicy":
+        return cls(
+            min_sites=int(run_config.get("min-sites", cls.min_sites)),
+            wait_timeout=float(run_config.get("wait-timeout", cls.wait_timeout)),
+            round_timeout=float(run_config.get("round-timeout", cls.round_timeout)),
+        )
+
+
+@dataclass
+class FlowerRoundResult(RoundResult):
+    """A round plus the fault events it produced (written to metrics.jsonl by the runner)."""
+
+    events: list[dict[str, Any]] | None = None
+
+
+def overrides(algo: Algorithm, hook: str) -> bool:
+    """Whether the method implements ``hook`` itself (the base class's version returns None: no phase)."""
+    return getattr(type(algo), hook) is not getattr(Algorithm, hook)
+
+
+class FlowerStar(StarSimulator):
+    """StarSimulator whose clients are Flower nodes."""
+
+    is_flower = True
+
+    def __init__(self, sim: StarSimulator, grid: Grid, config_json: str, policy: FaultPolicy, log=None,
+                 quiet: bool = False):
+        super().__init__(sim.algo, sim.model, sim.clients, sim.settings, sim.seed, sim.device)
+        self.grid, self.config_json, self.policy = grid, config_json, policy
+        self.log = log or (lambda message: print(message, file=sys.stderr, flush=True))
+        if quiet:
+            self.log = lambda message: None
+        self.node_of: dict[int, int] = {}  # client id -> Flower node id
+        self.client_of: dict[int, int] = {}  # Flower node id -> client id
+        self.broadcast: Payload | None = None
+        self.has_setup_nodes: set[int] = set()  # nodes that hold the setup broadcast
+        self.events: list[dict[str, Any]] = []
+        self.seen_clients: set[int] = set()  # clients identified at least once (a second time: a rejoin)
+
+    # -- nodes --------------------------------------------------------------------------
+    def refresh_nodes(self, round_index: int) -> None:
+        """Identify nodes that appeared since the last call; forget nodes Flower no longer lists."""
+        online = set(int(n) for n in self.grid.get_node_ids())
+        for node in list(self.client_of):
+            if node not in online:
+                cid = self.client_of.pop(node)
+                if self.node_of.get(cid) == node:
+                    del self.node_of[cid]
+        new = sorted(online - set(self.client_of))
+        if not new:
+            return
+        replies, _ = self._exchange("query.identify", {("node", n): None for n in new}, round_index,
+                                    timeout=self.policy.round_timeout)
+        rejoined, joined = [], []
+        for (_, node), content in replies.items():
+            cid = int(content.config_records[META]["client_id"])
+            if cid in self.node_of and self.node_of[cid] != node:  # a restarted site: the old node is gone
+                self.client_of.pop(self.node_of[cid], None)
+            (rejoined if cid in self.seen_clients else joined).append(cid)
+            self.node_of[cid], self.client_of[node] = node, cid
+            self.seen_clients.add(cid)
+        if round_index >= 0:  # after the start: a site that came back, or came late
+            if rejoined:
+                self._event("rejoin", round_index, "identify", sorted(rejoined))
+            if joined:
+                self._event("join", round_index, "identify", sorted(joined))
+
+    def wait_for_sites(self, needed: int, round_index: int, at_least: int | None = None) -> None:
+        """Wait until ``needed`` sites are connected; after ``wait_timeout`` s settle for ``at_least`` if given."""
+        deadline = time.monotonic() + self.policy.wait_timeout
+        announced = False
+        while True:
+            self.refresh_nodes(round_index)
+            if len(self.node_of) >= needed:
+                return
+            if time.monotonic() > deadline and at_least is not None and len(self.node_of) >= at_least:
+                self.log(f"starting with {len(self.node_of)} of {needed} sites (clients {sorted(self.node_of)})")
+                return
+            if time.monotonic() > deadline:
+                raise SiteError(
+                    f"only {len(self.node_of)} of the {needed} required sites are connected after "
+                    f"{self.policy.wait_timeout:.0f} s (clients {sorted(self.node_of)}); start the missing "
+                    "SuperNodes or lower --min-sites, then continue with `fedstyle deploy --resume OUT`")
+            if not announced:
+                self.log(f"waiting for sites: {len(self.node_of)} of {needed} connected")
+                announced = True
+            time.sleep(1.0)
+
+    # -- messaging ----------------------------------------------------------------------
+    def _content(self, cid: int | None, round_index: int, **pieces) -> RecordDict:
+        meta = meta_record(config=self.config_json, client_id=-1 if cid is None else cid, round=round_index)
+        return build_content(meta, **pieces)
+
+    def _exchange(self, message_type: str, contents: dict, round_index: int, timeout: float):
+        """Send one message per key (``cid`` or ``("node", node_id)``) and collect the replies.
+
+        Returns ({key: reply content}, [keys that dropped out: no node, an error, or no reply in time]).
+        """
+        messages, key_of, dropped = [], {}, []
+        for key, pieces in contents.items():
+            node = key[1] if isinstance(key, tuple) else self.node_of.get(key)
+            if node is None:
+                dropped.append(key)
+                continue
+            cid = None if isinstance(key, tuple) else key
+            content = self._content(cid, round_index, **(pieces or {}))
+            messages.append((key, Message(content, dst_node_id=node, message_type=message_type,
+                                          group_id=str(round_index), ttl=timeout + 60)))
+        ids = list(self.grid.push_messages([m for _, m in messages])) if messages else []
+        ids += [None] * (len(messages) - len(ids))  # Flower returns [] when the request was too large
+        for (key, _), mid in zip(messages, ids):
+            if mid is None:  # the SuperLink did not accept this message
+                self.log(f"{message_type} to {self._name(key)} could not be pushed to the SuperLink")
+                dropped.append(key)
+            else:
+                key_of[mid] = key
+        pending, replies = set(key_of), {}
+        deadline = time.monotonic() + timeout
+        while pending and time.monotonic() < deadline:
+            for reply in self.grid.pull_messages(list(pending)):
+                mid = reply.metadata.reply_to_message_id
+                if mid not in pending:
+                    continue
+                pending.discard(mid)
+                key = key_of[mid]
+                if reply.has_error():
+                    if reply.error.code in _CLIENT_CODE_FAILED:
+                        # the method itself failed on the site (as it would in the simulator): stop, do not hide it
+                        raise SiteError(f"{message_type} on {self._name(key)} failed: {reply.error.reason}; the "
+                                        "traceback is in that site's SuperNode log (flower/site-K.log)")
+                    self.log(f"{message_type} to {self._name(key)} failed: {reply.error.reason}")
+                    dropped.append(key)
+                else:
+                    replies[key] = reply.content
+            if pending:
+                time.sleep(PULL_INTERVAL)
+        for mid in pending:
+            self.log(f"{message_type} to {self._name(key_of[mid])}: no reply within {timeout:.0f} s")
+            dropped.append(key_of[mid])
+        for key in dropped:  # a node that failed is not trusted with the next message
+            node = key[1] if isinstance(key, tuple) else self.node_of.pop(key, None)
+            if node is not None:
+                self.client_of.pop(node, None)
+                self.has_setup_nodes.discard(node)
+        return replies, dropped
+
+    @staticmethod
+    def _name(key) -> str:
+        return f"node {key[1]}" if isinstance(key, tuple) else f"client {key}"
+
+    def _event(self, kind: str, round_index: int, phase: str, clients: list[int]) -> None:
+        event = {"event": kind, "round": round_index + 1, "phase": phase, "clients": clients}
+        self.events.append(event)
+        self.log(json.dumps(event))
+
+    def _drop(self, dropped: list, round_index: int, phase: str) -> None:
+        cids = sorted(k for k in dropped if not isinstance(k, tuple))
+        if cids:
+            self._event("dropout", round_index, phase, cids)
+
+    # -- phases -------------------------------------------------------------------------
+    def setup(self) -> dict[str, float]:
+        """The setup exchange: every client's upload, the broadcast, every client's download."""
+        start = time.perf_counter()
+        # every site is expected at the start (up to --wait-timeout), so that round 1 does not begin
+        # while sites are still registering; later rounds need only --min-sites
+        self.wait_for_sites(self.num_clients, -1, at_least=min(self.policy.min_sites, self.num_clients))
+        if not overrides(self.algo, "setup_upload"):
+            return {}
+        everyone = {cid: {"weights": self.server.weights} for cid in range(self.num_clients)}
+        replies, dropped = self._exchange("query.setup_upload", everyone, -1, self.policy.round_timeout)
+        self._drop(dropped, -1, "setup_upload")
+        uploads: dict[int, Payload] = {}
+        for cid in sorted(replies):
+            upload = records_to_payload(replies[cid], PAYLOAD)
+            if upload is None:  # the method has no setup phase after all (as the simulator: stop at the first None)
+                return {}
+            uploads[cid] = payload_to(upload, self.device)
+        if not uploads:
+            raise SiteError("no site answered the setup exchange")
+        self.server.round = 0
+        self.broadcast = self.algo.setup_broadcast(uploads, self.server)
+        up = sum(payload_nbytes(p) for p in uploads.values())
+        down = payload_nbytes(self.broadcast) * self.num_clients
+        self.traffic.payload_up += up
+        self.traffic.payload_down += down
+        replies, dropped = self._exchange(
+            "query.setup_download",
+            {cid: {"weights": self.server.weights, "payloads": {SETUP: self.broadcast}} for cid in sorted(self.node_of)},
+            -1, self.policy.round_timeout)
+        self._drop(dropped, -1, "setup_download")
+        self.has_setup_nodes.update(self.node_of[cid] for cid in replies)
+        metrics = [dict(replies[cid].metric_records.get(METRICS, {})) for cid in sorted(replies)]
+        return setup_info(metrics, time.perf_counter() - start, up, down)
+
+    def run_round(self, round_index: int) -> FlowerRoundResult:
+        start = time.perf_counter()
+        self.server.round = round_index
+        chosen = self.sample_clients(round_index)  # the simulator's seeded sampler
+        self.wait_for_sites(min(self.policy.min_sites, self.num_clients), round_index)
+        needed = min(self.policy.min_sites, len(chosen))
+        queries: dict[int, Payload] = {}
+        alive = list(chosen)
+        if overrides(self.algo, "round_query"):
+            replies, dropped = self._exchange("query.round_query", {cid: {"weights": self.server.weights} for cid in chosen},
+                                              round_index, self.policy.round_timeout)
+            self._drop(dropped, round_index, "round_query")
+            alive = sorted(replies)
+            for cid in alive:
+                answer = records_to_payload(replies[cid], PAYLOAD)
+                if answer is None:
+                    queries = {}
+                    break
+                queries[cid] = payload_to(answer, self.device)
+                self.traffic.payload_up += payload_nbytes(answer)
+        payloads = self.algo.round_payloads(self.server, alive, queries)
+        contents = {}
+        for cid in alive:
+            pieces: dict[str, Any] = {"weights": self.server.weights, "payloads": {PAYLOAD: payloads.get(cid, {})}}
+            if self.broadcast is not None and self.node_of.get(cid) not in self.has_setup_nodes:
+                pieces["payloads"][SETUP] = self.broadcast  # a site that (re)joined after the setup exchange
+            contents[cid] = pieces
+        replies, dropped = self._exchange("train", contents, round_index, self.policy.round_timeout)
+        self._drop(dropped, round_index, "train")
+        updates = []
+        for cid in sorted(replies):  # client-id order, as the simulator aggregates
+            content = replies[cid]
+            check_records(content, [META, WEIGHTS, RESULT, METRICS, *payload_names(PAYLOAD)], f"client {cid}'s reply")
+            result = content.metric_records[RESULT]
+            weights = {k: v.to(self.device) for k, v in record_to_weights(content[WEIGHTS]).items()}
+            update = ClientUpdate(
+                client_id=cid, weights=weights, num_samples=int(result["num_samples"]),
+                train_loss=float(result["train_loss"]),
+                payload=payload_to(records_to_payload(content, PAYLOAD) or {}, self.device),
+                metrics={k: float(v) for k, v in content.metric_records.get(METRICS, {}).items()},
+            )
+            self.has_setup_nodes.add(self.node_of.get(cid, -1))
+            self.traffic.model_down += self._download_bytes()
+            self.traffic.payload_down += payload_nbytes(payloads.get(cid, {}))
+            self.traffic.model_up += weights_nbytes(update.weights)
+            self.traffic.payload_up += payload_nbytes(update.payload)
+            updates.append(update)
+        if len(updates) < needed:
+            raise SiteError(f"round {round_index + 1}: {len(updates)} of the {len(chosen)} sampled sites replied, "
+                            f"fewer than --min-sites {needed}; continue with `fedstyle deploy --resume OUT` "
+                            "once the sites are back")
+        self.server.weights = self.algo.aggregate(self.server, updates)
+        loss = sum(u.train_loss * u.num_samples for u in updates) / sum(u.num_samples for u in updates)
+        events, self.events = self.events, []
+        return FlowerRoundResult(round_index, loss, [u.client_id for u in updates], time.perf_counter() - start,
+                                 events=events)
+
+    def state_tensors(self):
+        # client state lives on the sites (Flower's context.state), not in the server's checkpoint
+        return {k: v for k, v in super().state_tensors().items() if not k.startswith("client/")}
+
+
+def serve(grid: Grid, out: Path, policy: FaultPolicy, *, quiet: bool = True, log_events: bool = True,
+          experiment=None) -> dict[str, Any]:
+    """Run (or resume from its checkpoint) the run in ``out`` with the clients behind ``grid``.
+
+    ``quiet`` silences the progress bar, ``log_events`` the fault and waiting messages (stderr).
+    """
+    from fedstyle.experiments.build import build_experiment
+    from fedstyle.experiments.checkpoint import load_checkpoint
+    from fedstyle.experiments.config import RunConfig
+    from fedstyle.experiments.runner import CONFIG, train_experiment
+
+    config_text = (out / CONFIG).read_text()
+    if experiment is None:
+        config = RunConfig.from_mapping(json.loads(config_text), where=str(out / CONFIG))
+        experiment = build_experiment(config, progress=False)
+    if experiment.config.topology != "star":
+        raise FedstyleError("Flower runs star-topology methods; peer-to-peer runs use the in-process simulator")
+    config_json = json.dumps(json.loads(config_text), sort_keys=True)
+    experiment.simulator = FlowerStar(experiment.simulator, grid, config_json, policy, quiet=not log_events)
+    return train_experiment(experiment, out, quiet=quiet, checkpoint=load_checkpoint(out))
+
+
+app = ServerApp()
+
+
+@app.main()
+def main(grid: Grid, context: Context) -> None:
+    """Entry point under a SuperLink: the run directory and fault policy come from the run config."""
+    run_dir = str(context.run_config.get("run-dir", ""))
+    if not run_dir or not (Path(run_dir) / "config.json").exists():
+        raise FedstyleError(f"run-dir {run_dir!r} holds no config.json; start runs with `fedstyle deploy`")
+    # no progress bar in the ServerApp's log (the `fedstyle deploy` process shows one); faults are logged
+    serve(grid, Path(run_dir), FaultPolicy.from_run_config(context.run_config), quiet=True, log_events=True)

@@ -1,0 +1,195 @@
+"""A real Flower federation on loopback: SuperLink + 2 SuperNodes as processes (free ports, TLS).
+
+Checks: FedAvg and CCST (a setup-phase method) give the simulator's metrics bitwise; a coordinator
+stopped mid-run resumes from its checkpoint; a SuperNode killed mid-run drops out (logged), the
+run finishes, the restarted site rejoins; every process started is gone afterwards.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+
+import pytest
+import torch
+
+pytest.importorskip("flwr", reason="fedstyle deploy needs fedstyle[flower] (flwr not installed)")
+
+from safetensors.torch import load_file  # noqa: E402
+
+from fedstyle.experiments.runner import run_experiment, start_run_dir  # noqa: E402
+from fedstyle.federation.flower.certs import make_certificates  # noqa: E402
+from fedstyle.federation.flower.deployment import (  # noqa: E402
+    DeploySettings,
+    Federation,
+    deploy_run,
+    descendants,
+    load_settings,
+)
+
+pytestmark = pytest.mark.slow  # each message starts a ClientApp process (Flower's design): ~10-60 s per run
+
+RUN_FILES = ("config.json", "partition.json", "metrics.jsonl", "checkpoint.safetensors", "summary.json", "done")
+
+
+@pytest.fixture
+def one_thread(monkeypatch):
+    """Sites inherit OMP_NUM_THREADS=1; the in-process reference trains with one thread too (bitwise equality)."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture
+def two_sites(tiny_config):
+    # grey and blue held out: red and green are the 2 source domains -> 2 clients, one per site
+    return tiny_config.updated(targets=["grey", "blue"], lr_schedule="constant")
+
+
+def records(run_dir):
+    return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
+
+
+def evaluations(run_dir):
+    return [{k: v for k, v in r.items() if k != "seconds"} for r in records(run_dir) if "event" not in r]
+
+
+def global_weights(run_dir):
+    return {k: v for k, v in load_file(str(run_dir / "checkpoint.safetensors")).items() if k.startswith("global/")}
+
+
+def assert_same_run(a, b):
+    assert evaluations(a) == evaluations(b)
+    wa, wb = global_weights(a), global_weights(b)
+    assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def flower_processes():
+    """Flower processes below this test process (there must be none once a federation is stopped)."""
+    names = ("flower-superlink", "flower-supernode", "flower-superexec", "flwr-serverapp", "flwr-clientapp", "flwr")
+    left = []
+    for pid in descendants(os.getpid()):
+        try:
+            cmd = open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\0", b" ").decode()
+            state = open(f"/proc/{pid}/stat").read().split(")")[-1].split()[0]
+        except OSError:
+            continue
+        if state != "Z" and any(n in cmd for n in names):
+            left.append(cmd)
+    return left
+
+
+def wait_for(predicate, timeout, what):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_deploy_matches_simulator_with_tls_and_resumes(two_sites, tmp_path, one_thread):
+    certs = tmp_path / "certs"
+    make_certificates(certs, sites=2)
+    settings = DeploySettings(sites=2, certs=str(certs), wait_timeout=120, round_timeout=300)
+
+    # FedAvg, 2 rounds; the coordinator is stopped (all processes) after round 1, then resumed
+    config = two_sites.updated(rounds=2)
+    run_experiment(config, tmp_path / "sim-fedavg", quiet=True)
+    out = tmp_path / "dep-fedavg"
+    start_run_dir(config, out, quiet=True)
+    with Federation(out, settings, quiet=True) as federation:
+        federation.start()
+        federation.submit()
+        wait_for(lambda: any(r.get("round") == 1 and "event" not in r for r in records(out))
+                 if (out / "metrics.jsonl").exists() else False, 300, "round 1")
+    assert not (out / "done").exists() and not flower_processes()  # stopped mid-run, every process gone
+    deploy_run(out, load_settings(out), quiet=True, rounds=2)  # = fedstyle deploy --resume OUT
+    for name in RUN_FILES:
+        assert (out / name).exists(), name
+    for log in ("superlink.log", "site-0.log", "site-1.log", "serverapp.log"):
+        assert (out / "flower" / log).stat().st_size > 0
+    assert_same_run(out, tmp_path / "sim-fedavg")
+
+    # CCST: the setup exchange (style upload, bank broadcast, local augmentation) as message round trips
+    config = two_sites.updated(method="ccst", hparams={"style_backend": "fft", "k": 2}, rounds=2)
+    run_experiment(config, tmp_path / "sim-ccst", quiet=True)
+    out = tmp_path / "dep-ccst"
+    start_run_dir(config, out, quiet=True)
+    # with Flower's node authentication: the coordinator registers each site's public key, sites sign with theirs
+    deploy_run(out, DeploySettings(sites=2, certs=str(certs), node_auth=True, wait_timeout=120, round_timeout=300),
+               quiet=True, rounds=2)
+    assert_same_run(out, tmp_path / "sim-ccst")
+    setup = [r for r in records(out) if r.get("event") == "setup"]
+    assert setup and setup[0]["setup_bytes_up"] > 0
+    assert not flower_processes()
+
+
+def test_killed_site_drops_out_and_rejoins(two_sites, tmp_path, one_thread):
+    config = two_sites.updated(rounds=3)
+    out = tmp_path / "dep"
+    start_run_dir(config, out, quiet=True)
+    settings = DeploySettings(sites=2, insecure=True, wait_timeout=120, round_timeout=300)
+    site_log = out / "flower" / "site-1.log"
+
+    def received_trains() -> int:
+        return site_log.read_text(errors="replace").count("Receiving: train message") if site_log.exists() else 0
+
+    with Federation(out, settings, quiet=True) as federation:
+        federation.start()
+        submitted = federation.submit()
+        wait_for(lambda: received_trains() >= 2, 300, "site 1 to receive round 2")
+        federation.stop("site-1", signal.SIGKILL)  # a crash in the middle of round 2: no reply, no goodbye
+        federation.start_site(1)  # restarted at once: a new Flower node while the old one is not yet declared dead
+        # Flower declares the old node unavailable after two missed heartbeats (<= 60 s): round 2 goes on without it
+        federation.wait(submitted, rounds=3)
+    assert not flower_processes()
+    assert (out / "done").exists()
+    events = [r for r in records(out) if "event" in r]
+    assert events == [{"event": "dropout", "round": 2, "phase": "train", "clients": [1]},
+                      {"event": "rejoin", "round": 3, "phase": "identify", "clients": [1]}]
+    assert [r["round"] for r in records(out) if "event" not in r] == [1, 2, 3]
+    assert json.loads((out / "summary.json").read_text())["rounds"] == 3
+
+
+def processes_of(run_dir) -> list[str]:
+    """Live processes anywhere on the machine started for ``run_dir`` (their FLWR_HOME lies inside it)."""
+    from pathlib import Path
+
+    found = []
+    for entry in Path("/proc").glob("[0-9]*"):
+        try:
+            if str(run_dir).encode() in (entry / "environ").read_bytes() and \
+                    (entry / "stat").read_text().split(")")[-1].split()[0] != "Z":
+                found.append((entry / "cmdline").read_bytes().replace(b"\0", b" ").decode())
+        except OSError:
+            continue
+    return found
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_ctrl_c_or_sigterm_stops_every_process(two_sites, tmp_path, sig):
+    import subprocess
+    import sys
+
+    out = tmp_path / "run"
+    argv = [sys.executable, "-m", "fedstyle.cli.main", "deploy", "--sites", "2", "--insecure", "--quiet",
+            "--out", str(out), "--dataset", "folder", "--data-root", two_sites.data_root, "--resolution", "16",
+            "--target", "grey", "--target", "blue", "--rounds", "50", "--batch-size", "8", "--local-steps", "2",
+            "--min-client-size", "2", "--device", "cpu"]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: (out / "flower" / "site-1.log").exists() and len(processes_of(out)) >= 5, 120,
+                 "the SuperLink and both sites")
+        proc.send_signal(sig)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130
+    assert f"fedstyle deploy --resume {out}" in err
+    wait_for(lambda: not processes_of(out), 30, "every Flower process to end")
