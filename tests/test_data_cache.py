@@ -168,3 +168,22 @@ def test_stale_staging_folders_are_cleaned(fresh_cache):
     os.utime(stale, (0, 0))
     cached_dataset(RECIPE, CountingBuilder(), progress=False)
     assert not stale.exists() and young.exists()
+
+
+def test_cache_usage_and_clear_by_kind(tmp_path, monkeypatch, capsys):
+    from fedstyle.cli.main import main
+    from fedstyle.data.cache import cache_usage, clear_cache
+    from fedstyle.errors import ConfigError
+
+    monkeypatch.setenv("FEDSTYLE_CACHE", str(tmp_path / "c"))
+    for folder, size in (("digits4-abc/images", 100), ("ccst/k1/images.npy", 300), ("ccst/k2/images.npy", 50)):
+        path = tmp_path / "c" / folder
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"x" * size)
+    assert cache_usage() == {"ccst": (2, 350), "datasets": (1, 100)}
+    with pytest.raises(ConfigError, match="unknown cache kind"):
+        clear_cache(["stylized"])
+    assert main(["cache", "clear", "ccst"]) == 0 and "freed" in capsys.readouterr().out
+    assert cache_usage() == {"datasets": (1, 100)}
+    assert main(["cache"]) == 0 and "datasets" in capsys.readouterr().out
+    assert main(["cache", "clear", "--all"]) == 0 and cache_usage() == {}

@@ -66,17 +66,13 @@ def _settings_flags(parser: argparse.ArgumentParser, *, local: bool) -> None:
 
 
 def add_deploy_command(sub) -> None:
-    from fedstyle.cli.main import _add_config_flags
+    from fedstyle.cli.main import add_run_flags
 
     deploy = sub.add_parser("deploy", help="run on a real Flower federation (local processes or across machines)",
                             description=DEPLOY_DESCRIPTION, epilog=DEPLOY_EPILOG,
                             formatter_class=argparse.RawDescriptionHelpFormatter)
-    deploy.add_argument("--out", metavar="DIR", help="run directory to create")
-    deploy.add_argument("--resume", metavar="DIR", help="restart the federation of DIR and continue from its checkpoint")
-    deploy.add_argument("--config", metavar="FILE.toml", help="read run settings from a TOML file")
-    deploy.add_argument("--quiet", action="store_true", help="no progress bar or messages")
     _settings_flags(deploy, local=True)
-    _add_config_flags(deploy)
+    add_run_flags(deploy, resume_help="restart the federation of DIR and continue from its checkpoint")
     deploy.set_defaults(func=_cmd_deploy)
     actions = deploy.add_subparsers(dest="deploy_command", metavar="ACTION")
 
@@ -92,12 +88,8 @@ def add_deploy_command(sub) -> None:
                                description="Start the SuperLink on --host:--port, submit the run and wait for it; sites "
                                "join with `fedstyle deploy site`. Stops the SuperLink at the end.",
                                epilog=DEPLOY_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    coord.add_argument("--out", metavar="DIR", help="run directory to create")
-    coord.add_argument("--resume", metavar="DIR", help="continue the run in DIR")
-    coord.add_argument("--config", metavar="FILE.toml", help="read run settings from a TOML file")
-    coord.add_argument("--quiet", action="store_true", help="no progress bar or messages")
     _settings_flags(coord, local=False)
-    _add_config_flags(coord)
+    add_run_flags(coord, resume_help="continue the run in DIR")
     coord.set_defaults(func=_cmd_coordinator)
 
     site = actions.add_parser("site", help="one site: a SuperNode holding one client, in the foreground",

@@ -34,6 +34,7 @@ a 5-minute tour:
   fedstyle methods                    every method with its hyperparameters and defaults
   fedstyle run --help                 train one configuration into a run directory
   fedstyle report runs/*              the papers' table (mean ± std over seeds) + CSV + plot
+  fedstyle cache                      what the cache holds; `fedstyle cache clear ccst` frees stylized copies
   fedstyle deploy --help              the same runs on a real Flower federation (SuperLink + SuperNodes, TLS)
   fedstyle style demo                 PNG grid: digits restyled to every domain's style (offline AdaIN)
 """
@@ -61,6 +62,15 @@ def _add_config_flags(parser: argparse.ArgumentParser) -> None:
             if meta.get("choices"):
                 kwargs["choices"] = meta["choices"]
         group.add_argument(_flag(f), **kwargs)
+
+
+def add_run_flags(parser: argparse.ArgumentParser, resume_help: str) -> None:
+    """The options of every command that makes a run directory: --config, --out, --resume, --quiet, run settings."""
+    parser.add_argument("--config", metavar="FILE.toml", help="read settings from a TOML file ([hparams] table for --hp)")
+    parser.add_argument("--out", metavar="DIR", help="run directory to create")
+    parser.add_argument("--resume", metavar="DIR", help=resume_help)
+    parser.add_argument("--quiet", action="store_true", help="no progress bar or messages (for CI and scripts)")
+    _add_config_flags(parser)
 
 
 def config_from_args(args: argparse.Namespace):
@@ -141,6 +151,23 @@ def _cmd_data_list(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_cache(args: argparse.Namespace) -> int:
+    from fedstyle.data.cache import DERIVED_KINDS, cache_dir, cache_usage, clear_cache
+    from fedstyle.errors import ConfigError
+
+    if args.cache_command == "clear":
+        kinds = ["datasets", *DERIVED_KINDS] if args.all else args.kinds
+        if not kinds:
+            raise ConfigError("name what to clear (e.g. `fedstyle cache clear ccst`) or give --all")
+        print(f"freed {clear_cache(kinds) / 1e6:,.1f} MB in {cache_dir()}")
+        return 0
+    print(f"cache: {cache_dir()}  (set FEDSTYLE_CACHE to move it)")
+    descriptions = {"datasets": "decoded datasets (uint8 arrays)", **DERIVED_KINDS}
+    for kind, (entries, size) in cache_usage().items():
+        print(f"  {kind:<10} {entries:>5} entries {size / 1e6:>10,.1f} MB   {descriptions[kind]}")
+    return 0
+
+
 def _cmd_data_show(args: argparse.Namespace) -> int:
     from fedstyle.data import load_dataset, save_grid
 
@@ -168,11 +195,7 @@ def build_parser() -> argparse.ArgumentParser:
                          description="Train one federated configuration; writes config.json, partition.json, "
                          "metrics.jsonl, a checkpoint, summary.json and finally `done` into --out.",
                          epilog=RUN_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
-    run.add_argument("--config", metavar="FILE.toml", help="read settings from a TOML file ([hparams] table for --hp)")
-    run.add_argument("--out", metavar="DIR", help="run directory to create")
-    run.add_argument("--resume", metavar="DIR", help="continue the interrupted run in DIR (its config.json is used)")
-    run.add_argument("--quiet", action="store_true", help="no progress bar or messages (for CI and scripts)")
-    _add_config_flags(run)
+    add_run_flags(run, resume_help="continue the interrupted run in DIR (its config.json is used)")
     run.set_defaults(func=_cmd_run)
 
     report = sub.add_parser("report", help="paper-style table over run directories (mean ± std over seeds)",
@@ -200,6 +223,19 @@ def build_parser() -> argparse.ArgumentParser:
 
     methods = sub.add_parser("methods", help="list every method with its hyperparameters and defaults")
     methods.set_defaults(func=_cmd_methods)
+
+    cache = sub.add_parser("cache", help="what the cache holds (datasets, stylized copies), or clear parts of it",
+                           description="The cache keeps decoded datasets and the images CCST and FedDG-FFT generate "
+                           "(one entry per client, style bank, K and seed: tens of MB on digits4, GBs on PACS). "
+                           "Everything in it is rebuilt on demand; do not clear it while runs are using it.",
+                           epilog="examples:\n  fedstyle cache\n  fedstyle cache clear ccst feddg_fft\n"
+                           "  fedstyle cache clear --all", formatter_class=argparse.RawDescriptionHelpFormatter)
+    cache.set_defaults(func=_cmd_cache, cache_command="list")
+    cache_sub = cache.add_subparsers(dest="cache_command", metavar="ACTION")
+    cache_sub.add_parser("list", help="entries and sizes by kind (the default)")
+    clear = cache_sub.add_parser("clear", help="delete kinds of entries: datasets, ccst, feddg_fft, style, adain")
+    clear.add_argument("kinds", nargs="*", metavar="KIND", help="datasets, ccst, feddg_fft, style or adain")
+    clear.add_argument("--all", action="store_true", help="everything")
 
     data = sub.add_parser("data", help="list datasets or draw one as a PNG grid")
     data_sub = data.add_subparsers(dest="data_command", metavar="ACTION", required=True)

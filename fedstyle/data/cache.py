@@ -228,3 +228,56 @@ def load_entry(directory: Path) -> DomainDataset:
         augment=meta["augment"],
         info=info,
     )
+
+
+# -- inspecting and clearing the cache ---------------------------------------------------------
+#: top-level folders of the cache that hold derived data, by kind (everything else is a decoded dataset)
+DERIVED_KINDS = {
+    "ccst": "CCST's stylized copies (per client, bank, K, seed)",
+    "feddg_fft": "FedDG-FFT's amplitude-exchanged copies",
+    "style": "lite decoders written by `fedstyle style train-decoder`",
+    "adain": "AdaIN weights copied into the cache",
+}
+
+
+def _folder_bytes(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
+def cache_usage() -> dict[str, tuple[int, int]]:
+    """``{kind: (entries, bytes)}`` of the cache: ``datasets`` and the kinds of :data:`DERIVED_KINDS`."""
+    root = cache_dir()
+    usage: dict[str, tuple[int, int]] = {}
+    if not root.is_dir():
+        return usage
+    for entry in sorted(root.iterdir()):
+        if entry.name.startswith("."):
+            continue
+        if entry.name in DERIVED_KINDS and entry.is_dir():
+            kind, count = entry.name, sum(1 for e in entry.iterdir() if not e.name.startswith("."))
+        else:
+            kind, count = "datasets", 1
+        size = _folder_bytes(entry) if entry.is_dir() else entry.stat().st_size
+        entries, total = usage.get(kind, (0, 0))
+        usage[kind] = (entries + count, total + size)
+    return usage
+
+
+def clear_cache(kinds: list[str]) -> int:
+    """Delete the cache folders of ``kinds`` (``datasets`` or names of :data:`DERIVED_KINDS`); returns bytes freed.
+
+    Everything deleted is rebuilt on demand (datasets decoded again, images stylized again).
+    """
+    unknown = sorted(set(kinds) - set(DERIVED_KINDS) - {"datasets"})
+    if unknown:
+        raise ConfigError(f"unknown cache kind(s) {', '.join(unknown)}; choose from datasets, {', '.join(DERIVED_KINDS)}")
+    root = cache_dir()
+    freed = 0
+    if not root.is_dir():
+        return freed
+    for entry in root.iterdir():
+        kind = entry.name if entry.name in DERIVED_KINDS else "datasets"
+        if kind in kinds and not entry.name.startswith("."):
+            freed += _folder_bytes(entry) if entry.is_dir() else entry.stat().st_size
+            shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
+    return freed
