@@ -212,3 +212,14 @@ def test_demo_plans_fedavg_mixstyle_and_ccst_on_every_target(monkeypatch):
     assert ccst.method == "ccst" and ccst.targets == ["syn"]
     assert ccst.hparams == {"style_type": "overall", "k": 3, "style_backend": "fft"}  # CPU: the fast backend
     assert dict(demo.demo_runs(device="cpu", ccst_style_backend="lite"))["ccst/mnist"].hparams["style_backend"] == "lite"
+
+
+def test_a_run_failing_in_its_setup_leaves_no_run_directory(tiny_config, tmp_path):
+    bad = tiny_config.updated(method="ccst", hparams={"k": 1, "decoder_weights": str(tmp_path / "missing.safetensors")})
+    with pytest.raises(ConfigError, match="missing.safetensors"):
+        run_experiment(bad, tmp_path / "new", quiet=True)
+    assert not (tmp_path / "new").exists()  # so the corrected command can use the same --out
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ConfigError):
+        run_experiment(bad, tmp_path / "empty", quiet=True)
+    assert (tmp_path / "empty").is_dir() and not any((tmp_path / "empty").iterdir())

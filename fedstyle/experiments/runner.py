@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 import sys
 import time
 from dataclasses import dataclass, field
@@ -26,7 +27,7 @@ from typing import Any
 
 from fedstyle.errors import ConfigError, FedstyleError
 from fedstyle.experiments.build import Experiment, build_experiment
-from fedstyle.experiments.checkpoint import load_checkpoint, save_checkpoint
+from fedstyle.experiments.checkpoint import CHECKPOINT, load_checkpoint, save_checkpoint
 from fedstyle.experiments.config import RunConfig
 from fedstyle.federation.evaluate import evaluate
 from fedstyle.io import atomic_write_json, atomic_write_text
@@ -176,8 +177,25 @@ def _prepare_new_run(out: Path) -> None:
 def run_experiment(config: RunConfig, out: str | Path, *, quiet: bool = False) -> dict[str, Any]:
     """Train ``config`` into the run directory ``out`` (which must be new or empty)."""
     out = Path(out)
+    created = not out.exists()
     exp = start_run_dir(config, out, quiet=quiet)
-    return _train(exp, out, quiet=quiet, checkpoint=None)
+    try:
+        return _train(exp, out, quiet=quiet, checkpoint=None)
+    except FedstyleError:
+        # Failed before its first checkpoint (a style backend's missing weights in the setup phase,
+        # say): nothing to resume, so leave no half-written run directory behind to block a rerun.
+        if not (out / CHECKPOINT).exists():
+            _remove_new_run(out, created)
+        raise
+
+
+def _remove_new_run(out: Path, created: bool) -> None:
+    """Delete what a new run wrote into ``out`` (empty before it started, see _prepare_new_run)."""
+    if created:
+        shutil.rmtree(out, ignore_errors=True)
+        return
+    for entry in out.iterdir():
+        shutil.rmtree(entry, ignore_errors=True) if entry.is_dir() else entry.unlink(missing_ok=True)
 
 
 def start_run_dir(config: RunConfig, out: Path, *, quiet: bool = False) -> Experiment:
