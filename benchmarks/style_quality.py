@@ -24,7 +24,7 @@ from fedstyle.algorithms.hparams import parse_assignments
 from fedstyle.data import load_dataset
 from fedstyle.io import atomic_write_json
 from fedstyle.style.transfer import TRANSFER_BACKENDS
-from fedstyle.style.transfer.feature_adain import resolve_device
+from fedstyle.devices import resolve_device
 from fedstyle.style.transfer.quality import measure_quality
 
 

@@ -13,7 +13,6 @@ from fedstyle.data.transforms import BatchTransform
 from fedstyle.errors import ConfigError
 from fedstyle.experiments.runner import resume_experiment, run_experiment
 from fedstyle.federation.context import ClientData, ServerContext
-from fedstyle.federation.payload import payload_nbytes
 from fedstyle.federation.star import FederationSettings, StarSimulator
 from fedstyle.models import build_model
 from fedstyle.seeding import seed_everything

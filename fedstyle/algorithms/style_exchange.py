@@ -80,7 +80,7 @@ class StyleExchange(Algorithm):
         """Generate (or reuse) the plan's images and make them the client's data; returns setup metrics."""
         bank = StyleBank.from_payload(broadcast)
         backend = self.backend(ctx)
-        backend.check(bank.style)  # a bank made by another backend or encoder is refused
+        backend.check(bank.style)  # refuse a foreign bank before planning with it
         plan = plan_for(bank)
         # weight paths do not enter the key: the encoder id and decoder fingerprint identify the weights
         options = {k: v for k, v in self.backend_options().items() if not k.endswith("_weights")}

@@ -120,7 +120,7 @@ def _new_run(args, settings):
     """Validate, then write the run directory (config.json, partition.json) like `fedstyle run`."""
     from fedstyle.cli.main import config_from_args
     from fedstyle.errors import ConfigError
-    from fedstyle.experiments.runner import start_run_dir
+    from fedstyle.experiments.runner import remove_new_run, start_run_dir
     from fedstyle.federation.flower import require_flower
 
     require_flower("fedstyle deploy")
@@ -135,11 +135,11 @@ def _new_run(args, settings):
     if config.topology != "star":
         raise ConfigError("fedstyle deploy runs star-topology methods (a coordinator and sites)")
     settings.validate()
-    exp = start_run_dir(config, Path(args.out), quiet=args.quiet)
+    out = Path(args.out)
+    created = not out.exists()
+    exp = start_run_dir(config, out, quiet=args.quiet)
     if len(exp.client_specs) != settings.sites:
-        import shutil
-
-        shutil.rmtree(args.out)  # nothing half-written stays behind
+        remove_new_run(out, created)  # nothing half-written stays behind (a folder the user made stays)
         raise ConfigError(f"the partition has {len(exp.client_specs)} clients but --sites is {settings.sites}; "
                           f"each site holds one client: give --clients {settings.sites} (or --sites "
                           f"{len(exp.client_specs)})")
@@ -149,14 +149,15 @@ def _new_run(args, settings):
 def _cmd_deploy(args: argparse.Namespace) -> int:
     from fedstyle.cli.main import _print_summary
     from fedstyle.errors import ConfigError
+    from fedstyle.experiments.runner import CONFIG, DONE, SUMMARY
     from fedstyle.federation.flower.deployment import deploy_run, load_settings
 
     if args.resume:
         out = Path(args.resume)
         settings = load_settings(out)
-        rounds = json.loads((out / "config.json").read_text())["rounds"]
-        if (out / "done").exists():
-            summary = json.loads((out / "summary.json").read_text())
+        rounds = json.loads((out / CONFIG).read_text())["rounds"]
+        if (out / DONE).exists():
+            summary = json.loads((out / SUMMARY).read_text())
         else:
             try:
                 summary = deploy_run(out, settings, quiet=args.quiet, rounds=rounds)
@@ -183,12 +184,13 @@ def _cmd_deploy(args: argparse.Namespace) -> int:
 def _cmd_coordinator(args: argparse.Namespace) -> int:
     from fedstyle.cli.main import _print_summary
     from fedstyle.errors import ConfigError
+    from fedstyle.experiments.runner import CONFIG, SUMMARY
     from fedstyle.federation.flower.deployment import Federation, load_settings
 
     if args.resume:
         out = Path(args.resume)
         settings = load_settings(out)
-        rounds = json.loads((out / "config.json").read_text())["rounds"]
+        rounds = json.loads((out / CONFIG).read_text())["rounds"]
     else:
         if not args.sites:
             raise ConfigError("give --sites N: the number of sites (one client each) that will join")
@@ -204,7 +206,7 @@ def _cmd_coordinator(args: argparse.Namespace) -> int:
                   f"  fedstyle deploy site --superlink <this host>:{federation.port} {tls} --partition-id K",
                   file=sys.stderr)
         federation.wait(federation.submit(), rounds)
-    summary = json.loads((out / "summary.json").read_text())
+    summary = json.loads((out / SUMMARY).read_text())
     _print_summary(summary, out)
     return 0
 

@@ -9,6 +9,7 @@ import torch
 
 from fedstyle.algorithms import METHODS, Algorithm
 from fedstyle.data import BatchTransform, DomainDataset, load_dataset
+from fedstyle.devices import resolve_device
 from fedstyle.errors import ConfigError
 from fedstyle.experiments.config import RunConfig
 from fedstyle.federation.context import ClientData
@@ -22,22 +23,6 @@ from fedstyle.seeding import derive_seed, seed_everything
 
 #: data up to this size is moved to the accelerator once, so batches never cross the bus
 _DEVICE_DATA_BYTES = 2 << 30
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        if torch.cuda.is_available():
-            return torch.device("cuda")
-        if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
-            return torch.device("mps")
-        return torch.device("cpu")
-    try:
-        device = torch.device(name)
-    except RuntimeError:
-        raise ConfigError(f"--device {name!r} is not a device; use cpu, cuda, cuda:N, mps or auto") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError(f"--device {name} asked for CUDA but this torch sees no GPU; use --device cpu or auto")
-    return device
 
 
 @dataclass

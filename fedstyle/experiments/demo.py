@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 from fedstyle.data import load_dataset
+from fedstyle.devices import resolve_device
 from fedstyle.errors import ConfigError
 from fedstyle.experiments.config import RunConfig
 from fedstyle.experiments.report import to_text, write_report
@@ -46,8 +47,6 @@ def ccst_backend(choice: str, device: str) -> str:
     """``auto``: ``lite`` (offline AdaIN) when the run goes to a GPU, else ``fft`` (fast on a CPU)."""
     if choice != "auto":
         return choice
-    from fedstyle.experiments.build import resolve_device
-
     return "lite" if resolve_device(device).type == "cuda" else "fft"
 
 

@@ -180,16 +180,16 @@ def run_experiment(config: RunConfig, out: str | Path, *, quiet: bool = False) -
     created = not out.exists()
     exp = start_run_dir(config, out, quiet=quiet)
     try:
-        return _train(exp, out, quiet=quiet, checkpoint=None)
+        return _train_on_backend(exp, out, quiet=quiet, checkpoint=None)
     except FedstyleError:
         # Failed before its first checkpoint (a style backend's missing weights in the setup phase,
         # say): nothing to resume, so leave no half-written run directory behind to block a rerun.
         if not (out / CHECKPOINT).exists():
-            _remove_new_run(out, created)
+            remove_new_run(out, created)
         raise
 
 
-def _remove_new_run(out: Path, created: bool) -> None:
+def remove_new_run(out: Path, created: bool) -> None:
     """Delete what a new run wrote into ``out`` (empty before it started, see _prepare_new_run)."""
     if created:
         shutil.rmtree(out, ignore_errors=True)
@@ -229,20 +229,21 @@ def resume_experiment(out: str | Path, *, quiet: bool = False, device: str | Non
     if device is not None:
         config = config.updated(device=device)
     exp = build_experiment(config, progress=not quiet)
-    return _train(exp, out, quiet=quiet, checkpoint=load_checkpoint(out))
+    return _train_on_backend(exp, out, quiet=quiet, checkpoint=load_checkpoint(out))
 
 
-def train_experiment(exp: Experiment, out: Path, *, quiet: bool, checkpoint) -> dict[str, Any]:
-    """The round loop into ``out`` (public for other runtimes: the Flower ServerApp swaps in its simulator)."""
-    return _train(exp, out, quiet=quiet, checkpoint=checkpoint)
-
-
-def _train(exp: Experiment, out: Path, *, quiet: bool, checkpoint) -> dict[str, Any]:
-    config, sim = exp.config, exp.simulator
-    if getattr(config, "backend", "sim") == "flower-sim" and not getattr(sim, "is_flower", False):
+def _train_on_backend(exp: Experiment, out: Path, *, quiet: bool, checkpoint) -> dict[str, Any]:
+    """The round loop on the configured runtime: in process, or Flower's simulation engine."""
+    if exp.config.backend == "flower-sim":
         from fedstyle.federation.flower.simulation import train_on_flower_sim  # needs fedstyle[flower-sim]
 
         return train_on_flower_sim(exp, out, quiet=quiet, checkpoint=checkpoint)
+    return train_experiment(exp, out, quiet=quiet, checkpoint=checkpoint)
+
+
+def train_experiment(exp: Experiment, out: Path, *, quiet: bool, checkpoint) -> dict[str, Any]:
+    """The round loop into ``out`` on ``exp.simulator`` (the Flower ServerApp swaps in its own simulator)."""
+    config, sim = exp.config, exp.simulator
     selector = Selector(config.selection)
     start_round, elapsed = 0, 0.0
     # The setup exchange always runs (it is deterministic), also on resume: what it leaves outside
@@ -273,7 +274,7 @@ def _train(exp: Experiment, out: Path, *, quiet: bool, checkpoint) -> dict[str, 
         with open(out / METRICS, "a") as metrics_file:
             for r in range(start_round, config.rounds):
                 result = sim.run_round(r)
-                for event in getattr(result, "events", None) or ():  # Flower runs: dropouts and rejoins
+                for event in result.events:  # Flower runs: dropouts and rejoins
                     metrics_file.write(json.dumps(event) + "\n")
                     records.append(event)
                 last_loss = result.train_loss

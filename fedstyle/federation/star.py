@@ -91,6 +91,8 @@ class RoundResult:
     clients: list[int]
     seconds: float
     metrics: dict[str, float] = field(default_factory=dict)
+    #: what the runtime saw happen (Flower: sites dropping out, rejoining), written to metrics.jsonl
+    events: list[dict] = field(default_factory=list)
 
 
 #: setup throughputs: name -> (image count, seconds), both summed over clients (style banks, stylization)

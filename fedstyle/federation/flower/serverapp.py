@@ -95,13 +95,6 @@ class FaultPolicy:
         )
 
 
-@dataclass
-class FlowerRoundResult(RoundResult):
-    """A round plus the fault events it produced (written to metrics.jsonl by the runner)."""
-
-    events: list[dict[str, Any]] | None = None
-
-
 def overrides(algo: Algorithm, hook: str) -> bool:
     """Whether the method implements ``hook`` itself (the base class's version returns None: no phase)."""
     return getattr(type(algo), hook) is not getattr(Algorithm, hook)
@@ -109,8 +102,6 @@ def overrides(algo: Algorithm, hook: str) -> bool:
 
 class FlowerStar(StarSimulator):
     """StarSimulator whose clients are Flower nodes."""
-
-    is_flower = True
 
     def __init__(self, sim: StarSimulator, grid: Grid, config_json: str, policy: FaultPolicy, log=None,
                  quiet: bool = False):
@@ -282,7 +273,7 @@ class FlowerStar(StarSimulator):
         metrics = [dict(replies[cid].metric_records.get(METRICS, {})) for cid in sorted(replies)]
         return setup_info(metrics, time.perf_counter() - start, up, down)
 
-    def run_round(self, round_index: int) -> FlowerRoundResult:
+    def run_round(self, round_index: int) -> RoundResult:
         start = time.perf_counter()
         self.server.round = round_index
         chosen = self.sample_clients(round_index)  # the simulator's seeded sampler
@@ -336,7 +327,7 @@ class FlowerStar(StarSimulator):
         self.server.weights = self.algo.aggregate(self.server, updates)
         loss = sum(u.train_loss * u.num_samples for u in updates) / sum(u.num_samples for u in updates)
         events, self.events = self.events, []
-        return FlowerRoundResult(round_index, loss, [u.client_id for u in updates], time.perf_counter() - start,
+        return RoundResult(round_index, loss, [u.client_id for u in updates], time.perf_counter() - start,
                                  events=events)
 
     def state_tensors(self):

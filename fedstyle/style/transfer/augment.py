@@ -35,6 +35,7 @@ from typing import Any, Mapping
 import numpy as np
 import torch
 
+from fedstyle.devices import resolve_device
 from fedstyle.errors import ConfigError
 from fedstyle.federation.payload import Payload
 from fedstyle.style.transfer.base import TRANSFER_BACKENDS, Style, StyleMismatchError, StyleTransfer
@@ -56,8 +57,6 @@ def resolve_style_device(name: str, run_device: torch.device) -> torch.device:
     """``auto`` = the run's device; otherwise the named device (checked like ``--device``)."""
     if name == "auto":
         return run_device
-    from fedstyle.experiments.build import resolve_device  # lazy: experiments imports algorithms
-
     return resolve_device(name)
 
 

@@ -36,8 +36,9 @@ import torch.nn.functional as F
 from fedstyle.errors import ConfigError, DataError
 from fedstyle.io import atomic_write
 from fedstyle.seeding import derive_seed
-from fedstyle.style.stats import adain
-from fedstyle.style.transfer.feature_adain import ADAIN_EPS, resolve_device
+from fedstyle.style.stats import adain, channel_stats
+from fedstyle.devices import resolve_device
+from fedstyle.style.transfer.feature_adain import ADAIN_EPS
 from fedstyle.style.transfer.lite import DECODER_FORMAT, LiteDecoder, LiteEncoder, check_stage, user_decoder_path
 
 PHOTO_CROPS = 3000
@@ -163,23 +164,18 @@ def random_resized_crop(images: torch.Tensor, generator: torch.Generator) -> tor
     return F.grid_sample(images, grid, mode="bilinear", padding_mode="reflection", align_corners=False)
 
 
-def moments(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    var, mean = torch.var_mean(x, dim=(2, 3), correction=0)
-    return mean, (var + ADAIN_EPS).sqrt()
-
-
 def adain_losses(encoder: LiteEncoder, decoder: torch.nn.Module, content: torch.Tensor, style: torch.Tensor):
     """(content loss, style loss) of the AdaIN paper for float image batches in [0, 1]."""
     with torch.no_grad():
         content_feature = encoder(content)
         style_features = encoder.stages(style)
-        target = adain(content_feature, *[m[..., None, None] for m in moments(style_features[-1])], eps=ADAIN_EPS)
+        target = adain(content_feature, *channel_stats(style_features[-1], eps=ADAIN_EPS), eps=ADAIN_EPS)
     generated = encoder.stages(decoder(target))
     content_loss = F.mse_loss(generated[-1], target)
     style_loss = content_loss.new_zeros(())
     for g, s in zip(generated, style_features):
-        g_mean, g_std = moments(g)
-        s_mean, s_std = moments(s)
+        g_mean, g_std = channel_stats(g, eps=ADAIN_EPS)
+        s_mean, s_std = channel_stats(s, eps=ADAIN_EPS)
         style_loss = style_loss + F.mse_loss(g_mean, s_mean) + F.mse_loss(g_std, s_std)
     return content_loss, style_loss
 

@@ -33,21 +33,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fedstyle.devices import resolve_device
 from fedstyle.errors import ConfigError
-from fedstyle.style.stats import adain
+from fedstyle.style.stats import adain, channel_stats
 from fedstyle.style.transfer.base import Style, StyleMismatchError, StyleTransfer
 
 #: eps inside every sigma = sqrt(var + eps) of image style transfer (the AdaIN reference value)
 ADAIN_EPS = 1e-5
-
-
-def resolve_device(device: str | torch.device) -> torch.device:
-    """``auto`` -> CUDA if available, else CPU (the runner's rule; imported lazily, the runner imports this)."""
-    if isinstance(device, torch.device):
-        return device
-    from fedstyle.experiments.build import resolve_device as resolve
-
-    return resolve(device)
 
 
 def module_fingerprint(module: nn.Module) -> str:
@@ -149,10 +141,9 @@ class FeatureAdaIN(StyleTransfer):
         check_images(images)
         means, stds = [], []
         for part in self._chunks(images.shape[0]):
-            features = self.encode(images[part])
-            var, mean = torch.var_mean(features, dim=(2, 3), correction=0)
-            means.append(mean)
-            stds.append((var + ADAIN_EPS).sqrt())
+            mean, std = channel_stats(self.encode(images[part]), eps=ADAIN_EPS)
+            means.append(mean.flatten(1))
+            stds.append(std.flatten(1))
         if not means:
             raise ConfigError("image_styles got an empty batch of images")
         return self._style(torch.cat(means), torch.cat(stds))

@@ -25,6 +25,7 @@ from typing import Iterable
 
 import torch
 
+from fedstyle.devices import resolve_device
 from fedstyle.errors import ConfigError
 from fedstyle.style.transfer.base import TRANSFER_BACKENDS, Style, StyleMismatchError, StyleTransfer
 
@@ -68,11 +69,7 @@ class FFTAmplitude(StyleTransfer):
         if not 0.0 <= float(band) <= 1.0:
             raise ConfigError(f"fft band must be in [0, 1] (a fraction of the image side), got {band}")
         self.band = float(band)
-        if isinstance(device, str):
-            from fedstyle.experiments.build import resolve_device  # lazy: the runner imports this package
-
-            device = resolve_device(device)
-        self.device = device
+        self.device = resolve_device(device)
 
     @property
     def encoder_id(self) -> str:
