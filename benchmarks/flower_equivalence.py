@@ -19,8 +19,8 @@ import torch
 
 from fedstyle.experiments.config import RunConfig
 from fedstyle.experiments.runner import run_experiment, start_run_dir
-from fedstyle.federation.flower.certs import make_certificates
-from fedstyle.federation.flower.deployment import DeploySettings, deploy_run
+from fedstyle.runtimes.flower.certs import make_certificates
+from fedstyle.runtimes.flower.deployment import DeploySettings, deploy_run
 
 METHODS = {"fedavg": {}, "ccst": {"style_backend": "fft"}}
 

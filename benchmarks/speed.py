@@ -183,8 +183,8 @@ def time_runtimes(rounds: int, device: str, folder: Path) -> dict[str, float]:
     loopback deployment (SuperLink + one SuperNode per client, TLS): steady seconds per round
     (the first round, which includes start-up, is left out) and each run's total wall time."""
     from fedstyle.experiments.runner import run_experiment, start_run_dir
-    from fedstyle.federation.flower.certs import make_certificates
-    from fedstyle.federation.flower.deployment import DeploySettings, deploy_run
+    from fedstyle.runtimes.flower.certs import make_certificates
+    from fedstyle.runtimes.flower.deployment import DeploySettings, deploy_run
 
     job = JOB.updated(rounds=rounds + 1, device=device, eval_every=1)
     out: dict[str, float] = {}

@@ -12,7 +12,8 @@ from fedstyle.cli.main import main
 from fedstyle.data.transforms import BatchTransform
 from fedstyle.errors import ConfigError
 from fedstyle.experiments.runner import resume_experiment, run_experiment
-from fedstyle.federation.context import ClientData, ServerContext
+from fedstyle.algorithms.context import ServerContext
+from fedstyle.data.client import ClientData
 from fedstyle.federation.star import FederationSettings, StarSimulator
 from fedstyle.models import build_model
 from fedstyle.seeding import seed_everything

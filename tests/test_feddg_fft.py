@@ -9,7 +9,7 @@ from fedstyle.algorithms import METHODS
 from fedstyle.algorithms.feddg_fft import FedDGFFT, plan_amplitude_exchange
 from fedstyle.data.transforms import BatchTransform
 from fedstyle.errors import ConfigError
-from fedstyle.federation.context import ClientData
+from fedstyle.data.client import ClientData
 from fedstyle.federation.star import FederationSettings, StarSimulator
 from fedstyle.models import build_model
 from fedstyle.seeding import seed_everything

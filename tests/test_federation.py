@@ -18,40 +18,16 @@ from fedstyle.algorithms.hparams import HParam, parse_assignments, resolve_hpara
 from fedstyle.data.transforms import BatchTransform
 from fedstyle.errors import ConfigError, FedstyleError
 from fedstyle.federation.client import load_weights, snapshot
-from fedstyle.federation.context import ClientData, ClientUpdate, ServerContext, lr_at
+from fedstyle.algorithms.context import ClientUpdate, ServerContext, lr_at
+from fedstyle.data.client import ClientData
 from fedstyle.federation.p2p import P2PSimulator
-from fedstyle.federation.payload import check_payload, payload_nbytes, weights_nbytes
+from fedstyle.payload import check_payload, payload_nbytes, weights_nbytes
 from fedstyle.federation.star import FederationSettings, StarSimulator
 from fedstyle.models import build_model
 from fedstyle.seeding import seed_everything
 
 from probes import ExchangeProbe  # tests/probes.py, shared with the Flower tests
-
-TRANSFORM = BatchTransform((0.5, 0.5, 0.5), (0.5, 0.5, 0.5), "none")
-
-
-def make_clients(n=3, per_client=24, size=16, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    clients = []
-    for cid in range(n):
-        labels = torch.arange(per_client) % 4
-        # class-dependent brightness so a model can learn something
-        base = (labels * 60 + 20).view(-1, 1, 1, 1).float()
-        images = (base + torch.randint(0, 30, (per_client, 3, size, size), generator=g)).clamp(0, 255).to(torch.uint8)
-        clients.append(ClientData(images, labels, torch.full((per_client,), cid), TRANSFORM))
-    return clients
-
-
-def make_model(method="fedavg", hp=None, n_clients=3):
-    seed_everything(0)
-    model = build_model("convnet", 4, 16)
-    algo = METHODS.get(method)(hp or {}, num_classes=4, num_clients=n_clients)
-    algo.configure_model(model)
-    return algo, model
-
-
-SETTINGS = FederationSettings(rounds=2, lr=0.05, batch_size=8, local_epochs=1)
-
+from tiny import SETTINGS, TRANSFORM, make_clients, make_model  # tests/tiny.py
 
 def update(weights, n):
     return ClientUpdate(client_id=0, weights=weights, num_samples=n, train_loss=0.0)

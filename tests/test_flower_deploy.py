@@ -20,8 +20,8 @@ pytest.importorskip("flwr", reason="fedstyle deploy needs fedstyle[flower] (flwr
 from safetensors.torch import load_file  # noqa: E402
 
 from fedstyle.experiments.runner import run_experiment, start_run_dir  # noqa: E402
-from fedstyle.federation.flower.certs import make_certificates  # noqa: E402
-from fedstyle.federation.flower.deployment import (  # noqa: E402
+from fedstyle.runtimes.flower.certs import make_certificates  # noqa: E402
+from fedstyle.runtimes.flower.deployment import (  # noqa: E402
     DeploySettings,
     Federation,
     deploy_run,

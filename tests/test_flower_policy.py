@@ -15,8 +15,8 @@ from flwr.app import Context, Error, Message, RecordDict  # noqa: E402
 from fedstyle.algorithms import METHODS  # noqa: E402
 from probes import ExchangeProbe as SharedExchangeProbe  # noqa: E402
 from fedstyle.experiments.runner import run_experiment, start_run_dir  # noqa: E402
-from fedstyle.federation.flower.clientapp import app as client_app  # noqa: E402
-from fedstyle.federation.flower.serverapp import FaultPolicy, SiteError, serve  # noqa: E402
+from fedstyle.runtimes.flower.clientapp import app as client_app  # noqa: E402
+from fedstyle.runtimes.flower.serverapp import FaultPolicy, SiteError, serve  # noqa: E402
 
 CLIENT_APP_RAISED_EXCEPTION, NODE_UNAVAILABLE = 2, 5  # flwr.common.constant.ErrorCode
 
@@ -193,8 +193,8 @@ def test_every_exchange_hook_travels_as_messages(config, tmp_path, monkeypatch):
 
     assert setup_line(tmp_path / "flower") == setup_line(tmp_path / "sim")
     assert setup_line(tmp_path / "sim")["bank_entries"] == 36.0  # 6 clients x 6 entries, summed
-    from fedstyle.federation.flower.clientapp import STATE
-    from fedstyle.federation.flower.records import record_to_weights
+    from fedstyle.runtimes.flower.clientapp import STATE
+    from fedstyle.runtimes.flower.records import record_to_weights
 
     states = [record_to_weights(c.state.array_records[STATE]) for c in grid.contexts.values()]
     assert all(torch.equal(s["bank"], states[0]["bank"]) and len(s["bank"]) == 6 for s in states)
@@ -214,8 +214,8 @@ def test_a_site_that_rejoins_gets_the_setup_broadcast(config, tmp_path, monkeypa
 
     grid.on_train = faults
     serve(grid, tmp_path / "run", FaultPolicy(wait_timeout=1), quiet=True, log_events=False)
-    from fedstyle.federation.flower.clientapp import SETUP_STORED, STATE
-    from fedstyle.federation.flower.records import record_to_weights
+    from fedstyle.runtimes.flower.clientapp import SETUP_STORED, STATE
+    from fedstyle.runtimes.flower.records import record_to_weights
 
     fresh = grid.contexts[21].state
     assert SETUP_STORED in fresh.array_records  # the broadcast came with its first training message

@@ -9,7 +9,7 @@ flwr = pytest.importorskip("flwr", reason="the Flower bridge needs fedstyle[flow
 
 from flwr.app import RecordDict  # noqa: E402
 
-from fedstyle.federation.flower.records import (  # noqa: E402
+from fedstyle.runtimes.flower.records import (  # noqa: E402
     META,
     PAYLOAD,
     RESULT,

@@ -5,21 +5,32 @@ keeps) and on the server (setup broadcast, per-round payloads, aggregation). The
 in-process star and peer-to-peer simulators and the Flower bridge — call these hooks and move
 weights and payloads; they never special-case a method.
 
-Hooks, in the order a star run calls them::
+Hooks, in the order a star run calls them, with the model's mode the runtime sets before each::
 
     configure_model(model)                           once, on every process holding a model
     init_server_state(server)                        once, on the server
-    setup_upload(ctx, model)        -> Payload|None  client, before round 0 (None: no setup phase)
+    setup_upload(ctx, model)        -> Payload       client, before round 0            [eval]
     setup_broadcast(uploads, server) -> Payload      server, from every client's upload
-    setup_download(ctx, model, broadcast) -> metrics client (metrics: {name: number} or None)
-    round_query(ctx, model)         -> Payload|None  each sampled client, on the downloaded weights,
-                                                     before training (None: no query phase)
+    setup_download(ctx, model, broadcast) -> metrics client (metrics: {name: number})  [eval]
+    round_query(ctx, model)         -> Payload       each sampled client, on the downloaded
+                                                     weights, before training          [eval]
     round_payloads(server, client_ids, queries) -> {id: Payload}   server, sent beside the model
-    local_train(ctx, model, payload) -> ClientResult     client, on the downloaded weights
+    local_train(ctx, model, payload) -> ClientResult     client, on the downloaded weights [train]
+      training_loss(ctx, model, x, y, payload)       per mini-batch, inside local_train [train]
     aggregate(server, updates) -> weights            server
 
-A peer-to-peer run calls ``p2p_share`` and ``training_loss`` per iteration instead (see
-``fedstyle.federation.p2p``).
+A method *has* a phase (setup exchange, query, peer-to-peer share) when its class overrides the
+phase's client hook — :meth:`Algorithm.uses_phase` is the one place that decides, and a method
+whose phase depends on a hyperparameter overrides ``uses_phase``. The runtime skips the exchange
+of a phase the method does not use.
+
+A peer-to-peer run calls, per iteration and device, ``p2p_share(ctx, model, x)`` [eval] and then
+``training_loss(ctx, model, x, y, payload)`` [train] with ``payload = {j: share of neighbour j}``
+(see ``fedstyle.federation.p2p``).
+
+``ctx.phase`` names the phase; ``ctx.scratch`` holds per-call objects; ``ctx.global_model()`` is
+a frozen copy of the round's global weights; ``ctx.log(name, value)`` and ``ctx.timed(name)``
+record loss terms and timings that reach metrics.jsonl (see :class:`ClientContext`).
 
 Composition: every method carries the local options below (a feature-level style op inside each
 client — MixStyle or DSU at chosen stages — and FedBN's local BatchNorm), so "FedBN + MixStyle" or
@@ -35,12 +46,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fedstyle.algorithms.context import ClientContext, ClientUpdate, ServerContext
 from fedstyle.algorithms.hparams import HParam, resolve_hparams
 from fedstyle.errors import ConfigError, FedstyleError
-from fedstyle.federation.context import ClientContext, ClientUpdate, ServerContext
-from fedstyle.federation.payload import Payload
+from fedstyle.payload import Payload
+from fedstyle.style import STYLE_OPS
 
 _BN_TYPES = (nn.modules.batchnorm._BatchNorm,)
+
+#: the exchange phases a method may use, and the client hook whose override means it does
+PHASE_HOOKS = {"setup": "setup_upload", "query": "round_query", "share": "p2p_share"}
 
 #: topology names: the star (server + clients) and the peer-to-peer graphs of fedstyle.federation.topology
 STAR: tuple[str, ...] = ("star",)
@@ -80,7 +95,8 @@ class Algorithm:
     topologies: ClassVar[tuple[str, ...]] = STAR
 
     HPARAMS: ClassVar[tuple[HParam, ...]] = (
-        HParam("style", "none", "feature-level style op inside each client", choices=("none", "mixstyle", "dsu")),
+        HParam("style", "none", "feature-level style op inside each client (a name of fedstyle.style.STYLE_OPS)",
+               choices=("none", *STYLE_OPS.names())),
         HParam("style_p", 0.5, "probability that the style op fires at a stage", low=0.0, high=1.0),
         HParam("style_stages", "layer1,layer2,layer3", "comma-separated backbone stages after which the style op runs"),
         HParam("local_bn", False, "keep BatchNorm layers local to each client (FedBN, Li et al. ICLR'21)"),
@@ -120,7 +136,8 @@ class Algorithm:
         if hp.get("local_bn") and not defaults["local_bn"]:
             parts.append("FedBN")
         if hp.get("style", "none") != defaults["style"] and hp.get("style") != "none":
-            parts.append({"mixstyle": "MixStyle", "dsu": "DSU"}[hp["style"]])
+            op = STYLE_OPS.get(hp["style"])
+            parts.append(getattr(op, "label", hp["style"]))
         return " + ".join(parts)
 
     # -- model --------------------------------------------------------------------------
@@ -132,8 +149,6 @@ class Algorithm:
         self.param_keys = [k for k, _ in model.named_parameters()]
         if self.hp["style"] == "none":
             return
-        from fedstyle.style import STYLE_OPS
-
         make_op = STYLE_OPS.get(self.hp["style"])
         stages = [s.strip() for s in self.hp["style_stages"].split(",") if s.strip()]
         if not stages:
@@ -143,6 +158,12 @@ class Algorithm:
     def local_keys(self, model: nn.Module) -> set[str]:
         """State keys that never leave a client's control (FedBN: BatchNorm layers)."""
         return batchnorm_keys(model) if self.hp["local_bn"] else set()
+
+    def uses_phase(self, phase: str) -> bool:
+        """Whether this method uses the exchange ``phase`` (``setup``, ``query`` or ``share``):
+        by default, whether its class overrides the phase's client hook (:data:`PHASE_HOOKS`)."""
+        hook = PHASE_HOOKS[phase]
+        return getattr(type(self), hook) is not getattr(Algorithm, hook)
 
     # -- server -------------------------------------------------------------------------
     def init_server_state(self, server: ServerContext) -> None:
@@ -170,9 +191,9 @@ class Algorithm:
     def init_client_state(self, ctx: ClientContext, model: nn.Module) -> None:
         """Fill ``ctx.state`` with persistent per-client tensors on first participation."""
 
-    def setup_upload(self, ctx: ClientContext, model: nn.Module) -> Payload | None:
-        """Return the setup payload (e.g. a style) or None when the method has no setup phase."""
-        return None
+    def setup_upload(self, ctx: ClientContext, model: nn.Module) -> Payload:
+        """The client's setup upload (e.g. a style); overriding it gives the method a setup phase."""
+        return {}
 
     def setup_download(self, ctx: ClientContext, model: nn.Module, broadcast: Payload) -> dict[str, float] | None:
         """Receive the server's setup broadcast (e.g. augment local data).
@@ -181,20 +202,20 @@ class Algorithm:
         ``stylized_images``); the simulator sums them over clients and the runner logs them.
         """
 
-    def round_query(self, ctx: ClientContext, model: nn.Module) -> Payload | None:
-        """A sampled client's answer before local training, on this round's downloaded weights.
-
-        Return None (the default) for no query phase; the runtime then skips the extra exchange.
-        """
-        return None
+    def round_query(self, ctx: ClientContext, model: nn.Module) -> Payload:
+        """A sampled client's answer before local training, on this round's downloaded weights
+        (eval mode); overriding it gives the method a query phase, one more exchange per round."""
+        return {}
 
     def training_loss(self, ctx: ClientContext, model: nn.Module, x, y, payload: Payload) -> torch.Tensor:
         """Loss of one mini-batch (default: cross-entropy)."""
         return F.cross_entropy(model(x), y)
 
     def local_train(self, ctx: ClientContext, model: nn.Module, payload: Payload) -> ClientResult:
-        """Local optimisation on the downloaded weights; ``model`` is trained in place."""
-        model.train()
+        """Local optimisation on the downloaded weights; ``model`` is trained in place.
+
+        What ``training_loss`` records with ``ctx.log`` / ``ctx.timed`` becomes the result's metrics.
+        """
         optimizer = ctx.train.make_optimizer(model.parameters())
         total = torch.zeros((), device=ctx.device)
         steps = 0
@@ -208,7 +229,8 @@ class Algorithm:
         mean_loss = float(total) / max(1, steps)
         check_finite(mean_loss, ctx)
         self.after_local_train(ctx, model)
-        return ClientResult(train_loss=mean_loss, payload=self.upload_payload(ctx, model))
+        return ClientResult(train_loss=mean_loss, payload=self.upload_payload(ctx, model),
+                            metrics=ctx.logged_metrics())
 
     def after_local_train(self, ctx: ClientContext, model: nn.Module) -> None:
         """Update persistent client state after local training (e.g. FedDyn's gradient term)."""
@@ -218,9 +240,11 @@ class Algorithm:
         return {}
 
     # -- peer-to-peer -------------------------------------------------------------------
-    def p2p_share(self, ctx: ClientContext, model: nn.Module, x: torch.Tensor) -> Payload | None:
-        """Payload a device sends its neighbours each iteration, from its current batch (default: none)."""
-        return None
+    def p2p_share(self, ctx: ClientContext, model: nn.Module, x: torch.Tensor) -> Payload:
+        """Payload a device sends its neighbours each iteration, from its current batch (eval mode);
+        overriding it gives the method a share phase. Neighbours receive it as ``training_loss``'s
+        payload ``{device id: payload}``."""
+        return {}
 
 
 def check_finite(loss: float, ctx: ClientContext) -> None:

@@ -10,8 +10,8 @@ from typing import Any, Callable
 
 from fedstyle.algorithms.base import Algorithm
 from fedstyle.algorithms.hparams import HParam
-from fedstyle.federation.context import ClientContext
-from fedstyle.federation.payload import Payload
+from fedstyle.algorithms.context import ClientContext
+from fedstyle.payload import Payload
 from fedstyle.seeding import derive_seed
 from fedstyle.style.transfer import StyleTransfer
 from fedstyle.style.transfer.augment import (
@@ -21,7 +21,6 @@ from fedstyle.style.transfer.augment import (
     make_backend,
     pop_style_cost,
     record_style_cost,
-    replace_client_data,
     resolve_style_device,
     stylize_cached,
 )
@@ -87,6 +86,6 @@ class StyleExchange(Algorithm):
         images, metrics = stylize_cached(self.name, dict(recipe, method=self.name, backend_options=options),
                                          ctx.data.images, plan, bank, backend, alpha, self.hp["transfer_batch"],
                                          progress=self.progress)
-        replace_client_data(ctx.data, images, plan.source)
+        ctx.data.replace(images, plan.source)  # labels, domains (and any views) follow their source rows
         metrics.update(pop_style_cost(ctx.state))
         return metrics

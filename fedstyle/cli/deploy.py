@@ -8,6 +8,8 @@ import os
 import sys
 from pathlib import Path
 
+from fedstyle.cli.flags import add_run_flags, config_from_args, print_summary
+
 DEPLOY_DESCRIPTION = """\
 Run a star-topology method on a real Flower federation: a SuperLink (the coordinator) and one
 SuperNode per site, each holding one client of the partition, talking over TLS. The run directory
@@ -66,7 +68,6 @@ def _settings_flags(parser: argparse.ArgumentParser, *, local: bool) -> None:
 
 
 def add_deploy_command(sub) -> None:
-    from fedstyle.cli.main import add_run_flags
 
     deploy = sub.add_parser("deploy", help="run on a real Flower federation (local processes or across machines)",
                             description=DEPLOY_DESCRIPTION, epilog=DEPLOY_EPILOG,
@@ -106,7 +107,7 @@ def add_deploy_command(sub) -> None:
 
 
 def _settings(args, *, local: bool):
-    from fedstyle.federation.flower.deployment import DeploySettings
+    from fedstyle.runtimes.flower.deployment import DeploySettings
 
     return DeploySettings(
         sites=args.sites or 0, insecure=args.insecure, certs=args.certs, node_auth=args.node_auth,
@@ -118,10 +119,9 @@ def _settings(args, *, local: bool):
 
 def _new_run(args, settings):
     """Validate, then write the run directory (config.json, partition.json) like `fedstyle run`."""
-    from fedstyle.cli.main import config_from_args
     from fedstyle.errors import ConfigError
     from fedstyle.experiments.runner import remove_new_run, start_run_dir
-    from fedstyle.federation.flower import require_flower
+    from fedstyle.runtimes.flower import require_flower
 
     require_flower("fedstyle deploy")
     if not args.out:
@@ -147,10 +147,9 @@ def _new_run(args, settings):
 
 
 def _cmd_deploy(args: argparse.Namespace) -> int:
-    from fedstyle.cli.main import _print_summary
     from fedstyle.errors import ConfigError
     from fedstyle.experiments.runner import CONFIG, DONE, SUMMARY
-    from fedstyle.federation.flower.deployment import deploy_run, load_settings
+    from fedstyle.runtimes.flower.deployment import deploy_run, load_settings
 
     if args.resume:
         out = Path(args.resume)
@@ -176,16 +175,15 @@ def _cmd_deploy(args: argparse.Namespace) -> int:
             print(f"\ninterrupted; every Flower process is stopped; continue with: fedstyle deploy --resume {out}",
                   file=sys.stderr)
             raise
-    _print_summary(summary, out)
+    print_summary(summary, out)
     print(f"  Flower logs: {out / 'flower'}")
     return 0
 
 
 def _cmd_coordinator(args: argparse.Namespace) -> int:
-    from fedstyle.cli.main import _print_summary
     from fedstyle.errors import ConfigError
     from fedstyle.experiments.runner import CONFIG, SUMMARY
-    from fedstyle.federation.flower.deployment import Federation, load_settings
+    from fedstyle.runtimes.flower.deployment import Federation, load_settings
 
     if args.resume:
         out = Path(args.resume)
@@ -207,12 +205,12 @@ def _cmd_coordinator(args: argparse.Namespace) -> int:
                   file=sys.stderr)
         federation.wait(federation.submit(), rounds)
     summary = json.loads((out / SUMMARY).read_text())
-    _print_summary(summary, out)
+    print_summary(summary, out)
     return 0
 
 
 def _cmd_certs(args: argparse.Namespace) -> int:
-    from fedstyle.federation.flower.certs import make_certificates
+    from fedstyle.runtimes.flower.certs import make_certificates
 
     for path in make_certificates(args.out, hosts=args.host, sites=args.sites):
         print(f"wrote {path}")
@@ -221,8 +219,8 @@ def _cmd_certs(args: argparse.Namespace) -> int:
 
 def _cmd_site(args: argparse.Namespace) -> int:
     from fedstyle.errors import ConfigError
-    from fedstyle.federation.flower import require_flower
-    from fedstyle.federation.flower.deployment import flower_bin, free_port
+    from fedstyle.runtimes.flower import require_flower
+    from fedstyle.runtimes.flower.deployment import flower_bin, free_port
 
     require_flower("fedstyle deploy site")
     if args.insecure == bool(args.root_certificates):

@@ -115,5 +115,23 @@ class BatchTransform:
         x = x.contiguous(memory_format=torch.channels_last)
         return (x.to(torch.float32) / 255.0 - mean) / std
 
+    def aligned(
+        self, batches: Sequence[torch.Tensor], train: bool, generator: torch.Generator | None = None
+    ) -> list[torch.Tensor]:
+        """Transform several uint8 batches of the same samples with one random draw: batch k of the
+        output is batch k of the input cut by the same crop offsets and flips (aligned views)."""
+        if not batches:
+            return []
+        shape = batches[0].shape
+        for x in batches:
+            if x.dtype != torch.uint8 or x.dim() != 4 or x.shape[1] != 3 or x.shape[0] != shape[0] \
+                    or x.shape[-2:] != shape[-2:]:
+                raise ConfigError(f"aligned batches must be uint8 (B, 3, H, W) of one shape, got {x.dtype} "
+                                  f"{tuple(x.shape)} beside {tuple(shape)}")
+        stacked = torch.cat(list(batches), dim=1)  # the augmentations are channel-agnostic gathers
+        if train:
+            stacked = self._augmentation(stacked, generator)
+        return [self(part.contiguous(), train=False) for part in stacked.split(3, dim=1)]
+
     def __repr__(self) -> str:
         return f"BatchTransform(mean={self.mean}, std={self.std}, augment={self.augment!r})"

@@ -12,7 +12,7 @@ from fedstyle.data import BatchTransform, DomainDataset, load_dataset
 from fedstyle.devices import resolve_device
 from fedstyle.errors import ConfigError
 from fedstyle.experiments.config import RunConfig
-from fedstyle.federation.context import ClientData
+from fedstyle.data.client import ClientData
 from fedstyle.federation.evaluate import EvalSet
 from fedstyle.federation.p2p import P2PSimulator
 from fedstyle.federation.star import FederationSettings, StarSimulator

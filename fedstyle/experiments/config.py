@@ -75,9 +75,9 @@ class RunConfig:
     # run
     seed: int = _opt(0, "random seed (same config and seed give the same metrics)")
     device: str = _opt("auto", "cpu, cuda, cuda:1, mps or auto")
-    backend: str = _opt("sim", "star runtime: sim (fedstyle's in-process simulator) or flower-sim (Flower's simulation "
-                        "engine on Ray, for many clients; needs pip install 'fedstyle[flower-sim]'); same run directory",
-                        choices=("sim", "flower-sim"))
+    backend: str = _opt("sim", "runtime: sim (fedstyle's in-process simulators) or flower-sim (Flower's simulation "
+                        "engine on Ray, star topology, for many clients; needs pip install 'fedstyle[flower-sim]'); "
+                        "same run directory")
     eval_every: int = _opt(1, "evaluate every k rounds (and always after the last)")
     selection: str = _opt("auto", "model selection: source_val, heldout_val (ltdo), last, oracle (auto: source_val, "
                           "or heldout_val under ltdo)", choices=("auto",) + SELECTIONS)

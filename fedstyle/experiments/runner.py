@@ -23,13 +23,15 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from fedstyle.errors import ConfigError, FedstyleError
+from fedstyle.experiments.backends import Backend, get_backend, register_backend, train_on
 from fedstyle.experiments.build import Experiment, build_experiment
 from fedstyle.experiments.checkpoint import CHECKPOINT, load_checkpoint, save_checkpoint
 from fedstyle.experiments.config import RunConfig
 from fedstyle.federation.evaluate import evaluate
+from fedstyle.federation.rounds import mean_metrics
 from fedstyle.io import atomic_write_json, atomic_write_text
 from fedstyle.federation.topology import save_graph_png
 from fedstyle.partition import format_partition_table, write_partition_json
@@ -108,7 +110,8 @@ def _mean(values) -> float:
     return sum(values) / len(values) if values else float("nan")
 
 
-def evaluate_round(exp: Experiment, completed_rounds: int, train_loss: float, seconds: float) -> dict[str, Any]:
+def evaluate_round(exp: Experiment, completed_rounds: int, train_loss: float, seconds: float,
+                   train_metrics: dict[str, float] | None = None) -> dict[str, Any]:
     sim = exp.simulator
     weights = sim.eval_weights()
     record: dict[str, Any] = {
@@ -128,6 +131,8 @@ def evaluate_round(exp: Experiment, completed_rounds: int, train_loss: float, se
                 "std": float(_std([acc[d] for acc in per_device]))} for d in exp.targets
         }
         record["consensus_distance"] = sim.consensus()
+    if train_metrics:  # the method's loss terms and timings (ctx.log / ctx.timed), see fedstyle.algorithms.context
+        record["train_metrics"] = train_metrics
     t = sim.traffic
     record.update({"bytes_up": t.up, "bytes_down": t.down, "bytes_model_up": t.model_up,
                    "bytes_model_down": t.model_down, "bytes_payload_up": t.payload_up,
@@ -200,10 +205,11 @@ def remove_new_run(out: Path, created: bool) -> None:
 
 def start_run_dir(config: RunConfig, out: Path, *, quiet: bool = False) -> Experiment:
     """Build the experiment and write the new run directory's config.json and partition.json."""
-    if config.backend == "flower-sim":  # fail before writing anything when Flower or Ray is missing
-        from fedstyle.federation.flower import require_ray
-
-        require_ray()
+    backend = get_backend(config.backend)  # fail before writing anything when the runtime cannot run here
+    if backend.star_only and config.topology != "star":
+        raise ConfigError(f"--backend {config.backend} runs star-topology methods; use --backend sim for "
+                          "peer-to-peer graphs")
+    backend.check()
     _prepare_new_run(out)
     exp = build_experiment(config, progress=not quiet)
     out.mkdir(parents=True, exist_ok=True)
@@ -233,16 +239,13 @@ def resume_experiment(out: str | Path, *, quiet: bool = False, device: str | Non
 
 
 def _train_on_backend(exp: Experiment, out: Path, *, quiet: bool, checkpoint) -> dict[str, Any]:
-    """The round loop on the configured runtime: in process, or Flower's simulation engine."""
-    if exp.config.backend == "flower-sim":
-        from fedstyle.federation.flower.simulation import train_on_flower_sim  # needs fedstyle[flower-sim]
-
-        return train_on_flower_sim(exp, out, quiet=quiet, checkpoint=checkpoint)
-    return train_experiment(exp, out, quiet=quiet, checkpoint=checkpoint)
+    """The round loop on the configured runtime (a name of :data:`fedstyle.experiments.backends.BACKENDS`)."""
+    return train_on(exp.config.backend, exp, out, quiet=quiet, checkpoint=checkpoint)
 
 
-def train_experiment(exp: Experiment, out: Path, *, quiet: bool, checkpoint) -> dict[str, Any]:
-    """The round loop into ``out`` on ``exp.simulator`` (the Flower ServerApp swaps in its own simulator)."""
+def train_experiment(exp: Experiment, out: Path, *, quiet: bool, checkpoint,
+                     on_checkpoint: Callable[[int], None] | None = None) -> dict[str, Any]:
+    """The round loop into ``out`` on ``exp.simulator`` (the Flower runtimes give it their own transport)."""
     config, sim = exp.config, exp.simulator
     selector = Selector(config.selection)
     start_round, elapsed = 0, 0.0
@@ -271,9 +274,11 @@ def train_experiment(exp: Experiment, out: Path, *, quiet: bool, checkpoint) -> 
         reporter.info("setup exchange: " + ", ".join(f"{k} {v:.2f}" for k, v in setup_info.items()))
     try:
         last_loss = float("nan")
+        since_eval: list[dict[str, float]] = []
         with open(out / METRICS, "a") as metrics_file:
             for r in range(start_round, config.rounds):
                 result = sim.run_round(r)
+                since_eval.append(result.metrics)
                 for event in result.events:  # Flower runs: dropouts and rejoins
                     metrics_file.write(json.dumps(event) + "\n")
                     records.append(event)
@@ -282,7 +287,8 @@ def train_experiment(exp: Experiment, out: Path, *, quiet: bool, checkpoint) -> 
                 postfix = {"loss": f"{last_loss:.3f}"}
                 if done_rounds % config.eval_every == 0 or done_rounds == config.rounds:
                     seconds = elapsed + time.perf_counter() - tick
-                    record = evaluate_round(exp, done_rounds, last_loss, seconds)
+                    record = evaluate_round(exp, done_rounds, last_loss, seconds, mean_metrics(since_eval))
+                    since_eval = []
                     selector.update(record)
                     metrics_file.write(json.dumps(record) + "\n")
                     metrics_file.flush()
@@ -290,6 +296,8 @@ def train_experiment(exp: Experiment, out: Path, *, quiet: bool, checkpoint) -> 
                     save_checkpoint(out, sim.state_tensors(), {
                         "round": done_rounds, "seconds": seconds, "simulator": sim.meta(), "selector": selector.state(),
                     })
+                    if on_checkpoint is not None:
+                        on_checkpoint(done_rounds)
                     postfix.update(src=f"{_mean(record['source_val_acc'].values()):.3f}",
                                    tgt=f"{_mean(record['target_acc'].values()):.3f}")
                 reporter.step(postfix)
@@ -343,3 +351,7 @@ def make_summary(exp: Experiment, records: list[dict[str, Any]], selector: Selec
         summary["device_target_acc_last"] = last["device_target_acc"]
         summary["consensus_distance_last"] = last["consensus_distance"]
     return summary
+
+
+register_backend(Backend("sim", train_experiment, star_only=False,
+                         help="fedstyle's in-process simulators (star and peer-to-peer)"))

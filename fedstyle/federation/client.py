@@ -1,23 +1,39 @@
 """The client side of a star round, shared by every runtime.
 
-The simulator calls these functions for each sampled client on one shared model object; the
-Flower ClientApp calls the same functions with the state kept in Flower's context. Keeping
+The in-process transport calls :func:`run_client_phase` for each client on one shared model
+object; the Flower ClientApp calls the same function with the state kept on the site. Keeping
 the procedure in one place is what makes "written once, runs on both" true.
+
+Before every hook the procedure loads the downloaded weights, then the client's own local layers
+(FedBN), sets the model's mode for the phase (``ClientContext`` / ``PHASE_MODES``: eval except in
+training), offers a frozen copy of the round's global model, and seeds torch's generators from
+the context's seed.
 """
 
 from __future__ import annotations
 
-from typing import Mapping
+import copy
+import weakref
+from typing import Any, Callable, Mapping
 
 import torch
 from torch import nn
 
 from fedstyle.algorithms.base import Algorithm
-from fedstyle.federation.context import ClientContext, ClientUpdate
-from fedstyle.federation.payload import Payload, check_payload
+from fedstyle.algorithms.context import PHASE_MODES, ClientContext, ClientUpdate
+from fedstyle.errors import ConfigError
+from fedstyle.payload import Payload, check_payload
 
 _LOCAL = "local/"
 _INITIALISED = "meta/initialised"
+
+#: the client phases of a star run: name -> (context purpose, round the context sees; None: the round's)
+PHASES: dict[str, tuple[str, int | None]] = {
+    "setup_upload": ("setup", -1),
+    "setup_download": ("setup", -1),
+    "round_query": ("query", None),
+    "train": ("train", None),
+}
 
 
 @torch.no_grad()
@@ -35,16 +51,63 @@ def snapshot(model: nn.Module) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
-def enter_client(algo: Algorithm, model: nn.Module, ctx: ClientContext, global_weights: Mapping[str, torch.Tensor]) -> None:
-    """Load the downloaded weights, then the client's own local layers, and initialise its state."""
+class FrozenGlobal:
+    """One frozen copy of a model per process: eval mode, no gradients, reloaded only when the
+    weights it is asked for change (the simulator hands every client of a round the same dict)."""
+
+    def __init__(self, model: nn.Module):
+        self.copy = copy.deepcopy(model)
+        for p in self.copy.parameters():
+            p.requires_grad_(False)
+        self.copy.eval()
+        self._loaded: Mapping[str, torch.Tensor] | None = None
+
+    def get(self, weights: Mapping[str, torch.Tensor]) -> nn.Module:
+        if weights is not self._loaded:
+            load_weights(self.copy, weights)
+            self._loaded = weights  # keeps the dict alive, so its identity cannot be reused
+        self.copy.eval()
+        return self.copy
+
+
+_FROZEN: "weakref.WeakKeyDictionary[nn.Module, FrozenGlobal]" = weakref.WeakKeyDictionary()
+
+
+def frozen_global(model: nn.Module, weights: Mapping[str, torch.Tensor]) -> nn.Module:
+    """The frozen copy of ``model`` holding ``weights`` (made once per model object, on first use)."""
+    holder = _FROZEN.get(model)
+    if holder is None:
+        holder = _FROZEN[model] = FrozenGlobal(model)
+    return holder.get(weights)
+
+
+def enter_client(
+    algo: Algorithm,
+    model: nn.Module,
+    ctx: ClientContext,
+    global_weights: Mapping[str, torch.Tensor],
+    initial_weights: Mapping[str, torch.Tensor] | None = None,
+) -> None:
+    """Load the downloaded weights, then the client's local layers, set the phase's mode, initialise state.
+
+    Keys missing from ``global_weights`` (a client's local layers, which never travel) come from the
+    client's state, or — before its first round — from ``initial_weights`` (the run's initial model,
+    which every process rebuilds from the config and seed).
+    """
     load_weights(model, global_weights)
     local = {k[len(_LOCAL):]: v for k, v in ctx.state.items() if k.startswith(_LOCAL)}
+    if initial_weights is not None:
+        missing = {k: v for k, v in initial_weights.items() if k not in global_weights and k not in local}
+        if missing:
+            load_weights(model, missing)
     if local:
         load_weights(model, local)
     ctx.global_weights = dict(global_weights)
+    ctx.global_model_source = lambda: frozen_global(model, global_weights)
     if _INITIALISED not in ctx.state:
         algo.init_client_state(ctx, model)
         ctx.state[_INITIALISED] = torch.ones(())
+    model.train(PHASE_MODES[ctx.phase] == "train")
     # style ops draw from torch's global generator: seed it per client and round for reproducibility
     torch.manual_seed(ctx.seed)
 
@@ -56,41 +119,20 @@ def leave_client(model: nn.Module, ctx: ClientContext, local_keys: set[str]) -> 
     return weights
 
 
-def client_setup_upload(
-    algo: Algorithm, model: nn.Module, ctx: ClientContext, global_weights: Mapping[str, torch.Tensor]
-) -> Payload | None:
-    enter_client(algo, model, ctx, global_weights)
-    upload = algo.setup_upload(ctx, model)
-    return None if upload is None else check_payload(upload, f"{type(algo).__name__}.setup_upload")
+def _setup_upload(algo, model, ctx, payload, local_keys) -> Payload:
+    return check_payload(algo.setup_upload(ctx, model), f"{type(algo).__name__}.setup_upload")
 
 
-def client_setup_download(
-    algo: Algorithm, model: nn.Module, ctx: ClientContext, global_weights: Mapping[str, torch.Tensor], broadcast: Payload
-) -> dict[str, float]:
-    """Hand the broadcast to the client; returns the setup metrics it reports ({} when none)."""
-    enter_client(algo, model, ctx, global_weights)
-    metrics = algo.setup_download(ctx, model, broadcast)
+def _setup_download(algo, model, ctx, payload, local_keys) -> dict[str, float]:
+    metrics = algo.setup_download(ctx, model, payload)
     return {k: float(v) for k, v in (metrics or {}).items()}
 
 
-def client_round_query(
-    algo: Algorithm, model: nn.Module, ctx: ClientContext, global_weights: Mapping[str, torch.Tensor]
-) -> Payload | None:
-    enter_client(algo, model, ctx, global_weights)
-    answer = algo.round_query(ctx, model)
-    return None if answer is None else check_payload(answer, f"{type(algo).__name__}.round_query")
+def _round_query(algo, model, ctx, payload, local_keys) -> Payload:
+    return check_payload(algo.round_query(ctx, model), f"{type(algo).__name__}.round_query")
 
 
-def client_round(
-    algo: Algorithm,
-    model: nn.Module,
-    ctx: ClientContext,
-    global_weights: Mapping[str, torch.Tensor],
-    payload: Payload,
-    local_keys: set[str],
-) -> ClientUpdate:
-    """One client's round: download, local training, upload (all keys; local ones stay local too)."""
-    enter_client(algo, model, ctx, global_weights)
+def _train(algo, model, ctx, payload, local_keys) -> ClientUpdate:
     result = algo.local_train(ctx, model, payload)
     weights = leave_client(model, ctx, local_keys)
     return ClientUpdate(
@@ -99,5 +141,34 @@ def client_round(
         num_samples=len(ctx.data),
         train_loss=result.train_loss,
         payload=check_payload(result.payload, f"{type(algo).__name__}.local_train"),
-        metrics=dict(result.metrics),
+        metrics={k: float(v) for k, v in result.metrics.items()},
     )
+
+
+_PROCEDURES: dict[str, Callable[..., Any]] = {
+    "setup_upload": _setup_upload,
+    "setup_download": _setup_download,
+    "round_query": _round_query,
+    "train": _train,
+}
+
+
+def run_client_phase(
+    phase: str,
+    algo: Algorithm,
+    model: nn.Module,
+    ctx: ClientContext,
+    global_weights: Mapping[str, torch.Tensor],
+    payload: Payload,
+    local_keys: set[str],
+    initial_weights: Mapping[str, torch.Tensor],
+):
+    """One client's part of ``phase``: enter (weights, local layers, mode, seed), then the hook.
+
+    Returns the setup upload or query answer (a payload), the setup metrics, or the training
+    :class:`ClientUpdate` (all weights; local ones are also kept in the client's state).
+    """
+    if phase not in _PROCEDURES:
+        raise ConfigError(f"unknown client phase {phase!r}; one of {', '.join(_PROCEDURES)}")
+    enter_client(algo, model, ctx, global_weights, initial_weights)
+    return _PROCEDURES[phase](algo, model, ctx, payload, local_keys)

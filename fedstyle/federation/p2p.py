@@ -3,7 +3,7 @@
 Each device i keeps its own weights theta_i. Every iteration each device draws a mini-batch,
 optionally computes a payload from it (``Algorithm.p2p_share``, e.g. StyleDDG's batch style),
 sends theta_i and the payload to its one-hop neighbours, computes its gradient g_i on the batch
-(with its neighbours' payloads available in ``ctx.neighbours``), and updates::
+(``training_loss`` receives its neighbours' payloads as ``payload = {j: share_j}``), and updates::
 
     theta_i <- sum_j P_ij theta_j - lr * m_i,   m_i = momentum * m_i + g_i + wd * theta_i
 
@@ -11,7 +11,9 @@ with Metropolis–Hastings weights P. Momentum 0 is plain DSGD. BatchNorm runnin
 mixed with the same weights; keys the algorithm keeps local (FedBN) are not mixed.
 
 Devices' weights are stacked per state key (n x ...), so mixing is one matmul per key; the one
-shared ``nn.Module`` is loaded with a device's weights to compute its gradient.
+shared ``nn.Module`` is loaded with a device's weights to compute its gradient. ``p2p_share`` runs in
+eval mode (no BatchNorm statistics change), ``training_loss`` in train mode; each draws from
+torch's generators seeded per (round, step, device), so a random choice differs between steps.
 """
 
 from __future__ import annotations
@@ -24,12 +26,20 @@ import torch
 from torch import nn
 
 from fedstyle.algorithms.base import Algorithm, check_finite
+from fedstyle.algorithms.context import ClientContext
+from fedstyle.data.client import ClientData
 from fedstyle.errors import ConfigError
 from fedstyle.federation.client import enter_client, snapshot
-from fedstyle.federation.context import ClientContext, ClientData
-from fedstyle.federation.payload import check_payload, payload_nbytes, weights_nbytes
-from fedstyle.federation.star import FederationSettings, RoundResult, Traffic
+from fedstyle.federation.rounds import (
+    FederationSettings,
+    RoundResult,
+    Traffic,
+    client_state_tensors,
+    load_client_states,
+    mean_metrics,
+)
 from fedstyle.federation.topology import consensus_distance, metropolis_hastings
+from fedstyle.payload import check_payload, payload_nbytes, weights_nbytes
 from fedstyle.seeding import derive_seed
 
 
@@ -65,7 +75,6 @@ class P2PSimulator:
         self.momentum_buf = {k: torch.zeros_like(self.stacked[k]) for k in self.param_keys}
         self.client_states: dict[int, dict[str, torch.Tensor]] = {i: {} for i in range(n)}
         self.traffic = Traffic()
-        self._shares = type(algo).p2p_share is not Algorithm.p2p_share
 
     @property
     def num_clients(self) -> int:
@@ -95,7 +104,7 @@ class P2PSimulator:
     def setup(self) -> dict[str, float]:
         return {}
 
-    def _context(self, i: int, round_index: int, steps: int) -> ClientContext:
+    def _context(self, i: int, round_index: int, steps: int, phase: str = "train") -> ClientContext:
         train = self.settings.train_settings(round_index)
         train.local_steps = steps
         return ClientContext(
@@ -107,6 +116,7 @@ class P2PSimulator:
             num_clients=self.num_clients,
             device=self.device,
             seed=derive_seed(self.seed, "p2p", round_index, i),
+            phase=phase,
         )
 
     def run_round(self, round_index: int) -> RoundResult:
@@ -114,6 +124,8 @@ class P2PSimulator:
         steps = self.steps_per_round()
         n = self.num_clients
         contexts = [self._context(i, round_index, steps) for i in range(n)]
+        share_contexts = [self._context(i, round_index, steps, "share") for i in range(n)]
+        shares_used = self.algo.uses_phase("share")
         iterators = [ctx.batches() for ctx in contexts]
         shared_keys = [k for k in self.stacked if k not in self.local_keys]
         model_bytes = weights_nbytes({k: self.stacked[k][0] for k in shared_keys})
@@ -125,19 +137,19 @@ class P2PSimulator:
         for step in range(steps):
             batches = [next(it) for it in iterators]
             shares = {}
-            if self._shares:
-                for i, ctx in enumerate(contexts):
+            if shares_used:
+                for i, ctx in enumerate(share_contexts):
                     enter_client(self.algo, self.model, ctx, {k: v[i] for k, v in self.stacked.items()})
+                    torch.manual_seed(derive_seed(self.seed, "p2p-share", round_index, step, i))
                     shares[i] = check_payload(self.algo.p2p_share(ctx, self.model, batches[i][0]), "p2p_share")
             grads = {k: torch.zeros_like(self.stacked[k]) for k in self.param_keys}
             new_buffers = {k: self.stacked[k].clone() for k in buffers}
             for i, ctx in enumerate(contexts):
-                ctx.neighbours = {j: shares[j] for j in self.neighbours[i]} if shares else {}
+                received = {j: shares[j] for j in self.neighbours[i]} if shares_used else {}
                 enter_client(self.algo, self.model, ctx, {k: v[i] for k, v in self.stacked.items()})
                 torch.manual_seed(derive_seed(self.seed, "p2p-step", round_index, step, i))
-                self.model.train()
                 x, y, _ = batches[i]
-                loss = self.algo.training_loss(ctx, self.model, x, y, {})
+                loss = self.algo.training_loss(ctx, self.model, x, y, received)
                 self.model.zero_grad(set_to_none=True)
                 loss.backward()
                 total_loss += loss.detach()
@@ -149,14 +161,15 @@ class P2PSimulator:
                 deg = len(self.neighbours[i])
                 self.traffic.model_up += deg * model_bytes
                 self.traffic.model_down += deg * model_bytes
-                if shares:
+                if shares_used:
                     sent = payload_nbytes(shares[i]) * deg
                     self.traffic.payload_up += sent
                     self.traffic.payload_down += sent
             self._mix_and_step(grads, new_buffers, lr, mom, wd)
         mean_loss = float(total_loss) / (steps * n)
         check_finite(mean_loss, contexts[0])
-        return RoundResult(round_index, mean_loss, list(range(n)), time.perf_counter() - start)
+        return RoundResult(round_index, mean_loss, list(range(n)), time.perf_counter() - start,
+                           metrics=mean_metrics(ctx.logged_metrics() for ctx in contexts))
 
     @torch.no_grad()
     def _mix_and_step(self, grads, new_buffers, lr: float, momentum: float, weight_decay: float) -> None:
@@ -180,18 +193,13 @@ class P2PSimulator:
     def state_tensors(self) -> dict[str, torch.Tensor]:
         out = {f"device/{k}": v for k, v in self.stacked.items()}
         out.update({f"momentum/{k}": v for k, v in self.momentum_buf.items()})
-        for cid, state in self.client_states.items():
-            out.update({f"client/{cid}/{k}": v for k, v in state.items()})
+        out.update(client_state_tensors(self.client_states))
         return out
 
     def load_state_tensors(self, tensors: dict[str, torch.Tensor]) -> None:
         self.stacked = {k[7:]: v.to(self.device) for k, v in tensors.items() if k.startswith("device/")}
         self.momentum_buf = {k[9:]: v.to(self.device) for k, v in tensors.items() if k.startswith("momentum/")}
-        self.client_states = {i: {} for i in range(self.num_clients)}
-        for key, value in tensors.items():
-            if key.startswith("client/"):
-                _, cid, name = key.split("/", 2)
-                self.client_states[int(cid)][name] = value
+        self.client_states = load_client_states(tensors, self.num_clients)
 
     def meta(self) -> dict:
         return {"traffic": self.traffic.as_dict()}

@@ -1,120 +1,54 @@
-"""The in-process star-topology simulator (server + N clients, one model object).
+"""The star-topology round driver (server + N clients) — the one every star runtime uses.
 
-All clients share one ``nn.Module`` on the run's device: a client's round loads the downloaded
-weights into it in place, trains, and snapshots the result — no per-client deepcopy of the model.
-Client data stay in memory as uint8 tensors. Every random draw is derived from (seed, round,
-client), so a resumed run repeats an uninterrupted one exactly.
+:class:`StarSimulator` samples clients, runs the setup exchange and each round's query and
+training phases, aggregates and counts bytes; a :class:`~fedstyle.federation.transport.Transport`
+reaches the clients. In process (the default) all clients share one ``nn.Module`` on the run's
+device: a client's phase loads the downloaded weights into it in place, runs the hook, and
+snapshots the result — no per-client deepcopy of the model. Client data stay in memory as uint8
+tensors. Every random draw is derived from (seed, round, client), so a resumed run repeats an
+uninterrupted one exactly, and the Flower transport reproduces the in-process one bitwise.
+
+Per round::
+
+    chosen = sample_clients(r)                      seeded
+    [query phase]  round_query on the download      each sampled client; weights counted down
+    payloads = algo.round_payloads(server, alive, queries)
+    train phase    local_train on the download      weights + payload down; weights + payload up
+    weights = algo.aggregate(server, updates)       updates in client-id order
+
+The download is every state key except the clients' local layers (FedBN); a client's local layers
+stay in its state and start, before its first round, from the run's initial weights.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, field
-from typing import Iterable, Mapping
 
 import torch
 from torch import nn
 
 from fedstyle.algorithms.base import Algorithm
+from fedstyle.algorithms.context import ClientContext, ServerContext
+from fedstyle.data.client import ClientData
 from fedstyle.errors import ConfigError
-from fedstyle.federation.client import (
-    client_round,
-    client_round_query,
-    client_setup_download,
-    client_setup_upload,
-    snapshot,
+from fedstyle.federation.client import snapshot
+from fedstyle.federation.rounds import (
+    FederationSettings,
+    RoundResult,
+    Traffic,
+    client_state_tensors,
+    load_client_states,
+    mean_metrics,
+    setup_info,
 )
-from fedstyle.federation.context import (
-    ClientContext,
-    ClientData,
-    ServerContext,
-    TrainSettings,
-    lr_at,
-)
-from fedstyle.federation.payload import Payload, payload_nbytes, weights_nbytes
+from fedstyle.federation.transport import ClientRequest, InProcessTransport, Transport
+from fedstyle.payload import Payload, payload_nbytes, weights_nbytes
 from fedstyle.seeding import derive_seed, numpy_rng
 
 
-@dataclass
-class Traffic:
-    """Bytes sent by clients (up) and received by clients (down), models and payloads apart."""
-
-    model_up: int = 0
-    model_down: int = 0
-    payload_up: int = 0
-    payload_down: int = 0
-
-    @property
-    def up(self) -> int:
-        return self.model_up + self.payload_up
-
-    @property
-    def down(self) -> int:
-        return self.model_down + self.payload_down
-
-    def as_dict(self) -> dict[str, int]:
-        return asdict(self)
-
-
-@dataclass
-class FederationSettings:
-    """Round-level settings shared by the star and peer-to-peer simulators."""
-
-    rounds: int
-    lr: float
-    lr_schedule: str = "constant"
-    batch_size: int = 32
-    local_epochs: int = 1
-    local_steps: int = 0
-    optimizer: str = "sgd"
-    momentum: float = 0.9
-    weight_decay: float = 5e-4
-    fraction: float = 1.0
-    clients_per_round: int = 0  # > 0 overrides fraction
-
-    def train_settings(self, round_index: int) -> TrainSettings:
-        return TrainSettings(
-            lr=lr_at(self.lr, self.lr_schedule, round_index, self.rounds),
-            batch_size=self.batch_size,
-            local_epochs=self.local_epochs,
-            local_steps=self.local_steps,
-            optimizer=self.optimizer,
-            momentum=self.momentum,
-            weight_decay=self.weight_decay,
-        )
-
-
-@dataclass
-class RoundResult:
-    round: int
-    train_loss: float
-    clients: list[int]
-    seconds: float
-    metrics: dict[str, float] = field(default_factory=dict)
-    #: what the runtime saw happen (Flower: sites dropping out, rejoining), written to metrics.jsonl
-    events: list[dict] = field(default_factory=list)
-
-
-#: setup throughputs: name -> (image count, seconds), both summed over clients (style banks, stylization)
-SETUP_RATES = {"style_images_per_s": ("style_images", "style_seconds"),
-               "stylized_images_per_s": ("stylized_images", "stylize_seconds")}
-
-
-def setup_info(client_metrics: Iterable[Mapping[str, float]], seconds: float, up: int, down: int) -> dict[str, float]:
-    """The setup exchange's record: the clients' metrics summed, its time and bytes, the throughputs of
-    :data:`SETUP_RATES` whose count and (non-zero) time are known. Shared by every star runtime."""
-    info: dict[str, float] = {}
-    for metrics in client_metrics:
-        for key, value in metrics.items():
-            info[key] = info.get(key, 0.0) + float(value)
-    info.update(setup_seconds=seconds, setup_bytes_up=up, setup_bytes_down=down)
-    for name, (count, time_key) in SETUP_RATES.items():
-        if info.get(time_key, 0.0) > 0 and count in info:
-            info[name] = info[count] / info[time_key]
-    return info
-
-
 class StarSimulator:
+    """The round driver of every star runtime; ``transport`` says how clients are reached."""
+
     topology = "star"
 
     def __init__(
@@ -125,6 +59,7 @@ class StarSimulator:
         settings: FederationSettings,
         seed: int,
         device: torch.device,
+        transport: Transport | None = None,
     ):
         if not clients:
             raise ConfigError("the partition produced no clients")
@@ -135,10 +70,18 @@ class StarSimulator:
         self.settings, self.seed, self.device = settings, seed, device
         self.local_keys = algo.local_keys(model)
         self.download_keys = [k for k in model.state_dict() if k not in self.local_keys]
-        self.server = ServerContext(weights=snapshot(model), state={}, round=0, num_clients=len(clients), seed=seed)
+        self.initial_weights = snapshot(model)
+        self.server = ServerContext(weights=dict(self.initial_weights), state={}, round=0, num_clients=len(clients),
+                                    seed=seed)
         algo.init_server_state(self.server)
         self.client_states: dict[int, dict[str, torch.Tensor]] = {i: {} for i in range(len(clients))}
         self.traffic = Traffic()
+        self.use_transport(transport or InProcessTransport())
+
+    def use_transport(self, transport: Transport) -> None:
+        """Reach the clients through ``transport`` from now on (the Flower ServerApp swaps its own in)."""
+        self.transport = transport
+        transport.attach(self)
 
     # -- helpers ------------------------------------------------------------------------
     @property
@@ -160,6 +103,7 @@ class StarSimulator:
         return sorted(int(i) for i in rng.choice(self.num_clients, size=m, replace=False))
 
     def context(self, cid: int, round_index: int, purpose: str = "train") -> ClientContext:
+        """Client ``cid``'s context; its seed depends only on (seed, purpose, round, client)."""
         return ClientContext(
             client_id=cid,
             data=self.clients[cid],
@@ -169,62 +113,70 @@ class StarSimulator:
             num_clients=self.num_clients,
             device=self.device,
             seed=derive_seed(self.seed, purpose, round_index, cid),
+            phase=purpose,
         )
 
-    def _download_bytes(self) -> int:
-        return weights_nbytes(self.server.weights, self.download_keys)
+    def download(self) -> dict[str, torch.Tensor]:
+        """The global weights that travel to a client: every key but the clients' local layers."""
+        return {k: self.server.weights[k] for k in self.download_keys}
+
+    def _count_down(self, requests: dict[int, ClientRequest], sent: list[int]) -> None:
+        for cid in sent:
+            request = requests[cid]
+            if request.weights is not None:
+                self.traffic.model_down += weights_nbytes(request.weights)
+            self.traffic.payload_down += payload_nbytes(request.payload)
+
+    def _call(self, phase: str, requests: dict[int, ClientRequest], round_index: int):
+        replies = self.transport.call(phase, requests, round_index)
+        self._count_down(requests, replies.sent)
+        return replies
 
     # -- phases -------------------------------------------------------------------------
     def setup(self) -> dict[str, float]:
         """The one-time setup exchange before round 0 (a no-op when the method has none)."""
         start = time.perf_counter()
-        uploads: dict[int, Payload] = {}
-        for cid in range(self.num_clients):
-            up = client_setup_upload(self.algo, self.model, self.context(cid, -1, "setup"), self.server.weights)
-            if up is None:
-                break
-            uploads[cid] = up
-        info: dict[str, float] = {}
-        if uploads:
-            self.server.round = 0
-            broadcast = self.algo.setup_broadcast(uploads, self.server)
-            up = sum(payload_nbytes(p) for p in uploads.values())
-            down = payload_nbytes(broadcast) * self.num_clients
-            self.traffic.payload_up += up
-            self.traffic.payload_down += down
-            metrics = [
-                client_setup_download(self.algo, self.model, self.context(cid, -1, "setup"), self.server.weights, broadcast)
-                for cid in range(self.num_clients)
-            ]
-            info = setup_info(metrics, time.perf_counter() - start, up, down)
-        return info
+        self.transport.start()
+        if not self.algo.uses_phase("setup"):
+            return {}
+        everyone = {cid: ClientRequest() for cid in range(self.num_clients)}
+        replies = self._call("setup_upload", everyone, -1)
+        uploads: dict[int, Payload] = {cid: replies.results[cid] for cid in sorted(replies.results)}
+        if not uploads:
+            raise ConfigError("no client answered the setup exchange")
+        up = sum(payload_nbytes(p) for p in uploads.values())
+        self.traffic.payload_up += up
+        self.server.round = 0
+        broadcast = self.algo.setup_broadcast(uploads, self.server)
+        before = self.traffic.payload_down
+        replies = self._call("setup_download", {cid: ClientRequest(payload=broadcast) for cid in range(self.num_clients)}, -1)
+        metrics = [replies.results[cid] for cid in sorted(replies.results)]
+        return setup_info(metrics, time.perf_counter() - start, up, self.traffic.payload_down - before)
 
     def run_round(self, round_index: int) -> RoundResult:
         start = time.perf_counter()
         self.server.round = round_index
         chosen = self.sample_clients(round_index)
-        self.traffic.model_down += self._download_bytes() * len(chosen)
-        queries: dict[int, Payload] = {}
-        for cid in chosen:
-            answer = client_round_query(self.algo, self.model, self.context(cid, round_index, "query"), self.server.weights)
-            if answer is None:
-                break
-            queries[cid] = answer
-            self.traffic.payload_up += payload_nbytes(answer)
-        payloads = self.algo.round_payloads(self.server, chosen, queries)
-        updates = []
-        for cid in chosen:
-            payload = payloads.get(cid, {})
-            self.traffic.payload_down += payload_nbytes(payload)
-            update = client_round(
-                self.algo, self.model, self.context(cid, round_index), self.server.weights, payload, self.local_keys
-            )
+        self.transport.begin_round(round_index, chosen)
+        weights = self.download()  # one dict per round: a transport serialises it once
+        alive, queries = list(chosen), {}
+        if self.algo.uses_phase("query"):
+            replies = self._call("round_query", {cid: ClientRequest(weights) for cid in chosen}, round_index)
+            queries = {cid: replies.results[cid] for cid in sorted(replies.results)}
+            self.traffic.payload_up += sum(payload_nbytes(q) for q in queries.values())
+            alive = sorted(queries)
+        payloads = self.algo.round_payloads(self.server, alive, queries)
+        requests = {cid: ClientRequest(weights, payloads.get(cid, {})) for cid in alive}
+        replies = self._call("train", requests, round_index)
+        updates = [replies.results[cid] for cid in sorted(replies.results)]  # client-id order, on every runtime
+        for update in updates:
             self.traffic.model_up += weights_nbytes(update.weights)
             self.traffic.payload_up += payload_nbytes(update.payload)
-            updates.append(update)
+        self.transport.end_round(round_index, chosen, [u.client_id for u in updates])
         self.server.weights = self.algo.aggregate(self.server, updates)
         loss = sum(u.train_loss * u.num_samples for u in updates) / sum(u.num_samples for u in updates)
-        return RoundResult(round_index, loss, chosen, time.perf_counter() - start)
+        return RoundResult(round_index, loss, [u.client_id for u in updates], time.perf_counter() - start,
+                           metrics=mean_metrics(u.metrics for u in updates), events=self.transport.drain_events())
 
     def eval_weights(self) -> dict[str, torch.Tensor]:
         return self.server.weights
@@ -236,18 +188,14 @@ class StarSimulator:
     def state_tensors(self) -> dict[str, torch.Tensor]:
         out = {f"global/{k}": v for k, v in self.server.weights.items()}
         out.update({f"server/{k}": v for k, v in self.server.state.items()})
-        for cid, state in self.client_states.items():
-            out.update({f"client/{cid}/{k}": v for k, v in state.items()})
+        if self.transport.holds_client_state:
+            out.update(client_state_tensors(self.client_states))
         return out
 
     def load_state_tensors(self, tensors: dict[str, torch.Tensor]) -> None:
         self.server.weights = {k[7:]: v for k, v in tensors.items() if k.startswith("global/")}
         self.server.state = {k[7:]: v for k, v in tensors.items() if k.startswith("server/")}
-        self.client_states = {i: {} for i in range(self.num_clients)}
-        for key, value in tensors.items():
-            if key.startswith("client/"):
-                _, cid, name = key.split("/", 2)
-                self.client_states[int(cid)][name] = value
+        self.client_states = load_client_states(tensors, self.num_clients)
 
     def meta(self) -> dict:
         return {"traffic": self.traffic.as_dict()}

@@ -3,18 +3,22 @@
 A backbone is a sequence of named stages (``stem``, ``layer1`` ... ``layer4``). Feature-level
 style operations (MixStyle, DSU, the FedDG methods' ops) are inserted after named stages with
 :meth:`Backbone.insert_op` without editing the backbone; they run in training mode only.
-Methods that need the features between stages call :meth:`Backbone.forward_until` and
-:meth:`Backbone.forward_from` instead.
+Methods that need the features between stages call :meth:`Backbone.forward_stages` with a hook
+(or :meth:`Backbone.forward_until` and :meth:`Backbone.forward_from`). Between the backbone and the
+linear head sits a replaceable :class:`Neck` (default: the backbone's pooling).
 """
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 from torch import nn
 
 from fedstyle.errors import ConfigError
+
+#: ``hook(stage_name, output) -> output`` called after each stage by :meth:`Backbone.forward_stages`
+StageHook = Callable[[str, torch.Tensor], torch.Tensor]
 
 
 def kaiming_init(model: nn.Module) -> None:
@@ -84,27 +88,99 @@ class Backbone(nn.Module):
 
     def forward_maps(self, x: torch.Tensor) -> torch.Tensor:
         """The last stage's feature maps (B, C, h, w), before pooling."""
+        return self.forward_stages(x)
+
+    def forward_stages(self, x: torch.Tensor, hook: StageHook | None = None) -> torch.Tensor:
+        """Run every stage (with its inserted ops); after each, ``x = hook(stage_name, x)``.
+
+        The hook sees each stage's output with whatever the method holds in hand (labels, a
+        received style) and may return a batch of another size (StableFDG appends oversampled
+        features after ``layer1``); later stages run on what it returns. Returns the last maps.
+        """
         for name in self.stage_names:
             x = self.after_stage(name, self.run_stage(name, x))
+            if hook is not None:
+                x = hook(name, x)
         return x
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.pool(self.forward_maps(x))
 
 
+class Neck(nn.Module):
+    """What turns the last stage's maps (B, C, h, w) into the classifier's input (B, out_dim).
+
+    The default, :class:`PooledNeck`, is the backbone's own pooling. A method replaces it with
+    :meth:`Classifier.set_neck` (StableFDG's attention highlighter); a neck's parameters are part
+    of the model's state and aggregated like every other weight. ``forward`` takes keyword
+    arguments a method may pass in training (e.g. ``partner`` indices); at test time it gets none.
+    """
+
+    def out_dim(self, backbone: "Backbone") -> int:
+        raise NotImplementedError
+
+
+class PooledNeck(Neck):
+    """The backbone's pooling: global average pooling (ResNets, EfficientNet), or the ConvNet's
+    flatten of its last map (the Digits-DG layout: C x h x w features, no pooling)."""
+
+    def __init__(self, backbone: "Backbone"):
+        super().__init__()
+        self._pool = backbone.pool  # a bound method: no parameters, no state keys
+
+    def out_dim(self, backbone: "Backbone") -> int:
+        return backbone.feature_dim
+
+    def forward(self, maps: torch.Tensor) -> torch.Tensor:
+        return self._pool(maps)
+
+
 class Classifier(nn.Module):
-    """A backbone followed by a linear head; ``features`` gives the pooled representation."""
+    """backbone -> neck -> linear head. ``features`` gives the neck's output (the representation).
+
+    ``model(x) == model.head(model.neck(model.backbone.forward_maps(x)))``; a method that needs
+    the pieces calls them in that order (``forward_stages`` for the backbone with a hook).
+    Class activation maps: with the default neck of a pooling backbone the head's weights
+    W (K x C) apply to every position, M_k = sum_c W[k, c] F[c]; on the ConvNet, which flattens,
+    the head holds a weight per channel and position, W (K x C*h*w), so M_k[h, w] =
+    sum_c W[k, (c, h, w)] F[c, h, w] (see :meth:`class_activation_maps`).
+    """
 
     def __init__(self, backbone: Backbone, num_classes: int):
         super().__init__()
         self.backbone = backbone
+        self.num_classes = int(num_classes)
+        self.neck: Neck = PooledNeck(backbone)
         self.head = nn.Linear(backbone.feature_dim, num_classes)
 
+    def set_neck(self, neck: Neck) -> None:
+        """Replace the neck and build a fresh head for its output width."""
+        self.neck = neck
+        self.head = nn.Linear(neck.out_dim(self.backbone), self.num_classes)
+
     def features(self, x: torch.Tensor) -> torch.Tensor:
-        return self.backbone(x)
+        return self.neck(self.backbone.forward_maps(x))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.head(self.backbone(x))
+        return self.head(self.features(x))
+
+    def class_activation_maps(self, maps: torch.Tensor, classes: torch.Tensor) -> torch.Tensor:
+        """CAM of ``classes`` (B,) on the last stage's ``maps`` (B, C, h, w): (B, h, w), before any
+        normalisation (Zhou et al. 2016; FedGCA Eq. 3: M = sum_l W_l F_l).
+
+        Needs the default neck: for pooling backbones W is shared across positions; for the
+        flattening ConvNet the head's per-position weights are used.
+        """
+        if not isinstance(self.neck, PooledNeck):
+            raise ConfigError(f"class activation maps need the pooled neck; this model has {type(self.neck).__name__}")
+        b, c, h, w = maps.shape
+        weight = self.head.weight[classes]  # (B, in_features)
+        if weight.shape[1] == c:
+            return torch.einsum("bc,bchw->bhw", weight, maps)
+        if weight.shape[1] == c * h * w:
+            return (weight.view(b, c, h, w) * maps).sum(1)
+        raise ConfigError(f"the head takes {weight.shape[1]} features, neither C = {c} (pooled) nor C*h*w = "
+                          f"{c * h * w} (flattened): class activation maps are not defined for this backbone")
 
     def insert_ops(self, stages: Sequence[str], make_op) -> None:
         """Insert a fresh ``make_op()`` after each named stage."""

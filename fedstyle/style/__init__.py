@@ -13,10 +13,21 @@ from torch import nn
 from fedstyle.registry import Registry
 from fedstyle.style.dsu import DSU
 from fedstyle.style.mixstyle import MixStyle
+from fedstyle.style.shift import (
+    StyleAccumulator,
+    StyleSummary,
+    batch_style,
+    explore,
+    explore_styles,
+    sample_styles,
+    shift_to_style,
+    summarize_styles,
+)
 from fedstyle.style.stats import adain, channel_stats, restyle
 
 STYLE_OPS: Registry[Callable[..., nn.Module]] = Registry("style op")
 STYLE_OPS.add("mixstyle", MixStyle)
 STYLE_OPS.add("dsu", DSU)
 
-__all__ = ["DSU", "MixStyle", "STYLE_OPS", "adain", "channel_stats", "restyle"]
+__all__ = ["DSU", "MixStyle", "STYLE_OPS", "StyleAccumulator", "StyleSummary", "adain", "batch_style", "channel_stats",
+           "explore", "explore_styles", "restyle", "sample_styles", "shift_to_style", "summarize_styles"]

@@ -23,6 +23,8 @@ class DSU(nn.Module):
     batch of one sample has no spread to estimate and passes through unchanged.
     """
 
+    label = "DSU"
+
     def __init__(self, p: float = 0.5, eps: float = 1e-6):
         super().__init__()
         self.p = check_probability(p)

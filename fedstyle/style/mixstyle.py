@@ -44,6 +44,8 @@ class MixStyle(nn.Module):
     "random" mixing; samples are drawn from torch's global generator of ``x``'s device.
     """
 
+    label = "MixStyle"
+
     def __init__(self, p: float = 0.5, alpha: float = 0.1, eps: float = 1e-6, unbiased: bool = False):
         super().__init__()
         self.p = check_probability(p)

@@ -8,6 +8,7 @@ The pieces of a setup-phase style exchange (CCST Section 3.2, Algorithm 1):
   style, the client (= domain) it came from, as a payload;
 * :class:`AugmentPlan` and :func:`plan_cross_client` — which content image and which bank style
   every output image uses (Algorithm 1: K distinct domains per image, own domain = original);
+* :func:`stylize_to_style` — every image restyled to one style, through the same cache;
 * :func:`stylize_cached` — the output images generated once, in batches, into a memory-mapped
   uint8 cache entry ``cache_dir()/<namespace>/<key>/images.npy`` keyed by everything that changes
   the pixels (the content images' bytes, the plan — hence bank, K, seed —, backend, encoder,
@@ -15,7 +16,6 @@ The pieces of a setup-phase style exchange (CCST Section 3.2, Algorithm 1):
   it and a crash leaves nothing half-written. The key leaves out the device: a GPU's FFT or
   convolutions may round one pixel in 10^5 differently (measured: at most one grey level with
   ``fft``), and whichever entry was generated first is reused;
-* :func:`replace_client_data` — the client's samples become the augmented set (labels repeated).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ import torch
 
 from fedstyle.devices import resolve_device
 from fedstyle.errors import ConfigError
-from fedstyle.federation.payload import Payload
+from fedstyle.payload import Payload
 from fedstyle.style.transfer.base import TRANSFER_BACKENDS, Style, StyleMismatchError, StyleTransfer
 
 #: bump when the cache entry layout or the generation procedure changes
@@ -268,6 +268,27 @@ def stylize_cached(
     return torch.from_numpy(array), metrics
 
 
+def stylize_to_style(
+    namespace: str,
+    recipe: Mapping[str, Any],
+    images: torch.Tensor,
+    style: Style,
+    backend: StyleTransfer,
+    alpha: float,
+    batch_size: int,
+    progress: bool | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Every image restyled to the one ``style`` (no bank: e.g. PARDON's transfer to its global
+    interpolation style S_g), generated once into the cache like :func:`stylize_cached`; row i of
+    the output is image i restyled, so it can ride along as an aligned view."""
+    if len(style) != 1:
+        raise ConfigError(f"stylize_to_style takes one style, got {len(style)}; use stylize_cached with a bank")
+    n = int(images.shape[0])
+    bank = StyleBank(style, torch.zeros(1, dtype=torch.long))
+    plan = AugmentPlan(torch.arange(n), torch.zeros(n, dtype=torch.long))
+    return stylize_cached(namespace, recipe, images, plan, bank, backend, alpha, batch_size, progress)
+
+
 def _generate(target, key, shape, images, plan, bank, backend, alpha, batch_size, progress) -> dict[str, float]:
     from tqdm.auto import tqdm
 
@@ -309,14 +330,3 @@ def _generate(target, key, shape, images, plan, bank, backend, alpha, batch_size
         if staging.exists():
             shutil.rmtree(staging, ignore_errors=True)
     return {"stylized_images": float(len(todo)), "stylize_seconds": seconds}
-
-
-def replace_client_data(data, images: torch.Tensor, source: torch.Tensor) -> None:
-    """Make ``data`` (the runtime's :class:`ClientData`) the augmented set: ``images`` with the
-    labels and domains of ``source`` (in place: the runtime keeps this object across rounds)."""
-    if len(images) != len(source):
-        raise ConfigError(f"{len(images)} augmented images for {len(source)} source indices")
-    device = data.images.device
-    data.labels = data.labels[source.to(data.labels.device)]
-    data.domains = data.domains[source.to(data.domains.device)]
-    data.images = images if device.type == "cpu" else images.to(device)

@@ -15,7 +15,7 @@ from typing import Iterable
 import torch
 
 from fedstyle.errors import FedstyleError
-from fedstyle.federation.payload import Payload
+from fedstyle.payload import Payload
 from fedstyle.registry import Registry
 
 

@@ -1,8 +1,10 @@
 """The Flower ClientApp: one site (one client of the run's partition) answering the ServerApp.
 
-Every handler calls the procedure the in-process simulator calls (``fedstyle.federation.client``)
-with a ``ClientContext`` made by the same ``StarSimulator.context`` (same derived seeds), so a
-client trains bitwise as in the simulator given the same weights and thread count.
+Every handler calls the procedure the in-process transport calls
+(``fedstyle.federation.client.run_client_phase``) with a ``ClientContext`` made by the same
+``StarSimulator.context`` (same derived seeds), so a client trains bitwise as in the simulator
+given the same weights and thread count. Messages without weights (the setup exchange) mean the
+run's initial weights, which the site rebuilt from the config and seed.
 
 The site learns the run from each message (the resolved config.json travels in the ``fedstyle``
 config record) and which client it is from its node config: ``partition-id`` (Flower's simulation
@@ -27,13 +29,8 @@ from flwr.app import ConfigRecord, Context, Message
 from flwr.clientapp import ClientApp
 
 from fedstyle.errors import ConfigError
-from fedstyle.federation.client import (
-    client_round,
-    client_round_query,
-    client_setup_download,
-    client_setup_upload,
-)
-from fedstyle.federation.flower.records import (
+from fedstyle.federation.client import PHASES, run_client_phase
+from fedstyle.runtimes.flower.records import (
     META,
     PAYLOAD,
     SETUP,
@@ -46,7 +43,7 @@ from fedstyle.federation.flower.records import (
     records_to_payload,
     weights_to_record,
 )
-from fedstyle.federation.payload import Payload, payload_to
+from fedstyle.payload import Payload, payload_to
 
 STATE = "fedstyle.state"
 SETUP_STORED = "fedstyle.setup"
@@ -109,7 +106,8 @@ class _Call:
 
     def __init__(self, message: Message, context: Context, allowed: list[str]):
         content = message.content
-        check_records(content, [META, WEIGHTS, *allowed], f"message {message.metadata.message_type}")
+        check_records(content, [META, WEIGHTS, *payload_names(PAYLOAD), *allowed],
+                      f"message {message.metadata.message_type}")
         meta = content.config_records[META]
         self.message, self.context = message, context
         self.round = int(meta["round"])
@@ -134,17 +132,24 @@ class _Call:
     def join_late(self, broadcast: Payload) -> None:
         """A node without the setup broadcast (a restarted site): apply it as the setup exchange would,
         on the initial weights (rebuilt here from the run's seed)."""
-        self.apply_setup(broadcast, self.sim.server.weights)
+        self.apply_setup(broadcast, self.sim.initial_weights)
 
     def weights(self) -> dict[str, torch.Tensor]:
+        """The downloaded weights, or the run's initial weights when the message carries none."""
+        if WEIGHTS not in self.message.content.array_records:
+            return self.sim.initial_weights
         return {k: v.to(self.device) for k, v in record_to_weights(self.message.content[WEIGHTS]).items()}
 
     def payload(self, name: str = PAYLOAD) -> Payload | None:
         payload = records_to_payload(self.message.content, name)
         return None if payload is None else payload_to(payload, self.device)
 
-    def ctx(self, round_index: int, purpose: str = "train"):
-        return self.sim.context(self.cid, round_index, purpose)
+    def run(self, phase: str, payload: Payload, weights=None):
+        """The simulator's client procedure for ``phase`` on this site's client."""
+        purpose, fixed_round = PHASES[phase]
+        ctx = self.sim.context(self.cid, self.round if fixed_round is None else fixed_round, purpose)
+        return run_client_phase(phase, self.algo, self.model, ctx, self.weights() if weights is None else weights,
+                                payload, self.sim.local_keys, self.sim.initial_weights)
 
     def reply(self, **pieces) -> Message:
         _save_state(self.context, self.sim.client_states[self.cid])
@@ -158,7 +163,7 @@ class _Call:
             self._bind(str(self.message.content.config_records[META]["config"]), fresh=True)
             self.sim.client_states[self.cid] = state
             global_weights = {k: v.to(self.device) for k, v in global_weights.items()}
-        metrics = client_setup_download(self.algo, self.model, self.ctx(-1, "setup"), global_weights, broadcast)
+        metrics = self.run("setup_download", broadcast, global_weights)
         stored = build_content(ConfigRecord(), payloads={SETUP: broadcast})
         self.context.state[SETUP_STORED] = stored.array_records[SETUP]
         self.context.state[SETUP_STORED + ".scalars"] = stored.config_records[SETUP + ".scalars"]
@@ -179,7 +184,7 @@ class _Call:
         broadcast = payload_to(records_to_payload(holder, SETUP), self.device)
         kept = self.sim.client_states[self.cid]
         self.sim.client_states[self.cid] = {k: v.clone() for k, v in kept.items()}
-        client_setup_download(self.algo, self.model, self.ctx(-1, "setup"), self.sim.server.weights, broadcast)
+        self.run("setup_download", broadcast, self.sim.initial_weights)
         self.sim.client_states[self.cid] = kept
         self.site.setup_applied.add(self.cid)
 
@@ -194,33 +199,29 @@ def identify(message: Message, context: Context) -> Message:
 @app.query("setup_upload")
 def setup_upload(message: Message, context: Context) -> Message:
     call = _Call(message, context, [])
-    upload = client_setup_upload(call.algo, call.model, call.ctx(-1, "setup"), call.weights())
-    return call.reply(payloads={PAYLOAD: upload})
+    return call.reply(payloads={PAYLOAD: call.run("setup_upload", call.payload() or {})})
 
 
 @app.query("setup_download")
 def setup_download(message: Message, context: Context) -> Message:
-    call = _Call(message, context, payload_names(SETUP))
-    metrics = call.apply_setup(call.payload(SETUP) or {}, call.weights())
+    call = _Call(message, context, [])
+    metrics = call.apply_setup(call.payload() or {}, call.weights())
     return call.reply(metrics=metrics)
 
 
 @app.query("round_query")
 def round_query(message: Message, context: Context) -> Message:
     call = _Call(message, context, [])
-    answer = client_round_query(call.algo, call.model, call.ctx(call.round, "query"), call.weights())
-    return call.reply(payloads={PAYLOAD: answer})
+    return call.reply(payloads={PAYLOAD: call.run("round_query", call.payload() or {})})
 
 
 @app.train()
 def train(message: Message, context: Context) -> Message:
     """Local training on the downloaded weights; a late joiner first applies the setup broadcast sent along."""
-    call = _Call(message, context, payload_names(PAYLOAD, SETUP))
-    weights = call.weights()
+    call = _Call(message, context, payload_names(SETUP))
     if SETUP in message.content.array_records and not call.has_setup():
         call.join_late(call.payload(SETUP) or {})
-    update = client_round(call.algo, call.model, call.ctx(call.round), weights, call.payload() or {},
-                          call.sim.local_keys)
+    update = call.run("train", call.payload() or {})
     return call.reply(
         weights=update.weights,
         payloads={PAYLOAD: update.payload},

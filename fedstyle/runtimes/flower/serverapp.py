@@ -1,18 +1,19 @@
-"""The Flower ServerApp: the simulator's server side, with clients reached through Flower messages.
+"""The Flower ServerApp: the simulator's round driver, with clients reached through Flower messages.
 
-:class:`FlowerStar` is a :class:`~fedstyle.federation.star.StarSimulator` whose ``setup`` and
-``run_round`` send messages instead of calling the client procedures in-process; everything else
-— the seeded client sampler, the algorithm's ``setup_broadcast`` / ``round_payloads`` /
-``aggregate``, byte counting, checkpoint tensors — is the simulator's own code. The run loop is
-the runner's (``fedstyle.experiments.runner``): same evaluation, selection, checkpoint, metrics.jsonl,
-summary.json and ``done``. Updates are aggregated in client-id order, as in the simulator, so
-without faults a Flower run reproduces the simulator's metrics.
+:class:`FlowerTransport` is a :class:`~fedstyle.federation.transport.Transport`: the round itself —
+sampling, the setup exchange, the query and training phases, ``setup_broadcast`` /
+``round_payloads`` / ``aggregate``, byte counting — is :class:`~fedstyle.federation.star.StarSimulator`'s
+one driver; this module holds only what is Flower's: messages and records, node identification, and
+the fault policy. The run loop is the runner's (``fedstyle.experiments.runner``): same evaluation,
+selection, checkpoint, metrics.jsonl, summary.json and ``done``. Updates are aggregated in client-id
+order, as in the simulator, so without faults a Flower run reproduces the simulator's metrics. The
+global weights of a round are serialised once and the same record rides with every message.
 
-Exchanges per round (each its own message round trip)::
+Exchanges (each its own message round trip)::
 
     identify       (new nodes only)   node -> its client id (node config partition-id)
     setup_upload / setup_download     once, before round 0, when the method has a setup phase
-    round_query                       when the method has a query phase
+    round_query                       when the method has a query phase (weights down)
     train                             weights + the round's payload down; weights, payload, loss up
 
 Faults — the minimum-available policy: the run starts once every site is connected (or, after
@@ -27,12 +28,11 @@ at the next round, gets the setup broadcast with its first training message, and
 (``{"event": "rejoin", ...}``). Flower marks a killed SuperNode unavailable after missing two
 heartbeats (30 s each in Flower 1.41), so a round with a dead site lasts at most about a minute longer.
 
-What differs from the simulator, by design: per-client state lives on the sites, so the server's
-checkpoint holds the global model and server state only — a resumed deployment is a new Flower
-run, whose per-run ``context.state`` starts empty on every site (FedDyn's and FedBN's local terms
-restart from their initial values; stateless methods such as FedAvg and CCST resume exactly). Byte
-counts in metrics.jsonl are the simulator's (weights and payloads of sampled clients); Flower's
-own control traffic and the weights sent with the setup exchange are not counted.
+What differs from the simulator, by design: per-client state lives on the sites (in memory and
+in each site's state folder, see :mod:`.clientapp`), so the server's checkpoint holds the global
+model and server state only. Byte counts in metrics.jsonl are those of the driver, the same under
+every runtime: the weights and payloads each message carries; Flower's own control traffic and
+metric records are not counted.
 """
 
 from __future__ import annotations
@@ -47,10 +47,9 @@ from typing import Any
 from flwr.app import Context, Message, RecordDict
 from flwr.serverapp import Grid, ServerApp
 
-from fedstyle.algorithms.base import Algorithm
+from fedstyle.algorithms.context import ClientUpdate
 from fedstyle.errors import FedstyleError
-from fedstyle.federation.context import ClientUpdate
-from fedstyle.federation.flower.records import (
+from fedstyle.runtimes.flower.records import (
     META,
     METRICS,
     PAYLOAD,
@@ -63,9 +62,10 @@ from fedstyle.federation.flower.records import (
     payload_names,
     record_to_weights,
     records_to_payload,
+    weights_to_record,
 )
-from fedstyle.federation.payload import Payload, payload_nbytes, payload_to, weights_nbytes
-from fedstyle.federation.star import RoundResult, StarSimulator, setup_info
+from fedstyle.federation.transport import ClientRequest, PhaseReplies, Transport
+from fedstyle.payload import Payload, payload_to
 
 #: how often the ServerApp polls the SuperLink for replies (Flower's own loop sleeps 3 s)
 PULL_INTERVAL = 0.1
@@ -95,17 +95,17 @@ class FaultPolicy:
         )
 
 
-def overrides(algo: Algorithm, hook: str) -> bool:
-    """Whether the method implements ``hook`` itself (the base class's version returns None: no phase)."""
-    return getattr(type(algo), hook) is not getattr(Algorithm, hook)
+#: the driver's phases as Flower message types
+MESSAGE_TYPES = {"setup_upload": "query.setup_upload", "setup_download": "query.setup_download",
+                 "round_query": "query.round_query", "train": "train"}
 
 
-class FlowerStar(StarSimulator):
-    """StarSimulator whose clients are Flower nodes."""
+class FlowerTransport(Transport):
+    """The driver's clients are Flower nodes (one client per SuperNode)."""
 
-    def __init__(self, sim: StarSimulator, grid: Grid, config_json: str, policy: FaultPolicy, log=None,
-                 quiet: bool = False):
-        super().__init__(sim.algo, sim.model, sim.clients, sim.settings, sim.seed, sim.device)
+    holds_client_state = False  # per-client state lives on the sites
+
+    def __init__(self, grid: Grid, config_json: str, policy: FaultPolicy, log=None, quiet: bool = False):
         self.grid, self.config_json, self.policy = grid, config_json, policy
         self.log = log or (lambda message: print(message, file=sys.stderr, flush=True))
         if quiet:
@@ -116,6 +116,13 @@ class FlowerStar(StarSimulator):
         self.has_setup_nodes: set[int] = set()  # nodes that hold the setup broadcast
         self.events: list[dict[str, Any]] = []
         self.seen_clients: set[int] = set()  # clients identified at least once (a second time: a rejoin)
+        self.needed = 1  # replies a round needs (the minimum-available policy)
+        self.durable_round = 0  # the round of the run's last checkpoint (sites prune older state with it)
+        self._records: tuple[Any, Any] | None = None  # (weights dict, its ArrayRecord): serialised once
+
+    @property
+    def num_clients(self) -> int:
+        return self.driver.num_clients
 
     # -- nodes --------------------------------------------------------------------------
     def refresh_nodes(self, round_index: int) -> None:
@@ -168,8 +175,15 @@ class FlowerStar(StarSimulator):
 
     # -- messaging ----------------------------------------------------------------------
     def _content(self, cid: int | None, round_index: int, **pieces) -> RecordDict:
-        meta = meta_record(config=self.config_json, client_id=-1 if cid is None else cid, round=round_index)
+        meta = meta_record(config=self.config_json, client_id=-1 if cid is None else cid, round=round_index,
+                           durable_round=self.durable_round)
         return build_content(meta, **pieces)
+
+    def _weights_record(self, weights):
+        """The weights as one ArrayRecord, built once per weights dict (the driver makes one per round)."""
+        if self._records is None or self._records[0] is not weights:
+            self._records = (weights, weights_to_record(weights))
+        return self._records[1]
 
     def _exchange(self, message_type: str, contents: dict, round_index: int, timeout: float):
         """Send one message per key (``cid`` or ``("node", node_id)``) and collect the replies.
@@ -238,101 +252,62 @@ class FlowerStar(StarSimulator):
         if cids:
             self._event("dropout", round_index, phase, cids)
 
-    # -- phases -------------------------------------------------------------------------
-    def setup(self) -> dict[str, float]:
-        """The setup exchange: every client's upload, the broadcast, every client's download."""
-        start = time.perf_counter()
+    # -- the transport ------------------------------------------------------------------
+    def start(self) -> None:
         # every site is expected at the start (up to --wait-timeout), so that round 1 does not begin
         # while sites are still registering; later rounds need only --min-sites
         self.wait_for_sites(self.num_clients, -1, at_least=min(self.policy.min_sites, self.num_clients))
-        if not overrides(self.algo, "setup_upload"):
-            return {}
-        everyone = {cid: {"weights": self.server.weights} for cid in range(self.num_clients)}
-        replies, dropped = self._exchange("query.setup_upload", everyone, -1, self.policy.round_timeout)
-        self._drop(dropped, -1, "setup_upload")
-        uploads: dict[int, Payload] = {}
-        for cid in sorted(replies):
-            upload = records_to_payload(replies[cid], PAYLOAD)
-            if upload is None:  # the method has no setup phase after all (as the simulator: stop at the first None)
-                return {}
-            uploads[cid] = payload_to(upload, self.device)
-        if not uploads:
-            raise SiteError("no site answered the setup exchange")
-        self.server.round = 0
-        self.broadcast = self.algo.setup_broadcast(uploads, self.server)
-        up = sum(payload_nbytes(p) for p in uploads.values())
-        down = payload_nbytes(self.broadcast) * self.num_clients
-        self.traffic.payload_up += up
-        self.traffic.payload_down += down
-        replies, dropped = self._exchange(
-            "query.setup_download",
-            {cid: {"weights": self.server.weights, "payloads": {SETUP: self.broadcast}} for cid in sorted(self.node_of)},
-            -1, self.policy.round_timeout)
-        self._drop(dropped, -1, "setup_download")
-        self.has_setup_nodes.update(self.node_of[cid] for cid in replies)
-        metrics = [dict(replies[cid].metric_records.get(METRICS, {})) for cid in sorted(replies)]
-        return setup_info(metrics, time.perf_counter() - start, up, down)
 
-    def run_round(self, round_index: int) -> RoundResult:
-        start = time.perf_counter()
-        self.server.round = round_index
-        chosen = self.sample_clients(round_index)  # the simulator's seeded sampler
+    def begin_round(self, round_index: int, chosen: list[int]) -> None:
         self.wait_for_sites(min(self.policy.min_sites, self.num_clients), round_index)
-        needed = min(self.policy.min_sites, len(chosen))
-        queries: dict[int, Payload] = {}
-        alive = list(chosen)
-        if overrides(self.algo, "round_query"):
-            replies, dropped = self._exchange("query.round_query", {cid: {"weights": self.server.weights} for cid in chosen},
-                                              round_index, self.policy.round_timeout)
-            self._drop(dropped, round_index, "round_query")
-            alive = sorted(replies)
-            for cid in alive:
-                answer = records_to_payload(replies[cid], PAYLOAD)
-                if answer is None:
-                    queries = {}
-                    break
-                queries[cid] = payload_to(answer, self.device)
-                self.traffic.payload_up += payload_nbytes(answer)
-        payloads = self.algo.round_payloads(self.server, alive, queries)
-        contents = {}
-        for cid in alive:
-            pieces: dict[str, Any] = {"weights": self.server.weights, "payloads": {PAYLOAD: payloads.get(cid, {})}}
-            if self.broadcast is not None and self.node_of.get(cid) not in self.has_setup_nodes:
-                pieces["payloads"][SETUP] = self.broadcast  # a site that (re)joined after the setup exchange
-            contents[cid] = pieces
-        replies, dropped = self._exchange("train", contents, round_index, self.policy.round_timeout)
-        self._drop(dropped, round_index, "train")
-        updates = []
-        for cid in sorted(replies):  # client-id order, as the simulator aggregates
-            content = replies[cid]
-            check_records(content, [META, WEIGHTS, RESULT, METRICS, *payload_names(PAYLOAD)], f"client {cid}'s reply")
-            result = content.metric_records[RESULT]
-            weights = {k: v.to(self.device) for k, v in record_to_weights(content[WEIGHTS]).items()}
-            update = ClientUpdate(
-                client_id=cid, weights=weights, num_samples=int(result["num_samples"]),
-                train_loss=float(result["train_loss"]),
-                payload=payload_to(records_to_payload(content, PAYLOAD) or {}, self.device),
-                metrics={k: float(v) for k, v in content.metric_records.get(METRICS, {}).items()},
-            )
-            self.has_setup_nodes.add(self.node_of.get(cid, -1))
-            self.traffic.model_down += self._download_bytes()
-            self.traffic.payload_down += payload_nbytes(payloads.get(cid, {}))
-            self.traffic.model_up += weights_nbytes(update.weights)
-            self.traffic.payload_up += payload_nbytes(update.payload)
-            updates.append(update)
-        if len(updates) < needed:
-            raise SiteError(f"round {round_index + 1}: {len(updates)} of the {len(chosen)} sampled sites replied, "
-                            f"fewer than --min-sites {needed}; continue with `fedstyle deploy --resume OUT` "
-                            "once the sites are back")
-        self.server.weights = self.algo.aggregate(self.server, updates)
-        loss = sum(u.train_loss * u.num_samples for u in updates) / sum(u.num_samples for u in updates)
-        events, self.events = self.events, []
-        return RoundResult(round_index, loss, [u.client_id for u in updates], time.perf_counter() - start,
-                                 events=events)
+        self.needed = min(self.policy.min_sites, len(chosen))
 
-    def state_tensors(self):
-        # client state lives on the sites (Flower's context.state), not in the server's checkpoint
-        return {k: v for k, v in super().state_tensors().items() if not k.startswith("client/")}
+    def call(self, phase: str, requests: dict[int, ClientRequest], round_index: int) -> PhaseReplies:
+        contents = {}
+        for cid, request in requests.items():
+            pieces: dict[str, Any] = {"payloads": {PAYLOAD: request.payload}}
+            if request.weights is not None:
+                pieces["weights"] = self._weights_record(request.weights)
+            if phase == "setup_download":
+                self.broadcast = request.payload  # kept for sites that (re)join after the setup exchange
+            elif phase == "train" and self.broadcast is not None and self.node_of.get(cid) not in self.has_setup_nodes:
+                pieces["payloads"][SETUP] = self.broadcast
+            contents[cid] = pieces
+        sent = [cid for cid in requests if cid in self.node_of]
+        replies, dropped = self._exchange(MESSAGE_TYPES[phase], contents, round_index, self.policy.round_timeout)
+        self._drop(dropped, round_index, phase)
+        results = {cid: self._result(phase, cid, replies[cid]) for cid in sorted(replies)}
+        if phase in ("setup_download", "train"):
+            self.has_setup_nodes.update(self.node_of[cid] for cid in results if cid in self.node_of)
+        if phase == "setup_upload" and not results:
+            raise SiteError("no site answered the setup exchange")
+        return PhaseReplies(results, sent=sent, dropped=sorted(k for k in dropped if not isinstance(k, tuple)))
+
+    def _result(self, phase: str, cid: int, content: RecordDict):
+        if phase == "setup_download":
+            return {k: float(v) for k, v in content.metric_records.get(METRICS, {}).items()}
+        if phase != "train":
+            return payload_to(records_to_payload(content, PAYLOAD) or {}, self.driver.device)
+        check_records(content, [META, WEIGHTS, RESULT, METRICS, *payload_names(PAYLOAD)], f"client {cid}'s reply")
+        result = content.metric_records[RESULT]
+        return ClientUpdate(
+            client_id=cid,
+            weights={k: v.to(self.driver.device) for k, v in record_to_weights(content[WEIGHTS]).items()},
+            num_samples=int(result["num_samples"]),
+            train_loss=float(result["train_loss"]),
+            payload=payload_to(records_to_payload(content, PAYLOAD) or {}, self.driver.device),
+            metrics={k: float(v) for k, v in content.metric_records.get(METRICS, {}).items()},
+        )
+
+    def end_round(self, round_index: int, chosen: list[int], replied: list[int]) -> None:
+        if len(replied) < self.needed:
+            raise SiteError(f"round {round_index + 1}: {len(replied)} of the {len(chosen)} sampled sites replied, "
+                            f"fewer than --min-sites {self.needed}; continue with `fedstyle deploy --resume OUT` "
+                            "once the sites are back")
+
+    def drain_events(self) -> list[dict]:
+        events, self.events = self.events, []
+        return events
 
 
 def serve(grid: Grid, out: Path, policy: FaultPolicy, *, quiet: bool = True, log_events: bool = True,
@@ -353,8 +328,13 @@ def serve(grid: Grid, out: Path, policy: FaultPolicy, *, quiet: bool = True, log
     if experiment.config.topology != "star":
         raise FedstyleError("Flower runs star-topology methods; peer-to-peer runs use the in-process simulator")
     config_json = json.dumps(json.loads(config_text), sort_keys=True)
-    experiment.simulator = FlowerStar(experiment.simulator, grid, config_json, policy, quiet=not log_events)
-    return train_experiment(experiment, out, quiet=quiet, checkpoint=load_checkpoint(out))
+    checkpoint = load_checkpoint(out)
+    transport = FlowerTransport(grid, config_json, policy, quiet=not log_events)
+    if checkpoint is not None:
+        transport.durable_round = int(checkpoint[1]["round"])
+    experiment.simulator.use_transport(transport)
+    return train_experiment(experiment, out, quiet=quiet, checkpoint=checkpoint,
+                            on_checkpoint=lambda done_round: setattr(transport, "durable_round", done_round))
 
 
 app = ServerApp()

@@ -16,7 +16,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from fedstyle.federation.flower import require_ray
+from fedstyle.runtimes.flower import require_ray
 
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
 
@@ -28,8 +28,8 @@ def train_on_flower_sim(exp, out: Path, *, quiet: bool, checkpoint) -> dict[str,
     from flwr.serverapp import Grid, ServerApp
     from flwr.simulation import run_simulation
 
-    from fedstyle.federation.flower.clientapp import app as client_app
-    from fedstyle.federation.flower.serverapp import FaultPolicy, serve
+    from fedstyle.runtimes.flower.clientapp import app as client_app
+    from fedstyle.runtimes.flower.serverapp import FaultPolicy, serve
 
     # keep Ray's current GPU-visibility behaviour without its FutureWarning about changing it
     os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")

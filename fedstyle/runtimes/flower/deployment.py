@@ -54,8 +54,8 @@ dependencies = ["flwr>=1.41.0"]
 publisher = "fedstyle"
 
 [tool.flwr.app.components]
-serverapp = "fedstyle.federation.flower.serverapp:app"
-clientapp = "fedstyle.federation.flower.clientapp:app"
+serverapp = "fedstyle.runtimes.flower.serverapp:app"
+clientapp = "fedstyle.runtimes.flower.clientapp:app"
 
 [tool.flwr.app.config]
 run-dir = ""
@@ -198,14 +198,14 @@ class DeploySettings:
             raise ConfigError("TLS is on by default: give --certs DIR (make one with `fedstyle deploy certs --out DIR`) "
                               "or pass --insecure to run without encryption")
         if self.certs:
-            from fedstyle.federation.flower.certs import CA_CERT, SERVER_CERT, SERVER_KEY
+            from fedstyle.runtimes.flower.certs import CA_CERT, SERVER_CERT, SERVER_KEY
 
             missing = [n for n in (CA_CERT, SERVER_CERT, SERVER_KEY) if not (Path(self.certs) / n).exists()]
             if missing:
                 raise ConfigError(f"--certs {self.certs} lacks {', '.join(missing)}; make them with "
                                   f"`fedstyle deploy certs --out {self.certs} --sites {self.sites}`")
         if self.node_auth:
-            from fedstyle.federation.flower.certs import site_key_paths
+            from fedstyle.runtimes.flower.certs import site_key_paths
 
             missing = [str(p) for s in range(self.sites) for p in site_key_paths(Path(self.certs), s) if not p.exists()]
             if missing:
@@ -312,7 +312,7 @@ class Federation:
             self.register_sites()
 
     def register_sites(self) -> None:
-        from fedstyle.federation.flower.certs import site_key_paths
+        from fedstyle.runtimes.flower.certs import site_key_paths
 
         for site in range(self.settings.sites):
             _, public = site_key_paths(self.certs, site)
@@ -338,7 +338,7 @@ class Federation:
         else:
             argv += ["--root-certificates", str(self.certs / "ca.crt")]
         if self.settings.node_auth:
-            from fedstyle.federation.flower.certs import site_key_paths
+            from fedstyle.runtimes.flower.certs import site_key_paths
 
             argv += ["--auth-supernode-private-key", str(site_key_paths(self.certs, site)[0])]
         return argv

@@ -26,7 +26,7 @@ import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 
 from fedstyle.errors import FedstyleError
-from fedstyle.federation.payload import Payload, check_payload
+from fedstyle.payload import Payload, check_payload
 
 META, WEIGHTS, RESULT, METRICS = "fedstyle", "weights", "result", "metrics"
 PAYLOAD, SETUP = "payload", "setup"
@@ -107,15 +107,15 @@ def check_records(content: RecordDict, allowed: Iterable[str], where: str) -> No
 def build_content(
     meta: ConfigRecord,
     *,
-    weights: Mapping[str, torch.Tensor] | None = None,
+    weights: Mapping[str, torch.Tensor] | ArrayRecord | None = None,
     payloads: Mapping[str, Payload | None] | None = None,
     result: Mapping[str, int | float] | None = None,
     metrics: Mapping[str, float] | None = None,
 ) -> RecordDict:
     """One message's RecordDict from fedstyle's pieces (every piece under its own record)."""
     content = RecordDict({META: meta})
-    if weights is not None:
-        content[WEIGHTS] = weights_to_record(weights)
+    if weights is not None:  # an ArrayRecord already built (the round's weights, serialised once) travels as is
+        content[WEIGHTS] = weights if isinstance(weights, ArrayRecord) else weights_to_record(weights)
     for name, payload in (payloads or {}).items():
         for key, record in payload_to_records(payload, name).items():
             content[key] = record

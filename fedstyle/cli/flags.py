@@ -1,0 +1,64 @@
+"""Flags shared by every command that makes a run directory (``fedstyle run``, ``fedstyle deploy``,
+``fedstyle deploy coordinator``): the run settings generated from :class:`RunConfig`, and the summary
+they print."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from pathlib import Path
+
+
+def _flag(f: dataclasses.Field) -> str:
+    return f.metadata.get("flag") or "--" + f.name.replace("_", "-")
+
+
+def _add_config_flags(parser: argparse.ArgumentParser) -> None:
+    from fedstyle.experiments.config import RunConfig
+
+    group = parser.add_argument_group("run settings (also TOML keys of --config; flags override the file)")
+    for f in dataclasses.fields(RunConfig):
+        meta, annotation = f.metadata, str(f.type)
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        helptext = meta["help"] + ("" if default in (None, [], {}) else f" (default: {default})")
+        kwargs = dict(dest=f.name, help=helptext, default=argparse.SUPPRESS)
+        if meta.get("repeat"):
+            kwargs.update(action="append", metavar="NAME=VALUE" if f.name == "hparams" else "DOMAIN")
+        elif annotation.startswith("bool"):
+            kwargs.update(action=argparse.BooleanOptionalAction)
+        else:
+            kwargs.update(type=int if "int" in annotation else float if "float" in annotation else str)
+            if meta.get("choices"):
+                kwargs["choices"] = meta["choices"]
+        group.add_argument(_flag(f), **kwargs)
+
+
+def add_run_flags(parser: argparse.ArgumentParser, resume_help: str) -> None:
+    """The options of every command that makes a run directory: --config, --out, --resume, --quiet, run settings."""
+    parser.add_argument("--config", metavar="FILE.toml", help="read settings from a TOML file ([hparams] table for --hp)")
+    parser.add_argument("--out", metavar="DIR", help="run directory to create")
+    parser.add_argument("--resume", metavar="DIR", help=resume_help)
+    parser.add_argument("--quiet", action="store_true", help="no progress bar or messages (for CI and scripts)")
+    _add_config_flags(parser)
+
+
+def config_from_args(args: argparse.Namespace):
+    """The RunConfig of ``--config FILE.toml`` (if given) overridden by the flags given."""
+    from fedstyle.algorithms.hparams import parse_assignments
+    from fedstyle.experiments.config import RunConfig
+
+    config = RunConfig.from_toml(args.config) if args.config else RunConfig()
+    changes = {name: getattr(args, name) for name in RunConfig.field_names() if hasattr(args, name)}
+    if "hparams" in changes:
+        changes["hparams"] = {**config.hparams, **parse_assignments(changes["hparams"])}
+    return config.updated(**changes)
+
+
+def print_summary(summary: dict, out: Path) -> None:
+    targets = ", ".join(
+        f"{d} {100 * v['selected']:.1f}% (last {100 * v['last']:.1f}%)" for d, v in summary["targets"].items()
+    )
+    print(f"{summary['label']} on {summary['dataset']}: {targets}")
+    print(f"  selection: {summary['selection_rule']}, round {summary['selected_round']} of {summary['rounds']}; "
+          f"{summary['seconds']:.1f} s; {summary['bytes_up'] / 1e6:.1f} MB up, {summary['bytes_down'] / 1e6:.1f} MB down")
+    print(f"  run directory: {out}")

@@ -1,0 +1,126 @@
+"""Types both simulators (and every runtime) share: round settings, traffic counters, round results,
+the setup record and the checkpoint layout of per-client state."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Iterable, Mapping
+
+import torch
+
+from fedstyle.algorithms.context import TrainSettings, lr_at
+
+_CLIENT = "client/"
+
+
+@dataclass
+class Traffic:
+    """Bytes sent by clients (up) and received by clients (down), models and payloads apart.
+
+    Counted as what travels: every message's weights and payload tensors at their element size
+    (uncompressed); Flower's control traffic and metric records are not counted.
+    """
+
+    model_up: int = 0
+    model_down: int = 0
+    payload_up: int = 0
+    payload_down: int = 0
+
+    @property
+    def up(self) -> int:
+        return self.model_up + self.payload_up
+
+    @property
+    def down(self) -> int:
+        return self.model_down + self.payload_down
+
+    def as_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+
+@dataclass
+class FederationSettings:
+    """Round-level settings shared by the star and peer-to-peer simulators."""
+
+    rounds: int
+    lr: float
+    lr_schedule: str = "constant"
+    batch_size: int = 32
+    local_epochs: int = 1
+    local_steps: int = 0
+    optimizer: str = "sgd"
+    momentum: float = 0.9
+    weight_decay: float = 5e-4
+    fraction: float = 1.0
+    clients_per_round: int = 0  # > 0 overrides fraction
+
+    def train_settings(self, round_index: int) -> TrainSettings:
+        return TrainSettings(
+            lr=lr_at(self.lr, self.lr_schedule, round_index, self.rounds),
+            batch_size=self.batch_size,
+            local_epochs=self.local_epochs,
+            local_steps=self.local_steps,
+            optimizer=self.optimizer,
+            momentum=self.momentum,
+            weight_decay=self.weight_decay,
+        )
+
+
+@dataclass
+class RoundResult:
+    round: int
+    train_loss: float
+    clients: list[int]
+    seconds: float
+    #: the clients' own metrics (loss terms, timings), averaged over the clients that reported each
+    metrics: dict[str, float] = field(default_factory=dict)
+    #: what the runtime saw happen (Flower: sites dropping out, rejoining), written to metrics.jsonl
+    events: list[dict] = field(default_factory=list)
+
+
+def mean_metrics(per_client: Iterable[Mapping[str, float]]) -> dict[str, float]:
+    """Each metric's mean over the clients that reported it."""
+    sums: dict[str, float] = {}
+    counts: dict[str, int] = {}
+    for metrics in per_client:
+        for key, value in metrics.items():
+            sums[key] = sums.get(key, 0.0) + float(value)
+            counts[key] = counts.get(key, 0) + 1
+    return {key: sums[key] / counts[key] for key in sorted(sums)}
+
+
+#: setup throughputs: name -> (image count, seconds), both summed over clients (style banks, stylization)
+SETUP_RATES = {"style_images_per_s": ("style_images", "style_seconds"),
+               "stylized_images_per_s": ("stylized_images", "stylize_seconds")}
+
+
+def setup_info(client_metrics: Iterable[Mapping[str, float]], seconds: float, up: int, down: int) -> dict[str, float]:
+    """The setup exchange's record: the clients' metrics summed, its time and bytes, the throughputs of
+    :data:`SETUP_RATES` whose count and (non-zero) time are known."""
+    info: dict[str, float] = {}
+    for metrics in client_metrics:
+        for key, value in metrics.items():
+            info[key] = info.get(key, 0.0) + float(value)
+    info.update(setup_seconds=seconds, setup_bytes_up=up, setup_bytes_down=down)
+    for name, (count, time_key) in SETUP_RATES.items():
+        if info.get(time_key, 0.0) > 0 and count in info:
+            info[name] = info[count] / info[time_key]
+    return info
+
+
+def client_state_tensors(client_states: Mapping[int, Mapping[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """Every client's persistent state as flat checkpoint entries ``client/<id>/<name>``."""
+    out = {}
+    for cid, state in client_states.items():
+        out.update({f"{_CLIENT}{cid}/{k}": v for k, v in state.items()})
+    return out
+
+
+def load_client_states(tensors: Mapping[str, torch.Tensor], num_clients: int) -> dict[int, dict[str, torch.Tensor]]:
+    """The inverse of :func:`client_state_tensors` (clients without entries get an empty state)."""
+    states: dict[int, dict[str, torch.Tensor]] = {i: {} for i in range(num_clients)}
+    for key, value in tensors.items():
+        if key.startswith(_CLIENT):
+            _, cid, name = key.split("/", 2)
+            states[int(cid)][name] = value
+    return states

@@ -1,0 +1,160 @@
+"""Style summaries, shifts to a received style, and style exploration — the feature-level ops that
+StableFDG (Park et al., NeurIPS'23) and StyleDDG share.
+
+Notation (methods notes): for features x (B, C, H, W), mu and sigma are the per-sample, per-channel
+statistics of :func:`~fedstyle.style.stats.channel_stats`. A **style summary** of a set of samples is
+four per-channel vectors (4 x C numbers)::
+
+    mu_bar = mean_b mu_b,  sigma_bar = mean_b sigma_b,
+    var_mu = mean_b (mu_b - mu_bar)^2,  var_sigma = mean_b (sigma_b - sigma_bar)^2
+
+— StableFDG's Phi_n over a client's whole dataset (Eq. 2–3) and StyleDDG's psi_i over a mini-batch
+(Eq. 15). Variances divide by the count (the papers' 1/|D| and 1/B); ``unbiased=True`` divides by
+count - 1. Everything is a tensor op on the features' device: no host synchronisation, no NumPy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from fedstyle.errors import ConfigError
+from fedstyle.style.stats import channel_stats, restyle
+
+_FIELDS = ("mu_mean", "sigma_mean", "mu_var", "sigma_var")
+
+
+@dataclass
+class StyleSummary:
+    """Per-channel centre and spread of a set of styles: four (C,) tensors."""
+
+    mu_mean: torch.Tensor
+    sigma_mean: torch.Tensor
+    mu_var: torch.Tensor
+    sigma_var: torch.Tensor
+
+    @property
+    def channels(self) -> int:
+        return int(self.mu_mean.shape[0])
+
+    def as_tensor(self) -> torch.Tensor:
+        """(4, C): rows mu_mean, sigma_mean, mu_var, sigma_var (the order of StableFDG's Eq. 3)."""
+        return torch.stack([self.mu_mean, self.sigma_mean, self.mu_var, self.sigma_var])
+
+    @classmethod
+    def from_tensor(cls, t: torch.Tensor) -> "StyleSummary":
+        if t.dim() != 2 or t.shape[0] != 4:
+            raise ConfigError(f"a style summary is a (4, C) tensor, got shape {tuple(t.shape)}")
+        return cls(*t.unbind(0))
+
+    def to(self, device: torch.device | str, dtype: torch.dtype | None = None) -> "StyleSummary":
+        return StyleSummary(*(getattr(self, f).to(device=device, dtype=dtype) for f in _FIELDS))
+
+
+def summarize_styles(mu: torch.Tensor, sigma: torch.Tensor, unbiased: bool = False) -> StyleSummary:
+    """The style summary of per-sample statistics ``mu``, ``sigma`` ((B, C) or (B, C, 1, 1))."""
+    mu, sigma = mu.reshape(mu.shape[0], -1), sigma.reshape(sigma.shape[0], -1)
+    if mu.shape[0] < (2 if unbiased else 1):
+        raise ConfigError(f"a style summary needs at least {2 if unbiased else 1} samples, got {mu.shape[0]}")
+    var_mu, mean_mu = torch.var_mean(mu, dim=0, correction=1 if unbiased else 0)
+    var_sigma, mean_sigma = torch.var_mean(sigma, dim=0, correction=1 if unbiased else 0)
+    return StyleSummary(mean_mu, mean_sigma, var_mu, var_sigma)
+
+
+def batch_style(x: torch.Tensor, eps: float = 1e-6, unbiased: bool = False) -> StyleSummary:
+    """The style summary of a batch of feature maps (StyleDDG Eq. 15)."""
+    mu, sigma = channel_stats(x, eps=eps)
+    return summarize_styles(mu, sigma, unbiased=unbiased)
+
+
+class StyleAccumulator:
+    """The style summary of a dataset seen batch by batch (StableFDG Eq. 2–3 over a client's data).
+
+    Keeps float64 per-channel sums of mu, mu^2, sigma, sigma^2 on the features' device.
+    """
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._sums: torch.Tensor | None = None  # (4, C): sum mu, sum mu^2, sum sigma, sum sigma^2
+
+    def add(self, x: torch.Tensor, eps: float = 1e-6) -> None:
+        mu, sigma = channel_stats(x, eps=eps)
+        mu, sigma = mu.flatten(1).double(), sigma.flatten(1).double()
+        sums = torch.stack([mu.sum(0), (mu * mu).sum(0), sigma.sum(0), (sigma * sigma).sum(0)])
+        self._sums = sums if self._sums is None else self._sums + sums
+        self.count += int(x.shape[0])
+
+    def summary(self, unbiased: bool = False) -> StyleSummary:
+        if self._sums is None or self.count < (2 if unbiased else 1):
+            raise ConfigError("a style summary needs samples; the client has none")
+        n = float(self.count)
+        s_mu, s_mu2, s_sigma, s_sigma2 = self._sums
+        mean_mu, mean_sigma = s_mu / n, s_sigma / n
+        denom = n - 1 if unbiased else n
+        var_mu = ((s_mu2 - n * mean_mu * mean_mu) / denom).clamp_min(0)
+        var_sigma = ((s_sigma2 - n * mean_sigma * mean_sigma) / denom).clamp_min(0)
+        return StyleSummary(*(t.float() for t in (mean_mu, mean_sigma, var_mu, var_sigma)))
+
+
+def sample_styles(summary: StyleSummary, count: int, like: torch.Tensor, noise: bool = True
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``count`` styles drawn around a received summary, each (count, C, 1, 1) on ``like``'s device:
+
+        mu' = mu_bar + eps_mu * sqrt(var_mu),  sigma' = sigma_bar + eps_sigma * sqrt(var_sigma),
+        eps ~ N(0, 1) per sample and channel
+
+    (StableFDG Section 3.1 step 2: eps ~ N(0, Sigma_n'); StyleDDG Eq. 17 with DSU's per-element
+    noise). ``noise=False`` gives the centre itself. sigma' is clamped at 1e-6 so that a large
+    negative draw cannot flip a feature map's sign.
+    """
+    s = summary.to(like.device, like.dtype)
+    shape = (count, s.channels, 1, 1)
+    mu = s.mu_mean.view(1, -1, 1, 1).expand(shape)
+    sigma = s.sigma_mean.view(1, -1, 1, 1).expand(shape)
+    if noise:
+        mu = mu + torch.randn(shape, device=like.device, dtype=like.dtype) * s.mu_var.clamp_min(0).sqrt().view(1, -1, 1, 1)
+        sigma = sigma + torch.randn(shape, device=like.device, dtype=like.dtype) * s.sigma_var.clamp_min(0).sqrt().view(1, -1, 1, 1)
+    return mu, sigma.clamp_min(1e-6)
+
+
+def shift_to_style(x: torch.Tensor, summary: StyleSummary, noise: bool = True, eps: float = 1e-6,
+                   detach_stats: bool = True) -> torch.Tensor:
+    """AdaIN of every sample of ``x`` to a style drawn around ``summary`` (:func:`sample_styles`).
+
+    The source statistics are detached (as MixStyle's: gradients flow through x) unless
+    ``detach_stats=False``.
+    """
+    mu, sigma = channel_stats(x, eps=eps)
+    if detach_stats:
+        mu, sigma = mu.detach(), sigma.detach()
+    mu_t, sigma_t = sample_styles(summary, x.shape[0], x, noise=noise)
+    return restyle(x, mu, sigma, mu_t, sigma_t)
+
+
+def explore_styles(mu: torch.Tensor, sigma: torch.Tensor, alpha: float,
+                   center: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Extrapolate styles away from their batch mean (StableFDG step 3, StyleDDG Eq. 18):
+
+        mu_new = mu + alpha (mu - mean_b mu),  sigma_new = sigma + alpha (sigma - mean_b sigma)
+
+    ``center`` = (mean mu, mean sigma) to extrapolate from instead of the batch's own means (the
+    public StableFDG code uses the original batch's). alpha = 0 is the identity; sigma_new is
+    clamped at 1e-6 (extrapolating a small sigma can cross zero).
+    """
+    if alpha < 0:
+        raise ConfigError(f"the exploration alpha must be >= 0, got {alpha}")
+    if center is None:
+        center = (mu.mean(0, keepdim=True), sigma.mean(0, keepdim=True))
+    mu_new = mu + alpha * (mu - center[0])
+    sigma_new = sigma + alpha * (sigma - center[1])
+    return mu_new, sigma_new.clamp_min(1e-6)
+
+
+def explore(x: torch.Tensor, alpha: float, eps: float = 1e-6,
+            center: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+    """AdaIN of ``x`` to its explored styles (:func:`explore_styles`), statistics detached."""
+    mu, sigma = channel_stats(x, eps=eps)
+    mu, sigma = mu.detach(), sigma.detach()
+    mu_new, sigma_new = explore_styles(mu, sigma, alpha, center)
+    return restyle(x, mu, sigma, mu_new, sigma_new)
