@@ -11,12 +11,18 @@ Job: FedAvg on digits4, leave MNIST out, 30 clients (10 single-domain clients pe
 3. the training FLOP/s fedstyle reaches (forward FLOPs of convolutions and linear layers counted by
    hooks, times 3 for forward + backward) against this machine's measured float32 matmul FLOP/s.
 
-    python benchmarks/speed.py [--rounds 3] [--device cpu] [--runtimes]
+    python benchmarks/speed.py [--rounds 3] [--device cpu] [--runtimes] [--style-ops]
 
 With ``--runtimes`` (or ``--only-runtimes``) the same run also times the job as whole runs under
 4. fedstyle's in-process simulator, Flower's simulation engine (``--backend flower-sim``, Ray) and a
    loopback Flower deployment (``fedstyle deploy``: SuperLink + 30 SuperNodes, TLS), in seconds per
    round and as ratios to the simulator.
+
+With ``--style-ops`` (or ``--only-style-ops``) it times the cost of the feature-level style ops:
+5. FedAvg, local MixStyle and local DSU (p = 0.5 after layer1-3) on digits4 with one client per
+   source domain, 50 local steps of batch 64 per client per round, evaluation included, rounds of the
+   three interleaved so that load on the machine hits them alike; seconds per round and the ratios
+   to FedAvg (aim: <= 1.2x).
 """
 
 from __future__ import annotations
@@ -224,7 +230,14 @@ def main() -> None:
                         help="also time the job as whole runs under the simulator, --backend flower-sim and "
                         "`fedstyle deploy` on loopback (needs fedstyle[flower-sim]; several minutes)")
     parser.add_argument("--only-runtimes", action="store_true", help="time only the runtimes (implies --runtimes)")
+    parser.add_argument("--style-ops", action="store_true",
+                        help="also time FedAvg vs local MixStyle vs local DSU per round (the style ops' cost)")
+    parser.add_argument("--only-style-ops", action="store_true", help="time only the style ops")
     args = parser.parse_args()
+    if args.only_style_ops:
+        _print_figures({"device": args.device, "threads": torch.get_num_threads(),
+                        **time_style_ops(args.rounds, args.device)}, args.json)
+        return
     if args.only_runtimes:
         with tempfile.TemporaryDirectory() as tmp:
             figures = time_runtimes(args.rounds, args.device, Path(tmp))
@@ -258,7 +271,37 @@ def main() -> None:
     if args.runtimes:
         with tempfile.TemporaryDirectory() as tmp:
             figures.update(time_runtimes(args.rounds, args.device, Path(tmp)))
+    if args.style_ops:
+        figures.update(time_style_ops(args.rounds, args.device))
     _print_figures(figures, args.json)
+
+
+STYLE_JOB = RunConfig(method="fedavg", dataset="digits4", targets=["mnist"], partition="domain", rounds=1000,
+                      batch_size=64, local_steps=50, lr=0.05, lr_schedule="constant", seed=0)
+
+
+def time_style_ops(rounds: int, device: str) -> dict[str, float]:
+    """Seconds per round (training + evaluation) of FedAvg, MixStyle and DSU, rounds interleaved."""
+    from fedstyle.experiments.runner import evaluate_round
+
+    variants = {"fedavg": {}, "mixstyle": {"style": "mixstyle"}, "dsu": {"style": "dsu"}}
+    exps = {name: build_experiment(STYLE_JOB.updated(device=device, hparams=hp), progress=False)
+            for name, hp in variants.items()}
+    times: dict[str, list[float]] = {name: [] for name in variants}
+    for r in range(rounds + 1):  # round 0 warms up
+        for name, exp in exps.items():
+            _sync(exp.device)
+            start = time.perf_counter()
+            result = exp.simulator.run_round(r)
+            evaluate_round(exp, r + 1, result.train_loss, 0.0)
+            _sync(exp.device)
+            if r:
+                times[name].append(time.perf_counter() - start)
+    out = {f"style_ops_{name}_seconds_per_round": float(np.median(t)) for name, t in times.items()}
+    for name in ("mixstyle", "dsu"):
+        out[f"style_ops_{name}_over_fedavg"] = out[f"style_ops_{name}_seconds_per_round"] / \
+            out["style_ops_fedavg_seconds_per_round"]
+    return out
 
 
 def _print_figures(figures: dict, json_path: str | None) -> None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from torch.distributions import Beta
 
 from fedstyle.errors import ConfigError
 from fedstyle.style.stats import channel_stats, restyle
@@ -59,9 +58,15 @@ class MixStyle(nn.Module):
         return f"p={self.p}, alpha={self.alpha}, eps={self.eps}, unbiased={self.unbiased}"
 
     def sample_mix_weights(self, batch_size: int, like: torch.Tensor) -> torch.Tensor:
-        """lambda ~ Beta(alpha, alpha), shape (B, 1, 1, 1), on ``like``'s device and dtype."""
-        concentration = torch.tensor(self.alpha, device=like.device, dtype=torch.float32)
-        lam = Beta(concentration, concentration).sample((batch_size, 1, 1, 1))
+        """lambda ~ Beta(alpha, alpha), shape (B, 1, 1, 1), on ``like``'s device and dtype.
+
+        Drawn as G1 / (G1 + G2) with G ~ Gamma(alpha) sampled on the device: no host
+        synchronisation (``torch.distributions.Beta`` validates its arguments with a host check,
+        and a fresh device tensor per call is a blocking copy on CUDA).
+        """
+        concentration = torch.full((2, batch_size, 1, 1, 1), self.alpha, device=like.device, dtype=torch.float32)
+        gammas = torch._standard_gamma(concentration)
+        lam = gammas[0] / (gammas[0] + gammas[1]).clamp_min(torch.finfo(torch.float32).tiny)
         return lam.to(like.dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
