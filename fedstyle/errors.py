@@ -18,3 +18,11 @@ class UnknownNameError(ConfigError, KeyError):
 
     def __str__(self) -> str:  # KeyError would quote the whole message
         return str(self.args[0]) if self.args else ""
+
+
+def brief(items, limit: int = 8) -> str:
+    """A list for an error message: all of it when short, else the first few and the count."""
+    items = list(items)
+    if len(items) <= limit:
+        return "[" + ", ".join(map(str, items)) + "]"
+    return "[" + ", ".join(map(str, items[:limit])) + f", ... ({len(items)} in all)]"

@@ -1,20 +1,102 @@
-"""Atomic file writes: a file is either absent, the old version, or the complete new one."""
+"""Files that never lie: atomic writes, temporaries that name their owner, and directory locks.
+
+- Atomic writes: a file is either absent, the old version, or the complete new one.
+- Every temporary file or staging folder is named ``.<target>.<host>-<pid>.<random>.tmp``, so a
+  later process can tell the leftovers of a dead process (removed by :func:`remove_leftovers`)
+  from the work in progress of a live one (kept).
+- :class:`DirectoryLock`: an OS lock (``flock``) on ``<dir>/.lock``; the kernel releases it when
+  the holding process dies, so a SIGKILL leaves no stale lock, and a second holder is refused with
+  the process that holds it.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
+import shutil
+import socket
 import tempfile
+import time
 from pathlib import Path
 from typing import IO, Any, Callable, Iterator
+
+from fedstyle.errors import ConfigError
+
+#: leftovers of processes on other hosts (a shared filesystem) are removed only after this long
+STALE_FOREIGN_SECONDS = 24 * 3600
+LOCK_NAME = ".lock"
+_HOST = socket.gethostname().replace(".", "_").replace("-", "_") or "host"
+
+
+def temp_prefix(name: str) -> str:
+    """The prefix of a temporary beside ``name`` made by this process: ``.<name>.<host>-<pid>.``"""
+    return f".{name}.{_HOST}-{os.getpid()}."
+
+
+def _owner(leftover: Path) -> tuple[str, int] | None:
+    """(host, pid) encoded in a temporary's name, or None for names of another shape."""
+    parts = leftover.name.split(".")
+    for part in reversed(parts):
+        host, sep, pid = part.rpartition("-")
+        if sep and pid.isdigit() and host:
+            return host, int(pid)
+    return None
+
+
+def process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by someone else
+        return True
+    return True
+
+
+def is_dead_leftover(leftover: Path, stale_seconds: float = STALE_FOREIGN_SECONDS) -> bool:
+    """Whether ``leftover`` (a temporary of :func:`temp_prefix`) belongs to no live process.
+
+    A temporary of this host whose process is gone is dead at once; one of another host, or of an
+    older naming, only when older than ``stale_seconds``.
+    """
+    owner = _owner(leftover)
+    if owner is not None and owner[0] == _HOST:
+        return not process_alive(owner[1])
+    try:
+        return time.time() - leftover.stat().st_mtime > stale_seconds
+    except OSError:
+        return False
+
+
+def remove_leftovers(directory: Path, pattern: str = ".*.tmp", stale_seconds: float = STALE_FOREIGN_SECONDS) -> int:
+    """Delete the temporaries (files or folders) in ``directory`` matching ``pattern`` whose process
+    is dead; never those of a live process. Returns how many were removed."""
+    removed = 0
+    if not directory.is_dir():
+        return 0
+    for leftover in directory.glob(pattern):
+        if is_dead_leftover(leftover, stale_seconds):
+            if leftover.is_dir() and not leftover.is_symlink():
+                shutil.rmtree(leftover, ignore_errors=True)
+            else:
+                leftover.unlink(missing_ok=True)
+            removed += 1
+    return removed
+
+
+def make_staging_dir(target: Path) -> Path:
+    """A fresh staging folder beside ``target`` (renamed onto it when complete), owned by this process."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix=temp_prefix(target.name), suffix=".tmp", dir=target.parent))
 
 
 @contextlib.contextmanager
 def _temporary_beside(path: Path) -> Iterator[Path]:
     """Yield a temporary path beside ``path``; rename it onto ``path`` if the block succeeds."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, tmp = tempfile.mkstemp(prefix=temp_prefix(path.name), suffix=".tmp", dir=path.parent)
     os.close(fd)
     try:
         yield Path(tmp)
@@ -44,5 +126,79 @@ def atomic_write_text(path: str | Path, text: str) -> Path:
     return atomic_write(path, lambda tmp: tmp.write_text(text))
 
 
+def json_text(data: Any, **kwargs: Any) -> str:
+    """``json.dumps`` that refuses NaN and infinities (they are not JSON) with a message naming the key."""
+    try:
+        return json.dumps(data, allow_nan=False, **kwargs)
+    except ValueError:
+        raise ValueError(f"not JSON: a non-finite number in {', '.join(_non_finite_keys(data)) or 'the data'}") from None
+
+
+def _non_finite_keys(data: Any, prefix: str = "") -> list[str]:
+    found = []
+    if isinstance(data, dict):
+        for key, value in data.items():
+            found += _non_finite_keys(value, f"{prefix}{key}.")
+    elif isinstance(data, (list, tuple)):
+        for i, value in enumerate(data):
+            found += _non_finite_keys(value, f"{prefix}{i}.")
+    elif isinstance(data, float) and not math.isfinite(data):
+        found.append(prefix.rstrip("."))
+    return found
+
+
 def atomic_write_json(path: str | Path, data: Any) -> Path:
-    return atomic_write_text(path, json.dumps(data, indent=2) + "\n")
+    return atomic_write_text(path, json_text(data, indent=2) + "\n")
+
+
+class LockedError(ConfigError):
+    """Another live process holds the directory's lock."""
+
+
+class DirectoryLock:
+    """An exclusive OS lock on ``directory/.lock`` held while the context is open.
+
+    ``flock`` is released by the kernel when the process dies (also on SIGKILL): a lock file left
+    behind by a dead process locks nothing. The file records the holder's host and pid, which a
+    refused process names in its error.
+    """
+
+    def __init__(self, directory: str | Path, what: str = "run directory"):
+        self.directory = Path(directory)
+        self.what = what
+        self._fd: int | None = None
+
+    @property
+    def path(self) -> Path:
+        return self.directory / LOCK_NAME
+
+    def acquire(self) -> "DirectoryLock":
+        import fcntl
+
+        self.directory.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 200).decode(errors="replace").strip() or "another process"
+            os.close(fd)
+            raise LockedError(f"{self.directory} is in use by {holder}; wait for it to finish or stop it "
+                              f"(a {self.what} is written by one process at a time)") from None
+        os.ftruncate(fd, 0)
+        os.write(fd, f"process {os.getpid()} on {socket.gethostname()}\n".encode())
+        self._fd = fd
+        return self
+
+    def release(self) -> None:
+        if self._fd is not None:
+            import fcntl
+
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+            os.close(self._fd)
+            self._fd = None
+
+    def __enter__(self) -> "DirectoryLock":
+        return self.acquire()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.release()

@@ -250,8 +250,9 @@ class Algorithm:
 def check_finite(loss: float, ctx: ClientContext) -> None:
     if not torch.isfinite(torch.tensor(loss)):
         raise NonFiniteLossError(
-            f"training diverged on client {ctx.client_id} in round {ctx.round} (loss {loss}); "
-            f"lower --lr (now {ctx.train.lr:g}) or check the data"
+            f"training diverged on client {ctx.client_id} in round {ctx.round + 1} (loss {loss}; learning rate "
+            f"{ctx.train.lr:g}); the run stopped and keeps its last good checkpoint — start a new run with a lower "
+            "--lr, or check the data"
         )
 
 

@@ -6,6 +6,7 @@ and validated against these declarations, so a typo or a bad value fails before 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
@@ -43,15 +44,20 @@ class HParam:
                 else:
                     raise ValueError
             elif kind is int:
-                if isinstance(value, float) and not value.is_integer():
+                if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
                     raise ValueError
                 parsed = int(str(value).strip()) if isinstance(value, str) else int(value)
             elif kind is float:
+                if isinstance(value, bool):
+                    raise ValueError
                 parsed = float(value)
             else:
                 parsed = str(value)
         except (TypeError, ValueError):
-            raise ConfigError(f"{where}: {value!r} is not a valid {kind.__name__} (default {self.default!r})") from None
+            shown = repr(value) if len(repr(value)) <= 60 else repr(value)[:57] + "..."
+            raise ConfigError(f"{where}: {shown} is not a valid {kind.__name__} (default {self.default!r})") from None
+        if kind is float and not math.isfinite(parsed):
+            raise ConfigError(f"{where}: {value!r} is not a finite number")
         if self.choices is not None and parsed not in self.choices:
             raise ConfigError(f"{where}: {parsed!r} is not one of {', '.join(map(str, self.choices))}")
         if self.low is not None and parsed < self.low:

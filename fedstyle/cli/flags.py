@@ -37,9 +37,26 @@ def add_run_flags(parser: argparse.ArgumentParser, resume_help: str) -> None:
     """The options of every command that makes a run directory: --config, --out, --resume, --quiet, run settings."""
     parser.add_argument("--config", metavar="FILE.toml", help="read settings from a TOML file ([hparams] table for --hp)")
     parser.add_argument("--out", metavar="DIR", help="run directory to create")
-    parser.add_argument("--resume", metavar="DIR", help=resume_help)
+    parser.add_argument("--resume", metavar="DIR", help=resume_help + "; besides DIR it accepts only --device, "
+                        "--data-root (a moved dataset) and --quiet, which cannot change the result")
+    parser.add_argument("--restart", action="store_true",
+                        help="with --resume: discard the run's progress and start it over from round 0 (same config)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar or messages (for CI and scripts)")
     _add_config_flags(parser)
+
+
+def check_resume_flags(args: argparse.Namespace) -> None:
+    """--resume continues a run as configured: refuse every flag that would change it."""
+    from fedstyle.errors import ConfigError
+    from fedstyle.experiments.config import RunConfig
+    from fedstyle.experiments.rundir import RESUME_OPTIONS
+
+    given = [_flag(f) for f in dataclasses.fields(RunConfig) if hasattr(args, f.name) and f.name not in RESUME_OPTIONS]
+    given += [f"--{name}" for name in ("config", "out") if getattr(args, name, None)]
+    if given:
+        flags = ", ".join(given)
+        raise ConfigError(f"--resume continues a run exactly as configured and accepts only --device, --data-root "
+                          f"and --quiet; drop {flags} (or start a new run with --out)")
 
 
 def config_from_args(args: argparse.Namespace):

@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from fedstyle.cli.flags import add_run_flags, config_from_args, print_summary
+from fedstyle.cli.flags import add_run_flags, check_resume_flags, config_from_args, print_summary
 from fedstyle.errors import FedstyleError
 
 RUN_EXAMPLES = """\
@@ -44,8 +44,12 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from fedstyle.errors import ConfigError
     from fedstyle.experiments.runner import resume_experiment, run_experiment
 
+    if args.restart and not args.resume:
+        raise ConfigError("--restart starts a run directory over; give it with --resume DIR")
     if args.resume:
-        summary = resume_experiment(args.resume, quiet=args.quiet, device=getattr(args, "device", None))
+        check_resume_flags(args)
+        summary = resume_experiment(args.resume, quiet=args.quiet, device=getattr(args, "device", None),
+                                    data_root=getattr(args, "data_root", None), restart=args.restart)
         out = Path(args.resume)
     else:
         if not args.out:
@@ -214,6 +218,10 @@ def main(argv: list[str] | None = None) -> int:
         return args.func(args)
     except FedstyleError as err:
         print(f"fedstyle: error: {err}", file=sys.stderr)
+        return 2
+    except OSError as err:  # a file the user named cannot be read or written: say which and why, no traceback
+        where = f": {err.filename}" if err.filename else ""
+        print(f"fedstyle: error: {err.strerror or err}{where}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

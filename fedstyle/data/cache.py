@@ -16,8 +16,6 @@ import json
 import os
 import shutil
 import sys
-import tempfile
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -28,6 +26,7 @@ import torch
 
 from fedstyle.data.contract import DomainDataset
 from fedstyle.errors import ConfigError
+from fedstyle.io import make_staging_dir, remove_leftovers
 
 CACHE_ENV = "FEDSTYLE_CACHE"
 META_FILE = "meta.json"
@@ -157,18 +156,14 @@ def _is_complete(directory: Path) -> bool:
 
 
 def _remove_stale_staging(target: Path) -> None:
-    for leftover in target.parent.glob(f".{target.name}.*.tmp"):
-        try:
-            if time.time() - leftover.stat().st_mtime > STALE_STAGING_SECONDS:
-                shutil.rmtree(leftover, ignore_errors=True)
-        except OSError:
-            continue
+    """Remove staging folders of ``target`` left by dead processes (never a live builder's)."""
+    remove_leftovers(target.parent, f".{target.name}.*.tmp", STALE_STAGING_SECONDS)
 
 
 def _build_entry(recipe: dict, build: Callable[[ArrayWriter], DecodedArrays], target: Path) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     _remove_stale_staging(target)
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
+    staging = make_staging_dir(target)
     try:
         writer = ArrayWriter(staging)
         arrays = build(writer)

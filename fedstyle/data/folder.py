@@ -113,7 +113,13 @@ class DomainListing:
 
 def _visible_entries(folder: Path) -> list[os.DirEntry]:
     with os.scandir(folder) as entries:
-        return sorted((e for e in entries if not e.name.startswith(".")), key=lambda e: e.name)
+        visible = sorted((e for e in entries if not e.name.startswith(".")), key=lambda e: e.name)
+    for entry in visible:
+        try:
+            entry.is_dir()
+        except OSError as err:  # a symbolic link that loops (ELOOP) or cannot be followed
+            raise DataError(f"{entry.path} cannot be followed ({err.strerror}); remove or fix that link") from None
+    return visible
 
 
 def _loose_key(name: str) -> str:

@@ -1,14 +1,18 @@
 """Run checkpoints: every tensor of the run state in one safetensors file, bookkeeping in its metadata.
 
 One file, replaced atomically, so a run killed at any moment leaves either the previous checkpoint
-or the new one — never a mix.
+or the new one — never a mix. The metadata holds the run's bookkeeping as JSON (round, time,
+selector, traffic, and a copy of the metrics.jsonl rows the checkpoint covers, so a damaged or
+truncated metrics file is restored on resume) and a SHA-256 over that JSON and every tensor's name,
+dtype, shape and bytes: a flipped bit anywhere in the file is refused on load.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -18,23 +22,54 @@ from fedstyle.io import atomic_write
 
 CHECKPOINT = "checkpoint.safetensors"
 _META_KEY = "fedstyle"
+_DIGEST_KEY = "sha256"
+#: checkpoints from version 2 on carry the digest (older ones are read without verification)
+FORMAT = 2
+
+
+class CheckpointError(FedstyleError):
+    """A checkpoint that cannot be trusted: damaged, foreign, or of another model."""
+
+
+def checkpoint_digest(meta_json: str, tensors: Mapping[str, torch.Tensor]) -> str:
+    digest = hashlib.sha256(meta_json.encode())
+    for key in sorted(tensors):
+        t = tensors[key].detach().to("cpu").contiguous()
+        digest.update(f"|{key}|{t.dtype}|{tuple(t.shape)}|".encode())
+        if t.numel():
+            digest.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
 
 
 def save_checkpoint(run_dir: Path, tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> Path:
     # safetensors wants contiguous CPU tensors that share no storage
     plain = {k: v.detach().to("cpu").contiguous().clone() for k, v in tensors.items()}
-    return atomic_write(run_dir / CHECKPOINT, lambda tmp: save_file(plain, str(tmp), metadata={_META_KEY: json.dumps(meta)}))
+    meta_json = json.dumps({**meta, "format": FORMAT}, allow_nan=False)
+    metadata = {_META_KEY: meta_json, _DIGEST_KEY: checkpoint_digest(meta_json, plain)}
+    return atomic_write(run_dir / CHECKPOINT, lambda tmp: save_file(plain, str(tmp), metadata=metadata))
 
 
 def load_checkpoint(run_dir: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]] | None:
+    """The checkpoint's tensors and bookkeeping, verified against its digest; None when there is none."""
     path = run_dir / CHECKPOINT
     if not path.exists():
         return None
+    damaged = (f"{path} is damaged or not a fedstyle checkpoint ({{}}); restore it from a copy, or start the run "
+               f"over with `fedstyle run --resume {run_dir} --restart`")
     try:
         from safetensors import safe_open
 
         with safe_open(str(path), framework="pt") as f:
-            meta = json.loads(f.metadata()[_META_KEY])
-        return load_file(str(path)), meta
-    except Exception as err:  # a foreign or damaged file
-        raise FedstyleError(f"cannot read checkpoint {path}: {err}; delete it to restart the run from scratch") from None
+            metadata = f.metadata() or {}
+        tensors = load_file(str(path))
+        meta_json = metadata[_META_KEY]
+        meta = json.loads(meta_json)
+    except Exception as err:  # a foreign, truncated or damaged file
+        reason = f"missing {err}" if isinstance(err, KeyError) else str(err).splitlines()[0][:120]
+        raise CheckpointError(damaged.format(reason)) from None
+    if not isinstance(meta, dict) or "round" not in meta:
+        raise CheckpointError(damaged.format("no run bookkeeping in its metadata"))
+    if meta.get("format", 1) >= FORMAT or _DIGEST_KEY in metadata:
+        if metadata.get(_DIGEST_KEY) != checkpoint_digest(meta_json, tensors):
+            raise CheckpointError(damaged.format("its SHA-256 does not match what was written"))
+    return tensors, meta

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
@@ -18,6 +19,15 @@ import tomllib
 from fedstyle.errors import ConfigError
 
 SELECTIONS = ("source_val", "heldout_val", "last", "oracle")
+#: what an annotation's base type accepts, and how an error names it
+_KINDS = {
+    "bool": (lambda v: isinstance(v, bool), "true or false"),
+    "int": (lambda v: isinstance(v, int) and not isinstance(v, bool), "a whole number"),
+    "float": (lambda v: isinstance(v, (int, float)) and not isinstance(v, bool), "a number"),
+    "str": (lambda v: isinstance(v, str), "a string"),
+    "list": (lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v), "a list of strings"),
+    "dict": (lambda v: isinstance(v, Mapping), "a table of NAME = VALUE"),
+}
 TOPOLOGIES = ("star", "complete", "ring", "rgg", "erdos_renyi")
 
 
@@ -101,15 +111,21 @@ class RunConfig:
         unknown = sorted(set(values) - known)
         if unknown:
             raise ConfigError(f"{where}: unknown setting {unknown[0]!r}; valid settings: {', '.join(sorted(known))}")
-        return cls(**values)
+        config = cls(**values)
+        config.check_types(where)
+        return config
 
     @classmethod
     def from_toml(cls, path: str | Path) -> "RunConfig":
         path = Path(path)
+        if path.is_dir():
+            raise ConfigError(f"--config {path} is a directory; give the TOML file itself")
         if not path.is_file():
             raise ConfigError(f"config file {path} does not exist")
         try:
             data = tomllib.loads(path.read_text())
+        except UnicodeDecodeError:
+            raise ConfigError(f"{path} is not a text file; give a TOML file") from None
         except tomllib.TOMLDecodeError as err:
             raise ConfigError(f"{path} is not valid TOML: {err}") from None
         return cls.from_mapping(data, where=str(path))
@@ -128,8 +144,33 @@ class RunConfig:
             return "heldout_val" if self.protocol == "ltdo" else "source_val"
         return self.selection
 
+    def check_types(self, where: str = "config") -> None:
+        """Every setting against its declared type: one line naming the key, the value and the type.
+
+        Integers are accepted where a number is expected (and stored as floats); booleans are not
+        numbers, numbers are not booleans, numeric strings are not numbers, and NaN or infinity is
+        no setting.
+        """
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            annotation = str(f.type)
+            optional = "None" in annotation
+            base = annotation.replace("| None", "").replace("None |", "").strip()
+            if value is None:
+                if optional:
+                    continue
+                raise ConfigError(f"{where}: {f.name} has no value; it needs {_KINDS[base][1]}")
+            accepts, description = _KINDS[base]
+            if not accepts(value):
+                raise ConfigError(f"{where}: {f.name} = {_short(value)} is not {description} ({base})")
+            if base == "float":
+                if not math.isfinite(value):
+                    raise ConfigError(f"{where}: {f.name} = {value} is not a finite number")
+                setattr(self, f.name, float(value))
+
     def validate(self) -> None:
-        """Check option values and combinations that need no dataset (those are checked later)."""
+        """Check option types, values and combinations that need no dataset (those are checked later)."""
+        self.check_types()
         checks = [
             (self.rounds >= 1, "--rounds must be at least 1"),
             (self.local_epochs >= 1 or self.local_steps > 0, "--local-epochs must be at least 1"),
@@ -145,7 +186,12 @@ class RunConfig:
             (0 <= self.val_fraction < 1, "--val-fraction must be in [0, 1)"),
             (self.radius > 0, "--radius must be positive"),
             (0 < self.edge_prob <= 1, "--edge-prob must be in (0, 1]"),
-            (self.momentum >= 0 and self.weight_decay >= 0, "--momentum and --weight-decay must be >= 0"),
+            (0 <= self.momentum < 1, f"--momentum must be in [0, 1), got {self.momentum}"),
+            (self.weight_decay >= 0, "--weight-decay must be >= 0"),
+            (0 <= self.seed < 2**63, f"--seed must be a whole number in [0, 2^63), got {self.seed}"),
+            (self.min_client_size >= 1, "--min-client-size must be at least 1"),
+            (self.clients_per_round == 0 or self.clients is None or self.clients_per_round <= self.clients,
+             f"--clients-per-round {self.clients_per_round} exceeds --clients {self.clients}"),
         ]
         for ok, message in checks:
             if not ok:
@@ -158,3 +204,11 @@ class RunConfig:
                               "add --allow-oracle to do it anyway, and it will be labelled (oracle) in every table")
         if selection == "heldout_val" and self.protocol != "ltdo":
             raise ConfigError("--selection heldout_val needs --protocol ltdo with a --val-domain")
+        if selection == "source_val" and self.val_fraction == 0:
+            raise ConfigError("--val-fraction 0 leaves no source validation data for --selection source_val; "
+                              "give --val-fraction > 0 or choose --selection last")
+
+
+def _short(value: Any, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."

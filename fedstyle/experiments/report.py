@@ -108,11 +108,17 @@ def _read_json(path: Path) -> dict:
 def _read_metrics(path: Path, complete: bool) -> list[dict]:
     if not path.is_file():
         return []
-    lines = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    try:
+        lines = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    except UnicodeDecodeError:
+        raise DataError(f"{path} is not a text file (a damaged or foreign metrics.jsonl); re-run that run") from None
     rows = []
     for number, line in enumerate(lines, start=1):
         try:
-            rows.append(json.loads(line))
+            row = json.loads(line)
+            if not isinstance(row, dict):
+                raise json.JSONDecodeError("not a JSON object", line, 0)
+            rows.append(row)
         except json.JSONDecodeError as error:
             # A run that stopped mid-write can leave a truncated last line; anything else is damage.
             if not complete and number == len(lines):

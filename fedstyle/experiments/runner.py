@@ -12,11 +12,12 @@ A run directory holds::
 
 Every random draw depends only on (seed, round, client), and the checkpoint holds every piece of
 state that carries across rounds, so ``--resume`` ends with the same summary as an uninterrupted run.
+What the run directory guarantees (lock, checksums, what resume accepts and restores, what is
+cleaned up) is :mod:`fedstyle.experiments.rundir`'s.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import shutil
 import sys
@@ -30,13 +31,24 @@ from fedstyle.experiments.backends import Backend, get_backend, register_backend
 from fedstyle.experiments.build import Experiment, build_experiment
 from fedstyle.experiments.checkpoint import CHECKPOINT, load_checkpoint, save_checkpoint
 from fedstyle.experiments.config import RunConfig
+from fedstyle.experiments.rundir import (
+    CONFIG,
+    DONE,
+    METRICS,
+    SUMMARY,
+    check_checkpoint_fits,
+    check_new_run_dir,
+    clean_leftovers,
+    evaluation_rows,
+    read_metrics_file,
+    read_run_config,
+    read_summary,
+)
 from fedstyle.federation.evaluate import evaluate
 from fedstyle.federation.rounds import mean_metrics
-from fedstyle.io import atomic_write_json, atomic_write_text
+from fedstyle.io import DirectoryLock, atomic_write_json, atomic_write_text, json_text
 from fedstyle.federation.topology import save_graph_png
 from fedstyle.partition import format_partition_table, write_partition_json
-
-CONFIG, METRICS, SUMMARY, DONE = "config.json", "metrics.jsonl", "summary.json", "done"
 
 SELECTION_LABELS = {
     "source_val": "source_val (best mean source-validation accuracy)",
@@ -147,22 +159,6 @@ def _std(values: list[float]) -> float:
     return math.sqrt(sum((v - m) ** 2 for v in values) / (len(values) - 1))
 
 
-def _read_metrics(path: Path, upto_round: int) -> list[dict[str, Any]]:
-    if not path.exists():
-        return []
-    records = []
-    for line in path.read_text().splitlines():
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:  # a line cut by a kill: it is after the checkpoint anyway
-            break
-        if record.get("event") == "setup" or record["round"] <= upto_round:
-            records.append(record)
-    return records
-
-
 def _setup_record(records: list[dict[str, Any]]) -> dict[str, Any]:
     """The setup exchange's metrics (the ``{"event": "setup"}`` line of metrics.jsonl), or {}."""
     for record in records:
@@ -171,31 +167,44 @@ def _setup_record(records: list[dict[str, Any]]) -> dict[str, Any]:
     return {}
 
 
-def _prepare_new_run(out: Path) -> None:
-    if out.exists() and any(out.iterdir()):
-        if (out / CONFIG).exists():
-            raise ConfigError(f"{out} already holds a run; continue it with `fedstyle run --resume {out}` "
-                              "or choose another --out")
-        raise ConfigError(f"{out} exists and is not empty; choose another --out")
-
-
 def run_experiment(config: RunConfig, out: str | Path, *, quiet: bool = False) -> dict[str, Any]:
-    """Train ``config`` into the run directory ``out`` (which must be new or empty)."""
+    """Train ``config`` into the run directory ``out`` (which must be new or empty), holding its lock."""
     out = Path(out)
+    config.validate()  # every setting's type and range before anything is written
+    check_backend(config)
+    check_new_run_dir(out)
     created = not out.exists()
-    exp = start_run_dir(config, out, quiet=quiet)
     try:
+        lock = DirectoryLock(out).acquire()
+    except OSError as err:
+        raise ConfigError(f"cannot write to --out {out}: {err.strerror or err}") from None
+    try:
+        check_new_run_dir(out)  # again under the lock: another run may have started meanwhile
+        exp = start_run_dir(config, out, quiet=quiet)
         return _train_on_backend(exp, out, quiet=quiet, checkpoint=None)
-    except FedstyleError:
+    except KeyboardInterrupt:
+        raise  # interrupted: resumable (from scratch when no checkpoint was written yet)
+    except Exception:
         # Failed before its first checkpoint (a style backend's missing weights in the setup phase,
         # say): nothing to resume, so leave no half-written run directory behind to block a rerun.
         if not (out / CHECKPOINT).exists():
             remove_new_run(out, created)
         raise
+    finally:
+        lock.release()
+
+
+def check_backend(config: RunConfig) -> None:
+    """Fail before writing anything when the runtime cannot run this config here."""
+    backend = get_backend(config.backend)
+    if backend.star_only and config.topology != "star":
+        raise ConfigError(f"--backend {config.backend} runs star-topology methods; use --backend sim for "
+                          "peer-to-peer graphs")
+    backend.check()
 
 
 def remove_new_run(out: Path, created: bool) -> None:
-    """Delete what a new run wrote into ``out`` (empty before it started, see _prepare_new_run)."""
+    """Delete what a new run wrote into ``out`` (empty before it started, see check_new_run_dir)."""
     if created:
         shutil.rmtree(out, ignore_errors=True)
         return
@@ -205,15 +214,13 @@ def remove_new_run(out: Path, created: bool) -> None:
 
 def start_run_dir(config: RunConfig, out: Path, *, quiet: bool = False) -> Experiment:
     """Build the experiment and write the new run directory's config.json and partition.json."""
-    backend = get_backend(config.backend)  # fail before writing anything when the runtime cannot run here
-    if backend.star_only and config.topology != "star":
-        raise ConfigError(f"--backend {config.backend} runs star-topology methods; use --backend sim for "
-                          "peer-to-peer graphs")
-    backend.check()
-    _prepare_new_run(out)
+    check_backend(config)
     exp = build_experiment(config, progress=not quiet)
-    out.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(out / CONFIG, exp.config.to_json() + "\n")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(out / CONFIG, exp.config.to_json() + "\n")
+    except OSError as err:
+        raise ConfigError(f"cannot write to --out {out}: {err.strerror or err}") from None
     write_partition_json(exp.client_specs, exp.dataset, out / "partition.json")
     if exp.graph is not None:
         save_graph_png(exp.graph, out / "graph.png")
@@ -224,18 +231,39 @@ def start_run_dir(config: RunConfig, out: Path, *, quiet: bool = False) -> Exper
     return exp
 
 
-def resume_experiment(out: str | Path, *, quiet: bool = False, device: str | None = None) -> dict[str, Any]:
-    """Continue the run in ``out`` from its last checkpoint (or return its summary if complete)."""
+def resume_experiment(out: str | Path, *, quiet: bool = False, device: str | None = None,
+                      data_root: str | None = None, restart: bool = False) -> dict[str, Any]:
+    """Continue the run in ``out`` from its last checkpoint (or return its summary if complete).
+
+    Only what cannot change the result may differ from the saved config: ``device`` and
+    ``data_root`` (a moved dataset). ``restart`` starts the run over from round 0 on purpose.
+    """
     out = Path(out)
-    if not (out / CONFIG).exists():
-        raise ConfigError(f"{out} holds no run (no {CONFIG}); start one with `fedstyle run --out {out} ...`")
-    if (out / DONE).exists():
-        return json.loads((out / SUMMARY).read_text())
-    config = RunConfig.from_mapping(json.loads((out / CONFIG).read_text()), where=str(out / CONFIG))
-    if device is not None:
-        config = config.updated(device=device)
-    exp = build_experiment(config, progress=not quiet)
-    return _train_on_backend(exp, out, quiet=quiet, checkpoint=load_checkpoint(out))
+    read_run_config(out)  # a clear error for a directory that holds no run, before locking it
+    with DirectoryLock(out):
+        clean_leftovers(out)
+        config = read_run_config(out)
+        if restart:
+            for name in (CHECKPOINT, METRICS, SUMMARY, DONE):
+                (out / name).unlink(missing_ok=True)
+        if (out / DONE).exists():
+            summary = read_summary(out)
+            if summary is not None:
+                return summary
+            (out / DONE).unlink()  # summary.json lost or damaged: rebuilt from the checkpoint below
+        checkpoint = load_checkpoint(out)
+        if checkpoint is None:
+            done = evaluation_rows(read_metrics_file(out / METRICS))
+            if done:
+                raise FedstyleError(
+                    f"{out}/{CHECKPOINT} is missing but metrics.jsonl records {len(done)} evaluation(s): resuming "
+                    f"would silently start over; restore the checkpoint, or start over on purpose with "
+                    f"`fedstyle run --resume {out} --restart`")
+        changes = {k: v for k, v in (("device", device), ("data_root", data_root)) if v is not None}
+        if changes:
+            config = config.updated(**changes)
+        exp = build_experiment(config, progress=not quiet)
+        return _train_on_backend(exp, out, quiet=quiet, checkpoint=checkpoint)
 
 
 def _train_on_backend(exp: Experiment, out: Path, *, quiet: bool, checkpoint) -> dict[str, Any]:
@@ -255,21 +283,28 @@ def train_experiment(exp: Experiment, out: Path, *, quiet: bool, checkpoint,
     tick = time.perf_counter()
     exp.algorithm.progress = not quiet  # setup work with a progress bar (stylization) follows --quiet
     setup_info = sim.setup()
+    notes: list[str] = []
     if checkpoint is not None:
         tensors, meta = checkpoint
+        check_checkpoint_fits(sim.state_tensors(), tensors, out)
         sim.load_state_tensors({k: v.to(exp.device) for k, v in tensors.items()})
         sim.load_meta(meta["simulator"])
         start_round, elapsed = meta["round"], meta["seconds"]
         selector = Selector(**meta["selector"])
-    records = _read_metrics(out / METRICS, start_round)
+        records, note = _rows_at_checkpoint(out, meta)
+        notes += [note] if note else []
+    else:
+        records = []
     if setup_info and not _setup_record(records):
         # first line of metrics.jsonl; a resumed run keeps the original run's line (its timings)
         records.insert(0, {"event": "setup", **setup_info})
-    atomic_write_text(out / METRICS, "".join(json.dumps(r) + "\n" for r in records))
+    atomic_write_text(out / METRICS, "".join(json_text(r) + "\n" for r in records))
 
     reporter = Reporter(config.rounds, start_round, quiet, desc=f"{exp.label} {config.dataset}")
     if start_round:
         reporter.info(f"resuming {out} after round {start_round}")
+    for note in notes:
+        reporter.info(note)
     if setup_info:
         reporter.info("setup exchange: " + ", ".join(f"{k} {v:.2f}" for k, v in setup_info.items()))
     try:
@@ -280,7 +315,7 @@ def train_experiment(exp: Experiment, out: Path, *, quiet: bool, checkpoint,
                 result = sim.run_round(r)
                 since_eval.append(result.metrics)
                 for event in result.events:  # Flower runs: dropouts and rejoins
-                    metrics_file.write(json.dumps(event) + "\n")
+                    metrics_file.write(json_text(event) + "\n")
                     records.append(event)
                 last_loss = result.train_loss
                 done_rounds = r + 1
@@ -290,11 +325,12 @@ def train_experiment(exp: Experiment, out: Path, *, quiet: bool, checkpoint,
                     record = evaluate_round(exp, done_rounds, last_loss, seconds, mean_metrics(since_eval))
                     since_eval = []
                     selector.update(record)
-                    metrics_file.write(json.dumps(record) + "\n")
+                    metrics_file.write(json_text(record) + "\n")
                     metrics_file.flush()
                     records.append(record)
                     save_checkpoint(out, sim.state_tensors(), {
                         "round": done_rounds, "seconds": seconds, "simulator": sim.meta(), "selector": selector.state(),
+                        "metrics": records,
                     })
                     if on_checkpoint is not None:
                         on_checkpoint(done_rounds)
@@ -308,9 +344,50 @@ def train_experiment(exp: Experiment, out: Path, *, quiet: bool, checkpoint,
     finally:
         reporter.close()
     summary = make_summary(exp, records, selector)
+    for warning in summary.get("warnings", []):
+        print(f"fedstyle: warning: {warning}", file=sys.stderr)
     atomic_write_json(out / SUMMARY, summary)
     atomic_write_text(out / DONE, time.strftime("%Y-%m-%dT%H:%M:%S") + "\n")
     return summary
+
+
+def _rows_at_checkpoint(out: Path, meta: dict[str, Any]) -> tuple[list[dict[str, Any]], str]:
+    """The metrics rows the checkpoint covers, and a note when metrics.jsonl had to be restored.
+
+    Checkpoints keep a copy of the rows (format 2); older ones fall back to the file's rows up to
+    the checkpoint's round.
+    """
+    on_disk = read_metrics_file(out / METRICS)
+    if "metrics" not in meta:
+        return [r for r in on_disk if r.get("event") == "setup" or r.get("round", 0) <= meta["round"]], ""
+    saved = list(meta["metrics"])
+    if on_disk[: len(saved)] == saved:
+        return saved, ""
+    return saved, (f"metrics.jsonl held {len(evaluation_rows(on_disk))} readable evaluation(s) where the checkpoint "
+                   f"covers {len(evaluation_rows(saved))}; restored its rows from the checkpoint")
+
+
+def divergence_warnings(records: list[dict[str, Any]], num_classes: int, lr: float) -> list[str]:
+    """Warnings for a run that stayed finite but blew up: a loss far above a uniform guess's, or one
+    that grew while accuracy sits at chance."""
+    rows = [r for r in records if "round" in r and "event" not in r and isinstance(r.get("train_loss"), float)]
+    if not rows:
+        return []
+    uniform = math.log(max(2, num_classes))
+    first, last = rows[0]["train_loss"], rows[-1]["train_loss"]
+    chance = 1.0 / max(1, num_classes)
+    accuracy = _mean(rows[-1]["target_acc"].values())
+    out = []
+    if last > 100 * uniform:
+        out.append(f"the training loss reached {last:.3g}, far above a uniform guess's {uniform:.2f}: training "
+                   f"likely diverged; lower --lr (now {lr:g})")
+    elif last > 10 * first and last > 2 * uniform:
+        out.append(f"the training loss grew from {first:.3g} to {last:.3g}: training likely diverged; lower --lr "
+                   f"(now {lr:g})")
+    if accuracy <= chance + 0.02 and (last > first or last > uniform):
+        out.append(f"target accuracy {accuracy:.3f} is at chance ({chance:.3f}) and the loss did not fall: the "
+                   f"model learned nothing; lower --lr (now {lr:g}) or train longer")
+    return out
 
 
 def make_summary(exp: Experiment, records: list[dict[str, Any]], selector: Selector) -> dict[str, Any]:
@@ -350,6 +427,9 @@ def make_summary(exp: Experiment, records: list[dict[str, Any]], selector: Selec
     if "device_target_acc" in last:
         summary["device_target_acc_last"] = last["device_target_acc"]
         summary["consensus_distance_last"] = last["consensus_distance"]
+    warnings = divergence_warnings(records, exp.dataset.num_classes, config.lr)
+    if warnings:
+        summary["warnings"] = warnings
     return summary
 
 

@@ -34,6 +34,7 @@ from fedstyle.federation.rounds import (
     FederationSettings,
     RoundResult,
     Traffic,
+    check_finite_weights,
     client_state_tensors,
     load_client_states,
     mean_metrics,
@@ -168,6 +169,7 @@ class P2PSimulator:
             self._mix_and_step(grads, new_buffers, lr, mom, wd)
         mean_loss = float(total_loss) / (steps * n)
         check_finite(mean_loss, contexts[0])
+        check_finite_weights(self.stacked, round_index, lr, "the devices' mixed models")
         return RoundResult(round_index, mean_loss, list(range(n)), time.perf_counter() - start,
                            metrics=mean_metrics(ctx.logged_metrics() for ctx in contexts))
 

@@ -9,6 +9,7 @@ from typing import Iterable, Mapping
 import torch
 
 from fedstyle.algorithms.context import TrainSettings, lr_at
+from fedstyle.errors import FedstyleError, brief
 
 _CLIENT = "client/"
 
@@ -124,3 +125,25 @@ def load_client_states(tensors: Mapping[str, torch.Tensor], num_clients: int) ->
             _, cid, name = key.split("/", 2)
             states[int(cid)][name] = value
     return states
+
+
+class TrainingDivergedError(FedstyleError):
+    """The model's weights or statistics became NaN or infinite."""
+
+
+def check_finite_weights(weights: Mapping[str, torch.Tensor], round_index: int, lr: float, where: str) -> None:
+    """Stop the run when any floating-point weight or buffer is NaN or infinite (one host sync).
+
+    ``round_index`` is 0-based; the message names it as metrics.jsonl numbers rounds (1-based).
+    """
+    floats = [(k, v) for k, v in weights.items() if v.is_floating_point()]
+    if not floats:
+        return
+    finite = torch.stack([torch.isfinite(v).all() for _, v in floats])
+    if bool(finite.all()):
+        return
+    bad = [k for (k, _), ok in zip(floats, finite.tolist()) if not ok]
+    raise TrainingDivergedError(
+        f"training diverged in round {round_index + 1}: {where} holds NaN or infinite values in {brief(bad, 3)} "
+        f"(learning rate {lr:g}); the run stopped and keeps its last good checkpoint — start a new run with a "
+        "lower --lr")

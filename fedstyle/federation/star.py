@@ -36,6 +36,7 @@ from fedstyle.federation.rounds import (
     FederationSettings,
     RoundResult,
     Traffic,
+    check_finite_weights,
     client_state_tensors,
     load_client_states,
     mean_metrics,
@@ -174,6 +175,8 @@ class StarSimulator:
             self.traffic.payload_up += payload_nbytes(update.payload)
         self.transport.end_round(round_index, chosen, [u.client_id for u in updates])
         self.server.weights = self.algo.aggregate(self.server, updates)
+        check_finite_weights(self.server.weights, round_index, self.settings.train_settings(round_index).lr,
+                             "the aggregated model")
         loss = sum(u.train_loss * u.num_samples for u in updates) / sum(u.num_samples for u in updates)
         return RoundResult(round_index, loss, [u.client_id for u in updates], time.perf_counter() - start,
                            metrics=mean_metrics(u.metrics for u in updates), events=self.transport.drain_events())

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from fedstyle.data.contract import DomainDataset
-from fedstyle.errors import ConfigError
+from fedstyle.errors import ConfigError, brief
 from fedstyle.partition.protocols import Split
 from fedstyle.registry import Registry
 
@@ -282,7 +282,7 @@ def make_partition(
     if (sizes == 0).any():
         empty = np.flatnonzero(sizes == 0).tolist()
         raise ConfigError(
-            f"partitioner {name!r} leaves client(s) {empty} of {len(sizes)} without samples "
+            f"partitioner {name!r} leaves client(s) {brief(empty)} of {len(sizes)} without samples "
             f"({int(sizes.sum())} training samples); use fewer --clients"
             + (" or a larger --lam" if name == "lambda" else "")
         )

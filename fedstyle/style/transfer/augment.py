@@ -26,7 +26,6 @@ import math
 import os
 import shutil
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +36,7 @@ import torch
 
 from fedstyle.devices import resolve_device
 from fedstyle.errors import ConfigError
+from fedstyle.io import make_staging_dir
 from fedstyle.payload import Payload
 from fedstyle.style.transfer.base import TRANSFER_BACKENDS, Style, StyleMismatchError, StyleTransfer
 
@@ -298,7 +298,7 @@ def _generate(target, key, shape, images, plan, bank, backend, alpha, batch_size
     _remove_stale_staging(target)
     if target.exists():  # incomplete or damaged: rebuilt
         shutil.rmtree(target, ignore_errors=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
+    staging = make_staging_dir(target)
     try:
         array = np.lib.format.open_memmap(staging / _IMAGES, mode="w+", dtype=np.uint8, shape=shape)
         out = torch.from_numpy(array)  # writes go to the memory-mapped file
