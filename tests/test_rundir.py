@@ -351,3 +351,62 @@ def test_cache_staging_of_a_dead_process_is_removed_at_the_next_use(tmp_path):
     staging = next(tmp_path.glob(".entry.*.tmp"))
     _remove_stale_staging(target)
     assert not staging.exists()
+
+
+# -- kills at every write: the resumed run equals the uninterrupted one ----------------------------
+def _run_and_die_at(config, out, point):
+    """In a child process: run ``config`` and die (os._exit, no cleanup) at ``point`` in round 2."""
+    import fedstyle.experiments.checkpoint as checkpoint
+    import fedstyle.experiments.runner as runner
+    import fedstyle.io as io
+
+    def die():
+        os._exit(9)
+
+    if point == "mid_checkpoint":  # the temporary is written, the rename has not happened
+        original_replace = os.replace
+
+        def replace(src, dst):
+            if str(dst).endswith(CHECKPOINT) and json.loads(
+                    (Path(dst).parent / "metrics.jsonl").read_text().splitlines()[-1])["round"] == 2:
+                die()
+            return original_replace(src, dst)
+
+        io.os.replace = replace
+    elif point in ("after_metrics_row", "after_checkpoint"):
+        original_save = checkpoint.save_checkpoint
+
+        def save(run_dir, tensors, meta):
+            if meta["round"] == 2 and point == "after_metrics_row":
+                die()
+            path = original_save(run_dir, tensors, meta)
+            if meta["round"] == 2 and point == "after_checkpoint":
+                die()
+            return path
+
+        runner.save_checkpoint = save
+    elif point == "after_summary":
+        original_text = runner.atomic_write_text
+
+        def write_text(path, text):
+            if Path(path).name == "done":
+                die()
+            return original_text(path, text)
+
+        runner.atomic_write_text = write_text
+    run_experiment(config, out, quiet=True)
+
+
+@pytest.mark.parametrize("point", ["after_metrics_row", "mid_checkpoint", "after_checkpoint", "after_summary"])
+def test_a_kill_at_each_write_resumes_to_the_uninterrupted_result(tiny_config, tmp_path, point):
+    config = tiny_config.updated(rounds=3)
+    whole = run_experiment(config, tmp_path / "whole", quiet=True)
+    out = tmp_path / "killed"
+    child = multiprocessing.get_context("spawn").Process(target=_run_and_die_at, args=(config, out, point))
+    child.start()
+    child.join()
+    assert child.exitcode == 9 and not (out / "done").exists()
+    summary = resume_experiment(out, quiet=True)
+    assert evaluations(out) == evaluations(tmp_path / "whole")
+    assert {k: v for k, v in summary.items() if k != "seconds"} == {k: v for k, v in whole.items() if k != "seconds"}
+    assert not list(out.glob(".*.tmp"))  # the dead writer's temporaries are gone
