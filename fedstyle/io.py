@@ -92,11 +92,30 @@ def make_staging_dir(target: Path) -> Path:
     return Path(tempfile.mkdtemp(prefix=temp_prefix(target.name), suffix=".tmp", dir=target.parent))
 
 
+def current_umask() -> int:
+    """The process's umask, read without changing it (``os.umask`` would, for every thread, for a moment)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 @contextlib.contextmanager
-def _temporary_beside(path: Path) -> Iterator[Path]:
-    """Yield a temporary path beside ``path``; rename it onto ``path`` if the block succeeds."""
+def _temporary_beside(path: Path, mode: int | None = None) -> Iterator[Path]:
+    """Yield a temporary path beside ``path``; rename it onto ``path`` if the block succeeds.
+
+    The file gets ``mode`` (e.g. 0o600 for a private key) before anything is written into it, or
+    by default what a plain ``open`` would give under the user's umask (``mkstemp`` alone makes
+    every file 0600, which colleagues on a shared server could not read).
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=temp_prefix(path.name), suffix=".tmp", dir=path.parent)
+    os.fchmod(fd, mode if mode is not None else 0o666 & ~current_umask())
     os.close(fd)
     try:
         yield Path(tmp)
@@ -106,10 +125,11 @@ def _temporary_beside(path: Path) -> Iterator[Path]:
         raise
 
 
-def atomic_write(path: str | Path, write: Callable[[Path], Any]) -> Path:
-    """Call ``write(tmp_path)`` on a temporary file beside ``path``, then rename it into place."""
+def atomic_write(path: str | Path, write: Callable[[Path], Any], mode: int | None = None) -> Path:
+    """Call ``write(tmp_path)`` on a temporary file beside ``path``, then rename it into place
+    (``mode``: the file's permissions, default as the user's umask gives)."""
     path = Path(path)
-    with _temporary_beside(path) as tmp:
+    with _temporary_beside(path, mode) as tmp:
         write(tmp)
     return path
 

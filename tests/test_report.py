@@ -10,9 +10,8 @@ from pathlib import Path
 import pytest
 
 from fedstyle.errors import ConfigError, DataError
+from fedstyle.experiments.plots import _average_curve, _mean_band
 from fedstyle.experiments.report import (
-    _average_curve,
-    _mean_band,
     collect,
     plot_accuracy,
     results_table,
@@ -81,12 +80,13 @@ def sweep(tmp_path) -> Path:
 
 
 def cells(table) -> dict[str, list[str]]:
-    return {row[0]: row[1:] for row in table.text_rows()}
+    """Row label -> its cells without the two cost columns (MB/run, s/run; tested on their own)."""
+    return {row[0]: row[1:-2] for row in table.text_rows()}
 
 
 def test_table_cells_by_hand(sweep):
     table = results_table(collect([sweep]))
-    assert table.header == ["Method", "art", "photo", "Avg", "n"]
+    assert table.header == ["Method", "art", "photo", "Avg", "n", "MB/run", "s/run"]
     # FedAvg art: 80, 70 -> 75.0 ± sqrt(50) = 7.07; photo: 90, 94 -> 92.0 ± sqrt(8) = 2.83;
     # Avg per seed: 85, 82 -> 83.5 ± sqrt(4.5) = 2.12.
     # MixStyle art: 82, 78 -> 80.0 ± 2.83; photo: 96, 92 -> 94.0 ± 2.83; Avg: 89, 85 -> 87.0 ± 2.83.
@@ -97,12 +97,12 @@ def test_table_cells_by_hand(sweep):
     average = table.rows[0].average
     assert average.mean == pytest.approx(83.5) and average.std == pytest.approx(4.5**0.5)
     assert "model selection: source_val (best mean source-validation accuracy)" in table.caption
-    assert table.footnotes == ()
+    assert table.footnotes == ("Settings all rows share: dataset PACS, protocol loo.",)
 
 
 def test_last_round_table_and_order(sweep):
     table = results_table(collect([sweep]), which="last", order=["MixStyle"], domains=["photo"])
-    assert table.header == ["Method", "photo", "art", "Avg", "n"]
+    assert table.header == ["Method", "photo", "art", "Avg", "n", "MB/run", "s/run"]
     assert cells(table)["MixStyle"] == ["84.0 ± 2.8", "70.0 ± 2.8", "77.0 ± 2.8", "2"]
     assert [row.label for row in table.rows] == ["MixStyle", "FedAvg"]
     assert "last round" in table.caption
@@ -202,10 +202,12 @@ def test_csv_contents(sweep, tmp_path):
         rows = list(csv.DictReader(file))
     assert list(rows[0]) == [
         "method", "selection", "art_mean", "art_std", "photo_mean", "photo_std", "avg_mean", "avg_std", "n",
+        "mb_per_run", "seconds_per_run",
     ]
     assert rows[0] == {
         "method": "FedAvg", "selection": "source_val", "art_mean": "75.0000", "art_std": "7.0711",
         "photo_mean": "92.0000", "photo_std": "2.8284", "avg_mean": "83.5000", "avg_std": "2.1213", "n": "2",
+        "mb_per_run": "0.0001", "seconds_per_run": "3.0000",  # 30 + 30 bytes, 3 s in every summary
     }
     assert rows[1]["method"] == "MixStyle" and rows[1]["avg_mean"] == "87.0000"
 
@@ -215,11 +217,11 @@ def test_text_and_markdown(sweep):
     text = to_text(table).splitlines()
     assert text[0] == table.caption
     header, rule, first = text[2], text[3], text[4]
-    assert header.split() == ["Method", "art", "photo", "Avg", "n"]
-    assert len(rule) >= len(first) and first.startswith("FedAvg") and first.endswith("2")
+    assert header.split() == ["Method", "art", "photo", "Avg", "n", "MB/run", "s/run"]
+    assert len(rule) >= len(first) and first.startswith("FedAvg") and first.endswith("3")
     markdown = to_markdown(table)
     assert table.caption in markdown
-    assert "| FedAvg | 75.0 ± 7.1 | 92.0 ± 2.8 | 83.5 ± 2.1 | 2 |" in markdown
+    assert "| FedAvg | 75.0 ± 7.1 | 92.0 ± 2.8 | 83.5 ± 2.1 | 2 | 0.0 | 3 |" in markdown
 
 
 def test_curve_aggregation_by_hand():
@@ -235,8 +237,9 @@ def test_curve_aggregation_by_hand():
 def test_write_report(sweep, tmp_path):
     out = tmp_path / "report"
     table, paths = write_report([sweep], out)
-    assert set(paths) == {"markdown", "csv", "plot"}
-    assert sorted(p.name for p in out.iterdir()) == ["accuracy.png", "report.csv", "report.md"]  # no temps
+    assert set(paths) == {"markdown", "csv", "plot", "training"}
+    assert sorted(p.name for p in out.iterdir()) == ["accuracy.png", "report.csv", "report.md",
+                                                     "training.png"]  # no temps
     png = paths["plot"].read_bytes()
     assert png.startswith(b"\x89PNG") and len(png) > 5000
     markdown = paths["markdown"].read_text()
@@ -256,3 +259,46 @@ def test_plot_many_domains_and_no_metrics(tmp_path):
     with pytest.warns(UserWarning, match="accuracy.png not written"):
         _, paths = write_report([run], tmp_path / "bare-report")
     assert "plot" not in paths and paths["markdown"].exists()
+
+
+def test_runs_of_one_label_with_different_settings_are_rows_of_their_own(tmp_path):
+    for seed in (0, 1):
+        run = make_run(tmp_path, f"FedProx-{seed}", seed, "art", 0.8, method="fedprox")
+        for mu, folder in ((0.01, run), (0.1, make_run(tmp_path, f"FedProx-b{seed}", seed, "art", 0.6,
+                                                       method="fedprox"))):
+            config = json.loads((folder / "config.json").read_text())
+            config["hparams"] = {"mu": mu}
+            (folder / "config.json").write_text(json.dumps(config))
+            summary = json.loads((folder / "summary.json").read_text())
+            summary["label"] = "FedProx"
+            (folder / "summary.json").write_text(json.dumps(summary))
+    table = results_table(collect([tmp_path]))
+    assert cells(table) == {"FedProx (hp.mu=0.01)": ["80.0 ± 0.0", "80.0 ± 0.0", "2"],
+                            "FedProx (hp.mu=0.1)": ["60.0 ± 0.0", "60.0 ± 0.0", "2"]}
+    assert not table.warning and table.setting_columns == ()  # rows differ only in the method's hyperparameter
+
+
+def test_rows_differing_in_more_than_the_method_show_the_setting_and_warn(tmp_path):
+    for label, clients in (("FedAvg", 6), ("MixStyle", 3)):
+        run = make_run(tmp_path, label, 0, "art", 0.8)
+        config = json.loads((run / "config.json").read_text())
+        config.update(clients=clients, rounds=5)
+        (run / "config.json").write_text(json.dumps(config))
+    table = results_table(collect([tmp_path]))
+    assert table.header[:2] == ["Method", "clients"]
+    assert {row[0]: row[1] for row in table.text_rows()} == {"FedAvg": "6", "MixStyle": "3"}
+    assert "differ in more than the method: clients" in table.warning
+    assert "rounds 5" in table.footnotes[-1]  # what they share is said too
+    with pytest.warns(UserWarning, match="differ in more than the method"):
+        write_report([tmp_path], tmp_path / "report")
+    assert "**Warning:**" in (tmp_path / "report" / "report.md").read_text()
+
+
+def test_label_names_a_row(tiny_config, tmp_path):
+    from fedstyle.experiments.runner import run_experiment
+
+    run_experiment(tiny_config.updated(rounds=1, label="baseline A"), tmp_path / "a", quiet=True)
+    run_experiment(tiny_config.updated(rounds=1, label="baseline B", lr=0.01), tmp_path / "b", quiet=True)
+    table, paths = write_report([tmp_path / "a", tmp_path / "b"], tmp_path / "report")
+    assert [row.label for row in table.rows] == ["baseline A", "baseline B"]
+    assert "lr" in table.setting_columns and paths["training"].exists()

@@ -410,3 +410,23 @@ def test_a_kill_at_each_write_resumes_to_the_uninterrupted_result(tiny_config, t
     assert evaluations(out) == evaluations(tmp_path / "whole")
     assert {k: v for k, v in summary.items() if k != "seconds"} == {k: v for k, v in whole.items() if k != "seconds"}
     assert not list(out.glob(".*.tmp"))  # the dead writer's temporaries are gone
+
+
+def test_files_follow_the_umask_and_private_keys_stay_private(tmp_path):
+    from fedstyle.io import atomic_write_json, atomic_write_text
+
+    old = os.umask(0o022)
+    try:
+        atomic_write_json(tmp_path / "summary.json", {"a": 1})
+        atomic_write_text(tmp_path / "report.md", "x")
+        assert (tmp_path / "summary.json").stat().st_mode & 0o777 == 0o644
+        assert (tmp_path / "report.md").stat().st_mode & 0o777 == 0o644
+        from fedstyle.io import atomic_write
+
+        atomic_write(tmp_path / "site.key", lambda tmp: tmp.write_text("secret"), mode=0o600)
+        assert (tmp_path / "site.key").stat().st_mode & 0o777 == 0o600
+        os.umask(0o077)
+        atomic_write_text(tmp_path / "private.md", "x")
+        assert (tmp_path / "private.md").stat().st_mode & 0o777 == 0o600
+    finally:
+        os.umask(old)

@@ -44,6 +44,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from fedstyle.errors import ConfigError
     from fedstyle.experiments.runner import resume_experiment, run_experiment
 
+    stop_on_sigterm()
     if args.restart and not args.resume:
         raise ConfigError("--restart starts a run directory over; give it with --resume DIR")
     if args.resume:
@@ -211,9 +212,25 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def stop_on_sigterm() -> None:
+    """SIGTERM (``kill``, a scheduler ending a job) stops a run like Ctrl-C: it says how to resume."""
+    import signal
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, interrupt)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        hint = ""
+        if "--hp" in argv:
+            hint = "; --hp takes one NAME=VALUE word (e.g. --hp mu=0.1), repeated for each hyperparameter"
+        parser.error(f"unrecognized arguments: {' '.join(extra)}{hint}")
     try:
         return args.func(args)
     except FedstyleError as err:

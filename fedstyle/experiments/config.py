@@ -83,6 +83,7 @@ class RunConfig:
     momentum: float = _opt(0.9, "SGD momentum")
     weight_decay: float = _opt(5e-4, "weight decay")
     # run
+    label: str | None = _opt(None, "name of this run's row in reports (default: the method with its options)")
     seed: int = _opt(0, "random seed (same config and seed give the same metrics)")
     device: str = _opt("auto", "cpu, cuda, cuda:1, mps or auto")
     backend: str = _opt("sim", "runtime: sim (fedstyle's in-process simulators) or flower-sim (Flower's simulation "

@@ -16,7 +16,12 @@ Aggregation rules (stated in the table caption and footnotes):
   are an error rather than a silent choice;
 * ``Avg`` is computed per seed (mean over that seed's domain columns), then mean ± std over seeds.
   If some seed lacks a column, its average covers only the domains it has and the cell is marked
-  ``*``; a domain cell with fewer seeds than the row's ``n`` is marked ``*`` too.
+  ``*``; a domain cell with fewer seeds than the row's ``n`` is marked ``*`` too;
+* what is compared is said: the settings every run shares are listed under the table; settings
+  that differ between rows become columns (with a warning when rows differ in more than the
+  method), and runs of one label with different settings become separate rows (``FedProx
+  (hp.mu=0.1)``); ``fedstyle run --label NAME`` (and sweep variant names) name a row;
+* ``MB/run`` and ``s/run`` are the mean bytes sent (up + down) and wall seconds of a row's runs.
 """
 
 from __future__ import annotations
@@ -24,7 +29,6 @@ from __future__ import annotations
 import contextlib
 import csv
 import json
-import math
 import os
 import statistics
 import warnings
@@ -33,6 +37,7 @@ from pathlib import Path
 from typing import IO, Iterable, Iterator, Sequence
 
 from fedstyle.errors import ConfigError, DataError
+from fedstyle.experiments.plots import plot_accuracy, plot_training
 from fedstyle.io import atomic_open
 
 SELECTION_RULES = {
@@ -48,7 +53,11 @@ PARTIAL_FOOTNOTE = (
     f"{PARTIAL_MARK} fewer seeds than n (domain columns), or averaged over only the held-out "
     "domains that seed has (Avg)."
 )
-MAX_DOMAIN_PANELS = 6
+#: config keys that do not make two runs' results different settings (where and how a run ran, its
+#: name, what the table shows as columns or rows anyway)
+NOT_SETTINGS = frozenset({"seed", "targets", "device", "backend", "label", "data_root", "skip_bad_images",
+                          "allow_oracle", "selection", "method", "ray_address", "client_cpus", "client_gpus",
+                          "state_budget"})
 
 
 # ----------------------------------------------------------------------------- loading runs
@@ -71,6 +80,13 @@ class RunRecord:
     @property
     def label(self) -> str:
         return self.summary.get("label") or self.summary["method"]
+
+    def settings(self) -> dict[str, object]:
+        """The run's comparable settings: config.json without where and how it ran, the method's
+        hyperparameters as ``hp.NAME``."""
+        out = {k: _plain(v) for k, v in self.config.items() if k not in NOT_SETTINGS and k != "hparams"}
+        out.update({f"hp.{k}": _plain(v) for k, v in (self.config.get("hparams") or {}).items()})
+        return out
 
     @property
     def dataset(self) -> str:
@@ -246,6 +262,9 @@ class Row:
     selections: tuple[str, ...]
     cells: dict[str, Cell]
     average: Cell
+    settings: dict[str, object] = field(default_factory=dict)
+    megabytes: Cell = field(default_factory=Cell)
+    seconds: Cell = field(default_factory=Cell)
 
     @property
     def n(self) -> int:
@@ -268,22 +287,91 @@ class Table:
     rows: tuple[Row, ...]
     caption: str
     footnotes: tuple[str, ...] = field(default=())
+    #: settings that differ between rows, shown as columns after the method
+    setting_columns: tuple[str, ...] = field(default=())
+    #: said when rows differ in more than the method
+    warning: str = ""
 
     @property
     def header(self) -> list[str]:
-        return ["Method", *self.domains, "Avg", "n"]
+        return ["Method", *self.setting_columns, *self.domains, "Avg", "n", "MB/run", "s/run"]
 
     def text_rows(self) -> list[list[str]]:
         # Selection rules do not matter for last-round accuracy, so only "selected" flags mixtures.
         return [
             [
                 row.display_label if self.which == "selected" else row.label,
+                *(_setting_text(row.settings.get(k)) for k in self.setting_columns),
                 *(row.cells[d].text() for d in self.domains),
                 row.average.text(),
                 str(row.n),
+                _cost_text(row.megabytes, "{:.1f}"),
+                _cost_text(row.seconds, "{:.0f}"),
             ]
             for row in self.rows
         ]
+
+
+def _cost_text(cell: Cell, fmt: str) -> str:
+    return MISSING if cell.mean is None else fmt.format(cell.mean)
+
+
+def _setting_text(value: object) -> str:
+    return MISSING if value is None else str(value)
+
+
+def _plain(value: object) -> object:
+    """A setting as a hashable, printable value (lists become comma-joined strings)."""
+    if isinstance(value, (list, tuple)):
+        return ",".join(map(str, value))
+    if isinstance(value, dict):
+        return ",".join(f"{k}={v}" for k, v in sorted(value.items()))
+    return value
+
+
+@dataclass(frozen=True)
+class RowPlan:
+    """Which row each run fills, the settings all runs share, and those that differ between rows."""
+
+    row_of: dict[Path, str]
+    shared: dict[str, object]
+    differing: list[str]
+    row_settings: dict[str, dict[str, object]]
+    warning: str
+
+
+def plan_rows(records: Sequence[RunRecord]) -> RowPlan:
+    """Rows are labels; runs of one label with different settings become rows of their own, named by
+    the settings that tell them apart. Settings that differ between rows (other than the method's own
+    hyperparameters) become columns, with a warning: the rows then compare more than methods."""
+    settings = {r.path: r.settings() for r in records}
+    unset = object()
+    by_label: dict[str, list[RunRecord]] = {}
+    for record in records:
+        by_label.setdefault(record.label, []).append(record)
+    row_of: dict[Path, str] = {}
+    for label, group in by_label.items():
+        keys = sorted({k for r in group for k in settings[r.path]})
+        varying = [k for k in keys if len({repr(settings[r.path].get(k, unset)) for r in group}) > 1]
+        for record in group:
+            suffix = ", ".join(f"{k}={settings[record.path].get(k, MISSING)}" for k in varying)
+            row_of[record.path] = f"{label} ({suffix})" if suffix else label
+    keys = sorted({k for s in settings.values() for k in s if not k.startswith("hp.")})
+    shared, differing = {}, []
+    for key in keys:
+        values = {repr(s.get(key, unset)) for s in settings.values()}
+        if len(values) == 1:
+            value = next(iter(settings.values())).get(key, unset)
+            if value is not unset and value is not None:
+                shared[key] = value
+        else:
+            differing.append(key)
+    row_settings = {}
+    for record in records:
+        row_settings.setdefault(row_of[record.path], {k: settings[record.path].get(k) for k in differing})
+    warning = (f"the rows differ in more than the method: {', '.join(differing)} (shown as columns); "
+               "compare them with care" if differing and len(row_settings) > 1 else "")
+    return RowPlan(row_of, shared, differing, row_settings, warning)
 
 
 def _ordered(seen: Iterable[str], given: Sequence[str] | None, what: str) -> list[str]:
@@ -343,19 +431,28 @@ def results_table(
         raise ConfigError(f"which must be one of {sorted(WHICH)}, got {which!r}")
     dataset, records = _select_dataset(records, dataset)
 
-    # label -> seed -> domain -> accuracy (percent); source paths to report duplicates.
+    plan = plan_rows(records)
+    # row -> seed -> domain -> accuracy (percent); source paths to report duplicates.
     grouped: dict[str, dict[int, dict[str, float]]] = {}
     sources: dict[tuple[str, int, str], Path] = {}
     selections: dict[str, dict[str, None]] = {}
+    costs: dict[str, tuple[list[float], list[float]]] = {}
     for record in records:
-        selections.setdefault(record.label, {})[record.selection] = None
-        per_seed = grouped.setdefault(record.label, {}).setdefault(record.seed, {})
+        row_key = plan.row_of[record.path]
+        selections.setdefault(row_key, {})[record.selection] = None
+        per_seed = grouped.setdefault(row_key, {}).setdefault(record.seed, {})
+        megabytes, seconds = costs.setdefault(row_key, ([], []))
+        if isinstance(record.summary.get("bytes_up"), (int, float)):
+            megabytes.append((record.summary["bytes_up"] + record.summary.get("bytes_down", 0)) / 1e6)
+        if isinstance(record.summary.get("seconds"), (int, float)):
+            seconds.append(float(record.summary["seconds"]))
         for domain, accuracy in record.target_accuracy(which).items():
-            key = (record.label, record.seed, domain)
+            key = (row_key, record.seed, domain)
             if key in sources:
                 raise DataError(
-                    f"two runs report {record.label!r} seed {record.seed} on target {domain!r}: "
-                    f"{sources[key]} and {record.path}; pass only one of them"
+                    f"two runs report {row_key!r} seed {record.seed} on target {domain!r} with the same settings: "
+                    f"{sources[key]} and {record.path}; pass only one of them, or name them apart "
+                    "with `fedstyle run --label`"
                 )
             sources[key] = record.path
             per_seed[domain] = 100.0 * accuracy
@@ -371,7 +468,10 @@ def results_table(
             cells[domain] = Cell(values, partial=0 < len(values) < len(seeds))
         averages = tuple(statistics.fmean(per_seed[s].values()) for s in seeds if per_seed[s])
         every_column = all(set(columns) <= set(per_seed[s]) for s in seeds)
-        rows.append(Row(label, seeds, tuple(selections[label]), cells, Cell(averages, not every_column)))
+        megabytes, seconds = costs[label]
+        rows.append(Row(label, seeds, tuple(selections[label]), cells, Cell(averages, not every_column),
+                        settings=plan.row_settings[label], megabytes=Cell(tuple(megabytes)),
+                        seconds=Cell(tuple(seconds))))
 
     caption = (
         f"{dataset}: accuracy (%) on each held-out target domain, mean ± sample std over n seeds; "
@@ -379,7 +479,10 @@ def results_table(
     )
     has_partial = any(c.partial for row in rows for c in (*row.cells.values(), row.average))
     footnotes = (PARTIAL_FOOTNOTE,) if has_partial else ()
-    return Table(dataset, which, tuple(columns), tuple(rows), caption, footnotes)
+    if plan.shared:
+        footnotes += ("Settings all rows share: " + ", ".join(f"{k} {v}" for k, v in plan.shared.items()) + ".",)
+    return Table(dataset, which, tuple(columns), tuple(rows), caption, footnotes,
+                 setting_columns=tuple(plan.differing), warning=plan.warning)
 
 
 # ----------------------------------------------------------------------------- rendering
@@ -396,7 +499,9 @@ def to_text(table: Table) -> str:
         return "  ".join([first, *rest]).rstrip()
 
     rule = "  ".join("-" * w for w in widths)
-    return "\n".join([table.caption, "", render(table.header), rule, *map(render, lines[1:]), *table.footnotes])
+    warning = [f"warning: {table.warning}"] if table.warning else []
+    return "\n".join([table.caption, "", render(table.header), rule, *map(render, lines[1:]), *table.footnotes,
+                      *warning])
 
 
 def to_markdown(table: Table) -> str:
@@ -411,6 +516,8 @@ def to_markdown(table: Table) -> str:
     alignment = "|:--" + "|--:" * (len(table.header) - 1) + "|"
     body = [render(table.header), alignment, *map(render, table.text_rows())]
     notes = ["", *map(escape, table.footnotes)] if table.footnotes else []
+    if table.warning:
+        notes += ["", f"**Warning:** {escape(table.warning)}"]
     return "\n".join([f"**Table.** {table.caption}", "", *body, *notes]) + "\n"
 
 
@@ -428,111 +535,19 @@ def _number(value: float | None) -> str:
 def to_csv(table: Table, path: str | os.PathLike) -> Path:
     """CSV with ``<domain>_mean`` / ``<domain>_std`` columns (percent; empty when undefined)."""
     path = Path(path)
-    header = ["method", "selection"]
+    header = ["method", "selection", *table.setting_columns]
     for name in (*table.domains, "avg"):
         header += [f"{name}_mean", f"{name}_std"]
-    header.append("n")
+    header += ["n", "mb_per_run", "seconds_per_run"]
     with _atomic_open(path, "w") as file:
         writer = csv.writer(file)
         writer.writerow(header)
         for row in table.rows:
-            line = [row.label, "+".join(row.selections)]
+            line = [row.label, "+".join(row.selections), *(_setting_text(row.settings.get(k)) for k in
+                                                            table.setting_columns)]
             for cell in (*(row.cells[d] for d in table.domains), row.average):
                 line += [_number(cell.mean), _number(cell.std)]
-            writer.writerow([*line, row.n])
-    return path
-
-
-# ----------------------------------------------------------------------------- curves
-
-
-def _curves(records: Sequence[RunRecord]) -> tuple[list[str], dict[str, dict[str, dict[int, dict[int, float]]]]]:
-    """Domains in order, and label -> domain -> seed -> {round: accuracy %} from metrics.jsonl."""
-    curves: dict[str, dict[str, dict[int, dict[int, float]]]] = {}
-    domains: dict[str, None] = {}
-    for record in records:
-        for row in record.metrics:
-            if "round" not in row or not isinstance(row.get("target_acc"), dict):
-                continue
-            for domain, accuracy in row["target_acc"].items():
-                if accuracy is None:
-                    continue
-                domains.setdefault(domain, None)
-                per_seed = curves.setdefault(record.label, {}).setdefault(domain, {})
-                per_seed.setdefault(record.seed, {})[int(row["round"])] = 100.0 * accuracy
-    return list(domains), curves
-
-
-def _average_curve(per_domain: dict[str, dict[int, dict[int, float]]]) -> dict[int, dict[int, float]]:
-    """seed -> {round: mean over that seed's domains}, at rounds where all of them were evaluated."""
-    seeds = {seed for per_seed in per_domain.values() for seed in per_seed}
-    averaged = {}
-    for seed in seeds:
-        series = [per_seed[seed] for per_seed in per_domain.values() if seed in per_seed]
-        common = set.intersection(*(set(s) for s in series))
-        averaged[seed] = {r: statistics.fmean(s[r] for s in series) for r in sorted(common)}
-    return averaged
-
-
-def _mean_band(per_seed: dict[int, dict[int, float]]) -> tuple[list[int], list[float], list[float]]:
-    """Rounds, mean over seeds, and sample std over seeds (0 where one seed) at each round."""
-    rounds = sorted({r for series in per_seed.values() for r in series})
-    means, stds = [], []
-    for r in rounds:
-        values = [series[r] for series in per_seed.values() if r in series]
-        means.append(statistics.fmean(values))
-        stds.append(statistics.stdev(values) if len(values) >= 2 else 0.0)
-    return rounds, means, stds
-
-
-def plot_accuracy(records: Sequence[RunRecord], path: str | os.PathLike) -> Path:
-    """PNG of target accuracy per round per method: mean over seeds with a ±1 std band.
-
-    One panel per held-out domain (if at most 6) plus one for the mean over held-out domains
-    (omitted when there is a single domain, where it would repeat that panel).
-    """
-    from matplotlib.figure import Figure  # Figure without pyplot: no global backend/state
-    from matplotlib.ticker import MaxNLocator
-
-    domains, curves = _curves(records)
-    if not curves:
-        raise DataError("the runs' metrics.jsonl files have no per-round target_acc; nothing to plot")
-    panels: list[tuple[str, dict[str, dict[int, dict[int, float]]]]] = []
-    if len(domains) <= MAX_DOMAIN_PANELS:
-        panels += [(f"target: {d}", {label: {d: c[d]} for label, c in curves.items() if d in c}) for d in domains]
-    if len(domains) > 1:
-        panels.append(("mean over held-out domains", curves))
-
-    columns = min(len(panels), 3)
-    rows = math.ceil(len(panels) / columns)
-    figure = Figure(figsize=(4.5 * columns, 3.4 * rows + 0.6), layout="constrained")
-    axes_grid = figure.subplots(rows, columns, squeeze=False)
-    colors = {label: f"C{index % 10}" for index, label in enumerate(curves)}
-    for axes, (title, panel_curves) in zip(axes_grid.flat, panels):
-        for label, per_domain in panel_curves.items():
-            rounds, means, stds = _mean_band(_average_curve(per_domain))
-            if not rounds:
-                continue
-            low = [m - s for m, s in zip(means, stds)]
-            high = [m + s for m, s in zip(means, stds)]
-            axes.plot(rounds, means, color=colors[label], label=label, marker="." if len(rounds) < 30 else None)
-            axes.fill_between(rounds, low, high, color=colors[label], alpha=0.2, linewidth=0)
-        axes.set_title(title)
-        axes.set_xlabel("round")
-        axes.xaxis.set_major_locator(MaxNLocator(integer=True))
-        axes.set_ylabel("accuracy (%)")
-        axes.grid(alpha=0.3)
-    for axes in list(axes_grid.flat)[len(panels):]:
-        axes.set_visible(False)
-    legend: dict[str, object] = {}  # a method may be missing from some panels (leave-one-out)
-    for axes in axes_grid.flat:
-        for handle, label in zip(*axes.get_legend_handles_labels()):
-            legend.setdefault(label, handle)
-    figure.legend(list(legend.values()), list(legend), loc="outside lower center", ncols=min(len(legend), 4) or 1)
-
-    path = Path(path)
-    with _atomic_open(path, "wb") as file:
-        figure.savefig(file, format="png", dpi=110)
+            writer.writerow([*line, row.n, _number(row.megabytes.mean), _number(row.seconds.mean)])
     return path
 
 
@@ -570,15 +585,21 @@ def write_report(
     records = collect(run_dirs, include_incomplete=include_incomplete)
     table = results_table(records, which, order=order, dataset=dataset)
     records = [r for r in records if r.dataset == table.dataset]
+    if table.warning:
+        warnings.warn(table.warning, stacklevel=2)
+    row_of = plan_rows(records).row_of
     paths = {"csv": to_csv(table, out_dir / "report.csv")}
     if any("target_acc" in row for r in records for row in r.metrics):
-        paths["plot"] = plot_accuracy(records, out_dir / "accuracy.png")
+        paths["plot"] = plot_accuracy(records, out_dir / "accuracy.png", lambda run: row_of[run.path])
+        paths["training"] = plot_training(records, out_dir / "training.png", lambda run: row_of[run.path])
     else:
         warnings.warn("no run logged per-round target_acc in metrics.jsonl; accuracy.png not written", stacklevel=2)
 
     sections = [f"# Results: {table.dataset}", "", to_markdown(table)]
     if "plot" in paths:
-        sections += ["![Target accuracy per round (mean ± std over seeds)](accuracy.png)", ""]
+        sections += ["![Target accuracy per round (mean ± std over seeds)](accuracy.png)", "",
+                     "![Training: target accuracy (★ selected round, dotted: chance), source-validation accuracy, "
+                     "loss, accuracy against traffic](training.png)", ""]
     sections += [*_runs_section(records, out_dir), ""]
     with _atomic_open(out_dir / "report.md", "w") as file:
         file.write("\n".join(sections))

@@ -117,6 +117,11 @@ class Reporter:
             self.bar.close()
 
 
+def _number(value: float) -> str:
+    """Counts as integers, measurements with two decimals."""
+    return f"{int(value):,}" if float(value).is_integer() else f"{value:,.2f}"
+
+
 def _mean(values) -> float:
     values = list(values)
     return sum(values) / len(values) if values else float("nan")
@@ -306,7 +311,7 @@ def train_experiment(exp: Experiment, out: Path, *, quiet: bool, checkpoint,
     for note in notes:
         reporter.info(note)
     if setup_info:
-        reporter.info("setup exchange: " + ", ".join(f"{k} {v:.2f}" for k, v in setup_info.items()))
+        reporter.info("setup exchange: " + ", ".join(f"{k} {_number(v)}" for k, v in setup_info.items()))
     try:
         last_loss = float("nan")
         since_eval: list[dict[str, float]] = []
@@ -396,7 +401,7 @@ def make_summary(exp: Experiment, records: list[dict[str, Any]], selector: Selec
     if not records:
         raise FedstyleError("the run finished without any evaluation")
     config, last = exp.config, records[-1]
-    label = exp.label + (" (oracle)" if config.selection == "oracle" else "")
+    label = (config.label or exp.label) + (" (oracle)" if config.selection == "oracle" else "")
     summary = {
         "method": config.method,
         "label": label,
@@ -410,6 +415,7 @@ def make_summary(exp: Experiment, records: list[dict[str, Any]], selector: Selec
         "selected_round": selector.best_round,
         "rounds": config.rounds,
         "num_clients": len(exp.client_specs),
+        "num_classes": exp.dataset.num_classes,
         "targets": {d: {"selected": selector.best_targets.get(d), "last": last["target_acc"][d]} for d in exp.targets},
         "target_avg": {
             "selected": _mean(selector.best_targets.values()),

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import datetime as dt
 import ipaddress
-import os
 from pathlib import Path
 
 from fedstyle.errors import ConfigError
@@ -30,12 +29,8 @@ def site_key_paths(folder: Path, site: int) -> tuple[Path, Path]:
 
 
 def _write(path: Path, data: bytes, private: bool) -> None:
-    def write(tmp: Path) -> None:
-        tmp.write_bytes(data)
-        if private:
-            os.chmod(tmp, 0o600)
-
-    atomic_write(path, write)
+    # a private key is 0600 from its creation on, before a byte of it is written
+    atomic_write(path, lambda tmp: tmp.write_bytes(data), mode=0o600 if private else None)
 
 
 def make_certificates(folder: str | Path, hosts: list[str] | None = None, sites: int = 0) -> list[Path]:
