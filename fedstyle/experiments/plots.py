@@ -190,7 +190,7 @@ def plot_training(runs: Sequence, path: str | Path, row_of: Callable | None = No
                           color=colors[row_of(run)], label="_selected")
     if len(chance) == 1:
         axes.axhline(100.0 / chance.pop(), color="grey", linestyle=":", linewidth=1, label="chance")
-    _round_axes(axes, "target accuracy (★ selected round)", "accuracy (%)")
+    _round_axes(axes, "target accuracy (★ each run at its selected round)", "accuracy (%)")
 
     for name, curves, title, ylabel in (("source", source, "source-validation accuracy", "accuracy (%)"),
                                         ("loss", loss, "training loss", "loss")):
