@@ -132,22 +132,26 @@ def test_zero_neighbour_spread_shifts_half_the_batch_exactly_to_the_neighbours_s
     assert sum(carries) == 3 and sum(unchanged) == 3 and all(a != b for a, b in zip(carries, unchanged))
 
 
-def test_explore_with_alpha_zero_is_the_identity_and_alpha_three_matches_eq18():
+@pytest.mark.parametrize("negative_sigma", ["keep", "clamp"])
+def test_explore_with_alpha_zero_is_the_identity_and_alpha_three_matches_eq18(negative_sigma):
     torch.manual_seed(0)
     h = _features()
-    out, _ = _algo(ops="explore", alpha=0.0).restyle_stage(h, None)
+    out, _ = _algo(ops="explore", alpha=0.0, negative_sigma=negative_sigma).restyle_stage(h, None)
     assert torch.allclose(out, h, atol=1e-5)
-    out, _ = _algo(ops="explore", alpha=3.0).restyle_stage(h, None)
+    out, _ = _algo(ops="explore", alpha=3.0, negative_sigma=negative_sigma).restyle_stage(h, None)
     mu, sigma = channel_stats(h)
-    mu_out, sigma_out = channel_stats(out)
     moved = [k for k in range(6) if not torch.allclose(out[k], h[k], atol=1e-5)]
     assert len(moved) == 3  # a random half, no oversampling: the batch keeps its size
+    negative = 0
     for k in moved:  # mu_e = mu + 3 (mu - E_b mu), sigma likewise (no shift ran: E_b over the batch itself)
-        assert torch.allclose(mu_out[k], mu[k] + 3 * (mu[k] - mu.mean(0)), atol=1e-4)
-        # a sigma extrapolated below 0 is clamped at 1e-6 (the shared op); the output's sigma then reads
-        # sqrt(1e-12 + 1e-6) through channel_stats' eps
-        sigma_e = (sigma[k] + 3 * (sigma[k] - sigma.mean(0))).clamp_min(1e-6)
-        assert torch.allclose(sigma_out[k], (sigma_e**2 + 1e-6).sqrt(), atol=1e-4)
+        mu_e = mu[k] + 3 * (mu[k] - mu.mean(0))
+        sigma_e = sigma[k] + 3 * (sigma[k] - sigma.mean(0))
+        negative += int((sigma_e < 0).sum())
+        if negative_sigma == "clamp":
+            sigma_e = sigma_e.clamp_min(1e-6)
+        expected = (h[k] - mu[k]) / sigma[k] * sigma_e + mu_e  # AdaIN, Eq. 1, with the equation's sigma_e
+        assert torch.allclose(out[k], expected, atol=1e-4)
+    assert negative > 0  # this batch exercises the case: keep inverts the contrast, clamp flattens
 
 
 def test_mixstyle_step_gives_convex_combinations_of_the_batch_styles():

@@ -63,6 +63,12 @@ Ambiguities settled (hyperparameter, default first):
   The simulator's share hook runs in eval mode; ``eval`` keeps that (BatchNorm's running
   statistics), which early in training gives features on another scale than the ones the shift is
   applied to.
+- ``negative_sigma``: at alpha = 3 every explored sample with sigma below 3/4 of the batch mean gets a
+  negative sigma_e. ``keep`` (default) uses Eq. 18 and AdaIN (Eq. 1) as written: the map's contrast
+  is inverted around its new mean, its content kept; ``clamp`` clamps sigma_e at 1e-6, the shared
+  op's default, which flattens such a map to its mean (its content is lost at that stage).
+  StyleShift's sampled sigma (Eq. 17) is clamped at 1e-6 by ``sample_styles`` (a draw below zero
+  needs eps < -sigma_bar_j / Sigma_sigma_j: rare).
 - ``ops``: the paper always runs all three steps; a subset is an ablation (e.g. ``ops=shift``).
 
 Logged per round (``train_metrics`` in metrics.jsonl): ``loss_ce``, ``style_fired`` (fraction of the
@@ -128,6 +134,8 @@ class StyleDDG(Algorithm):
         HParam("mix_from", "explored", "MixStyle within the explored styles (explored, Fig. 1c) or the shifted "
                "styles mixed with permuted explored ones (shifted, Eq. 19 literally)",
                choices=("explored", "shifted")),
+        HParam("negative_sigma", "keep", "a sigma extrapolated below 0 (Eq. 18): keep it (AdaIN inverts the "
+               "map's contrast, Eq. 1 as written) or clamp it at 1e-6 (the map goes flat)", choices=("keep", "clamp")),
         HParam("share_stats", "train", "psi_i from BatchNorm with batch statistics as in training (train, Eq. 15; "
                "running statistics untouched) or with running statistics (eval)", choices=("train", "eval")),
         HParam("no_neighbour", "skip", "without any neighbour style: skip StyleShift (skip) or shift to the "
@@ -244,7 +252,8 @@ class StyleDDG(Algorithm):
             ref_mu, ref_sigma = (new_mu, new_sigma) if self.hp["explore_center"] == "shifted" else (mu, sigma)
             center = (ref_mu.mean(0, keepdim=True), ref_sigma.mean(0, keepdim=True))
             idx = torch.randperm(batch, device=h.device)[:half]
-            e_mu, e_sigma = explore_styles(new_mu[idx], new_sigma[idx], self.hp["alpha"], center)
+            floor = 1e-6 if self.hp["negative_sigma"] == "clamp" else None
+            e_mu, e_sigma = explore_styles(new_mu[idx], new_sigma[idx], self.hp["alpha"], center, min_sigma=floor)
             new_mu, new_sigma = new_mu.index_copy(0, idx, e_mu), new_sigma.index_copy(0, idx, e_sigma)
         if "mix" in self.steps:  # Eq. 19
             lam = self._beta_for(h.device).sample((batch, 1, 1, 1)).to(h.dtype)
