@@ -103,7 +103,8 @@ def plan(args) -> tuple[list, list[tuple[str, Network, Path, list[str]]]]:
                 continue
             graph = base_config(dataset, network, args.scale, args)
             keep = scale["m9_rows"] if network.devices == 9 else None
-            star_rows, graph_rows = ([v for v in rows if keep is None or v.name in keep] for rows in (STAR_ROWS, GRAPH_ROWS))
+            star_rows, graph_rows = ([v for v in rows if keep is None or v.name in keep]
+                                     for rows in (STAR_ROWS, GRAPH_ROWS))
             jobs += plan_jobs(graph.updated(topology="star"), star_rows, seeds, domains, out)
             jobs += plan_jobs(graph, graph_rows, seeds, domains, out)
     return jobs, tables

@@ -9,7 +9,6 @@ import json
 import networkx as nx
 import pytest
 import torch
-from torch import nn
 
 from fedstyle.algorithms import METHODS
 from fedstyle.algorithms.context import ClientContext, TrainSettings
@@ -116,7 +115,8 @@ def test_resnet18_shares_the_papers_1792_numbers():
 # -- the style steps (Eq. 16-19) ---------------------------------------------------------------------
 def _features(seed=1, b=6, c=3):
     g = torch.Generator().manual_seed(seed)
-    return torch.randn(b, c, 5, 5, generator=g) * torch.linspace(0.5, 2.0, b).view(b, 1, 1, 1) + torch.arange(b).view(b, 1, 1, 1)
+    scale, shift = torch.linspace(0.5, 2.0, b).view(b, 1, 1, 1), torch.arange(b).view(b, 1, 1, 1)
+    return torch.randn(b, c, 5, 5, generator=g) * scale + shift
 
 
 def test_zero_neighbour_spread_shifts_half_the_batch_exactly_to_the_neighbours_statistics():

@@ -97,7 +97,8 @@ from fedstyle.algorithms.registry import register_method
 from fedstyle.errors import ConfigError
 from fedstyle.models.batchnorm import batch_statistics
 from fedstyle.payload import Payload
-from fedstyle.style import StyleSummary, batch_style, channel_stats, explore_styles, restyle, sample_styles, summarize_styles
+from fedstyle.style import (StyleSummary, batch_style, channel_stats, explore_styles, restyle, sample_styles,
+                            summarize_styles)
 from fedstyle.style.mixstyle import fires
 
 #: the three style steps of Eq. 16–19, in the order they run
@@ -112,7 +113,8 @@ def _names(text: str) -> list[str]:
 class StyleDDG(Algorithm):
     name = "styleddg"
     label = "StyleDDG"
-    summary = "decentralized SGD with neighbours' batch styles: StyleShift + StyleExplore + MixStyle (peer-to-peer only)"
+    summary = ("decentralized SGD with neighbours' batch styles: StyleShift + StyleExplore + MixStyle "
+               "(peer-to-peer only)")
     paper = ("Zehtabi et al., Decentralized federated domain generalization with style sharing: a formal modeling "
              "and convergence analysis, MobiHoc 2025")
     topologies = PEER_TO_PEER
@@ -147,7 +149,8 @@ class StyleDDG(Algorithm):
         hp = super().resolve(given)
         stages = _names(hp["stages"])
         if not stages:
-            raise ConfigError("styleddg: --hp stages is empty; give backbone stages, e.g. --hp stages=layer1,layer2,layer3")
+            raise ConfigError("styleddg: --hp stages is empty; give backbone stages, "
+                              "e.g. --hp stages=layer1,layer2,layer3")
         if len(set(stages)) != len(stages):
             raise ConfigError(f"styleddg: --hp stages={hp['stages']} names a stage twice; list each once, "
                               "e.g. --hp stages=layer1,layer2,layer3")

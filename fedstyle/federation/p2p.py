@@ -172,7 +172,8 @@ class P2PSimulator:
         mean_loss = float(total_loss) / (steps * n)
         check_finite(mean_loss, contexts[0])
         # a device's metrics: what its share hook logged (e.g. share_seconds) and its training hook logged
-        metrics = ({**share.logged_metrics(), **train.logged_metrics()} for share, train in zip(share_contexts, contexts))
+        metrics = ({**share.logged_metrics(), **train.logged_metrics()}
+                   for share, train in zip(share_contexts, contexts))
         return RoundResult(round_index, mean_loss, list(range(n)), time.perf_counter() - start,
                            metrics=mean_metrics(metrics))
 
