@@ -190,6 +190,15 @@ def test_moon_previous_model_is_per_client_with_one_frozen_copy():
     assert len(algo._frozen) == 1  # one frozen module for every client's previous model
 
 
+def test_moon_with_mu_zero_keeps_no_previous_model():
+    algo, model = make_model("moon", hp={"mu": 0.0})
+    sim = StarSimulator(algo, model, make_clients(2), SETTINGS, seed=0, device=CPU)
+    for r in range(2):
+        result = sim.run_round(r)
+    assert set(result.metrics) == {"moon_ce"}
+    assert not any(k.startswith("moon/") for k in sim.client_states[0])
+
+
 class BnProbe(MOON):
     """Checks that the frozen global model holds this client's own BatchNorm under local_bn."""
 
