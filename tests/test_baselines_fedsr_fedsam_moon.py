@@ -21,7 +21,7 @@ from fedstyle.errors import ConfigError
 from fedstyle.experiments.runner import resume_experiment, run_experiment
 from fedstyle.federation.rounds import FederationSettings
 from fedstyle.federation.star import StarSimulator
-from fedstyle.models.necks import GaussianNeck, gaussian_kl
+from fedstyle.models.necks import gaussian_kl
 
 from tiny import SETTINGS, make_clients, make_model
 
