@@ -183,7 +183,7 @@ class PARDON(StyleExchange):
     def resolve(cls, given: Mapping[str, Any]) -> dict[str, Any]:
         hp = super().resolve(given)
         check_style_backend(cls.name, hp)
-        if "band" in given and hp["style_backend"] != "fft":
+        if hp["band"] != DEFAULT_BAND and hp["style_backend"] != "fft":  # (the runner passes back every value)
             raise ConfigError(f"band is an option of the fft backend, not of style_backend={hp['style_backend']}")
         if hp["reference_code"]:
             for key, value in REFERENCE.items():
