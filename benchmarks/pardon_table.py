@@ -17,7 +17,7 @@ and PARDON's paired batch do not buy extra optimizer steps):
   10 rounds (the paper: 50), one local epoch on digits4 (~2 steps of 32 per client), 4 local
   steps on fashion4 (a fifth of an epoch), evaluation every 2 rounds; ``--rounds`` overrides;
 * ``smoke``: digits4 only, 20 clients, one LODO target and one LTDO split, 1 seed, 2 rounds of one
-  step, the ``fft`` style backend (no networks): 14 runs, about two minutes on a 2-core CPU.
+  step, the ``fft`` style backend (no networks) and CCST with K = 1: 14 runs, a pipeline check.
 
 Finished runs are reused; ``--workers`` runs several at once (a GPU holds many of these jobs).
 
@@ -55,18 +55,19 @@ class Scale:
     eval_every: int
     local: dict  # per dataset: local_epochs / local_steps
     backend: str
+    ccst_k: int  # CCST's styles per image
 
 
 SCALES = {
     "full": Scale(DATASETS, 100, 0.2, (0, 1, 2), 0, 0, 10, 2,
-                  {"digits4": {"local_epochs": 1}, "fashion4": {"local_steps": 4}}, "lite"),
-    "smoke": Scale(("digits4",), 20, 0.2, (0,), 1, 1, 2, 2, {"digits4": {"local_steps": 1}}, "fft"),
+                  {"digits4": {"local_epochs": 1}, "fashion4": {"local_steps": 4}}, "lite", 3),
+    "smoke": Scale(("digits4",), 20, 0.2, (0,), 1, 1, 2, 2, {"digits4": {"local_steps": 1}}, "fft", 1),
 }
 
 
-def main_variants(backend: str) -> list[Variant]:
+def main_variants(backend: str, ccst_k: int) -> list[Variant]:
     return [Variant("fedavg", "fedavg"), Variant("fedgma", "fedgma"), Variant("feddg_ga", "feddg_ga"),
-            Variant("ccst", "ccst", {"style_type": "overall", "k": 3, "style_backend": backend}),
+            Variant("ccst", "ccst", {"style_type": "overall", "k": ccst_k, "style_backend": backend}),
             Variant("pardon", "pardon", {"style_backend": backend})]
 
 
@@ -103,7 +104,7 @@ def plan(scale: Scale, out: Path, rounds: int, device: str):
         domains = load_dataset(dataset, progress=False).domains
         lodo = domains[: scale.lodo_targets or len(domains)]
         splits = ltdo_splits(domains, scale.ltdo_splits)
-        main = tuple(main_variants(scale.backend))
+        main = tuple(main_variants(scale.backend, scale.ccst_k))
         for protocol in ("lodo", "ltdo"):
             folder = out / f"{dataset}-{protocol}-lam0.1"
             groups.append(Group(dataset, protocol, 0.1, main, folder))

@@ -225,13 +225,14 @@ def test_each_image_is_transferred_to_sg_once_and_rides_along_aligned():
 
 
 def test_training_logs_each_loss_term_and_aggregates_by_size():
-    clients = make_clients()
-    clients[2] = ClientData(clients[2].images[:8], clients[2].labels[:8], clients[2].domains[:8], clients[2].transform)
-    sim = simulator(clients=clients)
+    from fedstyle.algorithms.base import Algorithm
+
+    sim = simulator()
     sim.setup()
     result = sim.run_round(0)
     assert {"ce", "triplet", "reg"} <= set(result.metrics)
     assert all(math.isfinite(v) for v in result.metrics.values())
+    assert type(sim.algo).aggregate is Algorithm.aggregate and sim.algo.hp["aggregation"] == "size"  # FedAvg by size
 
 
 # -- Eq. 7 and Eq. 8 by hand ---------------------------------------------------------------------------------------
@@ -288,6 +289,9 @@ def test_reference_code_sets_the_public_codes_choices_unless_given():
     assert hp["margin"] == 1.0  # given explicitly: kept
     assert PARDON.resolve({"reference_code": True, "style_backend": "fft"})["local_features"] == "style"
     assert PARDON.resolve({"local_partition": "3"})["local_partition"] == "3"
+    defaults = PARDON.resolve({})  # FaceNet-style normalised triplet, L_reg on the code's scale
+    assert (defaults["normalize"], defaults["reg_scale"], defaults["distance"], defaults["negatives"]) == \
+        (True, "element", "squared", "mean")
 
 
 @pytest.mark.parametrize("given,message", [

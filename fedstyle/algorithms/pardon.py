@@ -34,10 +34,15 @@ features for ResNets, the flattened C x h x w map on the ConvNet). The loss is
 * L_T (Eq. 7), per anchor z_i: [ d(z_i, z_i^p) - mean_{n in N_i} d(z_i, z_n^p) + margin ]_+ with
   N_i the transferred samples of the *other* classes in the batch; d the squared distance
   (``distance=squared``, Eq. 7) or the distance (``euclidean``); ``negatives=mean`` (Eq. 7) or one
-  random negative per anchor (``random``); ``normalize``: L2-normalise z, z^p first. Anchors whose
-  class fills the batch have no negative and no triplet; they are left out;
-* L_reg (Eq. 8) = sum_i ||z_i||^2 + ||z_i^p||^2 (``reg_scale=sample``), or divided by the feature
-  dimension (``element``: the public code's mean over elements);
+  random negative per anchor (``random``). ``normalize=true`` (default) takes the distances between
+  L2-normalised features: Eq. 7 is FaceNet's triplet loss (the paper's [45]), whose embeddings live
+  on the unit hypersphere, and without it the squared distances of raw features have no scale (the
+  margin is negligible and the repulsion grows with the feature norm: training collapsed, see
+  below). Anchors whose class fills the batch have no negative and no triplet; they are left out;
+* L_reg (Eq. 8) on the raw features = sum_i ||z_i||^2 + ||z_i^p||^2 divided by the feature
+  dimension (``reg_scale=element``, default: the public code's mean over elements, the scale its
+  gamma2 = 0.2 was chosen for), or per sample as printed (``sample``; with gamma2 = 0.2 it dominates
+  the loss and training collapses, see below);
 * ``reduction=mean`` divides both sums over the batch by the number of terms (anchors with a
   triplet; |B| for L_reg), so gamma1 and gamma2 do not depend on the batch size (and match the
   public code's averaged losses, whose gamma values are the defaults); ``sum`` is Eq. 7/8 as printed.
@@ -46,7 +51,13 @@ Each term is logged per round (``ce``, ``triplet``, ``reg``). Aggregation: size-
 (Section III-B "Aggregation"; ``aggregation=uniform`` for equal weights).
 
 Defaults: the paper gives no gamma1, gamma2 or margin; the defaults are the public code's (0.75,
-0.2, 0.3). ``reference_code=true`` sets every choice of the public code the method controls, unless
+0.2, 0.3), and the scales of L_T and L_reg are chosen so that those values mean what they mean
+there (normalised features, L_reg per element). Measured on digits4 (leave mnistm out, 3 clients,
+4 rounds x 15 steps of 64, fft backend, seed 0; FedAvg 44.7 %): Eq. 7 on raw features with Eq. 8 per
+sample 10.0 % (chance), raw features with L_reg per element 13.7 %, the defaults 51.4 %, the public
+code's choices under the same SGD 44.2 %, CE on x and x' alone 48.6 %.
+
+``reference_code=true`` sets every choice of the public code the method controls, unless
 given explicitly: one random negative, L2-normalised features, non-squared distance, CE on the
 originals only, L_reg averaged over elements, transfer_alpha 0.5, the finest FINCH partition on
 the server, the lower median, flattened feature maps for the local clustering (encoder backends;
@@ -168,13 +179,14 @@ class PARDON(StyleExchange):
                choices=("mean", "random")),
         HParam("distance", "squared", "triplet distance: squared (Eq. 7) or euclidean (public code)",
                choices=("squared", "euclidean")),
-        HParam("normalize", False, "L2-normalise the features before the triplet loss (public code)"),
+        HParam("normalize", True, "L2-normalise the features before the triplet loss (FaceNet's triplet loss, "
+               "the paper's [45]; public code too)"),
         HParam("ce_views", "both", "cross-entropy on the originals and their transfers (both) or on the originals "
                "only (original, public code)", choices=("both", "original")),
         HParam("reduction", "mean", "Eq. 7 and 8's sums over the batch: averaged (mean) or as printed (sum)",
                choices=("mean", "sum")),
-        HParam("reg_scale", "sample", "L_reg per sample ||z||^2 (sample, Eq. 8) or per element (element, public code)",
-               choices=("sample", "element")),
+        HParam("reg_scale", "element", "L_reg per element, i.e. Eq. 8 / feature dim (element, public code) or per "
+               "sample ||z||^2 as printed (sample)", choices=("sample", "element")),
         HParam("reference_code", False, "the public code's choices for every option above not given explicitly "
                "(optimizer and lr are run flags: --optimizer adam --lr 3e-5)"),
     )
