@@ -41,7 +41,7 @@ client — MixStyle or DSU at chosen stages — and FedBN's local BatchNorm), so
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Mapping
+from typing import Any, ClassVar, Mapping, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -267,11 +267,20 @@ def check_finite(loss: float, ctx: ClientContext) -> None:
         )
 
 
-def weighted_average(updates: list[ClientUpdate], uniform: bool = False) -> dict[str, torch.Tensor]:
-    """Average of the clients' weights by sample count (or equally); integer buffers are rounded."""
+def weighted_average(updates: list[ClientUpdate], uniform: bool = False,
+                     coefs: Sequence[float] | None = None) -> dict[str, torch.Tensor]:
+    """Average of the clients' weights by sample count (or equally, or by the given ``coefs``, which
+    are normalised to sum 1); integer buffers are rounded."""
     if not updates:
         raise FedstyleError("no client returned an update this round")
-    sizes = torch.tensor([1.0 if uniform else float(u.num_samples) for u in updates], dtype=torch.float64)
+    if coefs is not None:
+        if len(coefs) != len(updates):
+            raise FedstyleError(f"{len(coefs)} aggregation coefficients for {len(updates)} updates")
+        sizes = torch.tensor([float(c) for c in coefs], dtype=torch.float64)
+        if not bool(torch.isfinite(sizes).all()) or bool((sizes < 0).any()) or float(sizes.sum()) <= 0:
+            raise FedstyleError(f"aggregation coefficients must be finite, >= 0 and not all 0, got {sizes.tolist()}")
+    else:
+        sizes = torch.tensor([1.0 if uniform else float(u.num_samples) for u in updates], dtype=torch.float64)
     coefs = (sizes / sizes.sum()).tolist()
     out: dict[str, torch.Tensor] = {}
     for key, first in updates[0].weights.items():

@@ -159,6 +159,8 @@ class ServerContext:
     round: int
     num_clients: int
     seed: int
+    #: the run's number of rounds (0: not known), for schedules over the run (FedDG-GA's step decay)
+    rounds: int = 0
 
 
 @dataclass

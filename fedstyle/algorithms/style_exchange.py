@@ -6,14 +6,15 @@ this class wires them to the algorithm hooks. Subclasses say which backend, whic
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from fedstyle.algorithms.base import Algorithm
 from fedstyle.algorithms.hparams import HParam
 from fedstyle.algorithms.context import ClientContext
+from fedstyle.errors import ConfigError
 from fedstyle.payload import Payload
 from fedstyle.seeding import derive_seed
-from fedstyle.style.transfer import StyleTransfer
+from fedstyle.style.transfer import TRANSFER_BACKENDS, StyleTransfer
 from fedstyle.style.transfer.augment import (
     AugmentPlan,
     StyleBank,
@@ -24,6 +25,27 @@ from fedstyle.style.transfer.augment import (
     resolve_style_device,
     stylize_cached,
 )
+
+
+def check_style_backend(method: str, hp: Mapping[str, Any], backend_key: str = "style_backend") -> None:
+    """Refuse, before any work, an unknown backend, weight options of another backend, and the adain
+    backend without its weight files (one-line errors naming the fix)."""
+    name = hp[backend_key]
+    if name not in TRANSFER_BACKENDS:  # checked here, not by choices: backends may register later
+        raise ConfigError(f"hyperparameter {backend_key!r} of {method}: {name!r} is not a style backend; choose one "
+                          f"of {', '.join(TRANSFER_BACKENDS.names())}")
+    for option, backends in (("vgg_weights", ("adain",)), ("decoder_weights", ("adain", "lite"))):
+        if hp.get(option) and name not in backends:
+            raise ConfigError(f"{option} is an option of the {' and '.join(backends)} backend, not of "
+                              f"{backend_key}={name}")
+    if name == "adain":
+        from fedstyle.style.transfer.adain import DECODER_FILE, VGG_FILE, find_weights
+
+        for option, filename in (("vgg_weights", VGG_FILE), ("decoder_weights", DECODER_FILE)):
+            path = find_weights(hp.get(option) or None, filename, option)  # ConfigError when absent
+            if not path.is_file():
+                raise ConfigError(f"{option}={hp[option]} does not exist; pass the path of the public AdaIN "
+                                  f"{filename}, or use the offline backend {backend_key}=lite")
 
 
 class StyleExchange(Algorithm):

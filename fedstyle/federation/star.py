@@ -73,7 +73,7 @@ class StarSimulator:
         self.download_keys = [k for k in model.state_dict() if k not in self.local_keys]
         self.initial_weights = snapshot(model)
         self.server = ServerContext(weights=dict(self.initial_weights), state={}, round=0, num_clients=len(clients),
-                                    seed=seed)
+                                    seed=seed, rounds=settings.rounds)
         algo.init_server_state(self.server)
         self.client_states: dict[int, dict[str, torch.Tensor]] = {i: {} for i in range(len(clients))}
         self.traffic = Traffic()

@@ -87,6 +87,26 @@ class Style:
         return Style(backend, encoder, tensors)
 
 
+def group_sizes(groups: torch.Tensor) -> torch.Tensor:
+    """Members per group of the labels ``groups`` (N,) in 0..G-1; every group must be non-empty."""
+    groups = torch.as_tensor(groups, dtype=torch.long)
+    if groups.dim() != 1 or groups.numel() == 0:
+        raise StyleMismatchError(f"group labels must be a non-empty (N,) tensor, got shape {tuple(groups.shape)}")
+    counts = torch.bincount(groups)
+    if bool((counts == 0).any()) or int(groups.min()) < 0:
+        raise StyleMismatchError("group labels must be 0..G-1 with every group non-empty")
+    return counts
+
+
+def group_mean(values: torch.Tensor, groups: torch.Tensor) -> torch.Tensor:
+    """Row mean of ``values`` (N, ...) within each group (G, ...), in float64."""
+    groups = torch.as_tensor(groups, dtype=torch.long)
+    counts = group_sizes(groups).to(values.device, torch.float64)
+    sums = torch.zeros((len(counts), *values.shape[1:]), dtype=torch.float64, device=values.device)
+    sums.index_add_(0, groups.to(values.device), values.to(torch.float64))
+    return sums / counts.view(-1, *([1] * (values.dim() - 1)))
+
+
 class StyleTransfer(ABC):
     """A style-transfer backend. Images in and out are uint8 (B, 3, H, W) tensors, RGB."""
 
@@ -108,6 +128,17 @@ class StyleTransfer(ABC):
     @abstractmethod
     def transfer(self, content: torch.Tensor, style: Style, alpha: float = 1.0) -> torch.Tensor:
         """Restyle ``content`` (B images) to ``style`` (N = B, one style per image, or N = 1 for all)."""
+
+    def pool_styles(self, style: Style, groups: torch.Tensor) -> Style:
+        """The dataset style of each group of images from their per-image styles.
+
+        ``style`` holds N per-image styles (from :meth:`image_styles`, images of one size) and
+        ``groups`` (N,) labels 0..G-1; the result holds G styles, style g equal to
+        :meth:`dataset_style` over the images of group g (PARDON Eq. 2: a cluster's style over all
+        pixels of its members) without encoding the images again. Backends that cannot pool raise
+        NotImplementedError; callers then compute :meth:`dataset_style` per group.
+        """
+        raise NotImplementedError(f"the {self.name!r} backend cannot pool per-image styles")
 
     def check(self, style: Style) -> None:
         if (style.backend, style.encoder) != (self.name, self.encoder_id):

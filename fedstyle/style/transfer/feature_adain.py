@@ -36,7 +36,7 @@ from torch import nn
 from fedstyle.devices import resolve_device
 from fedstyle.errors import ConfigError
 from fedstyle.style.stats import adain, channel_stats
-from fedstyle.style.transfer.base import Style, StyleMismatchError, StyleTransfer
+from fedstyle.style.transfer.base import Style, StyleMismatchError, StyleTransfer, group_mean
 
 #: eps inside every sigma = sqrt(var + eps) of image style transfer (the AdaIN reference value)
 ADAIN_EPS = 1e-5
@@ -167,6 +167,19 @@ class FeatureAdaIN(StyleTransfer):
         mean = total / count
         var = (total_sq / count - mean.square()).clamp_(min=0.0)  # rounding can make it -1e-17
         return self._style(mean[None], (var + ADAIN_EPS).sqrt()[None])
+
+    @torch.no_grad()
+    def pool_styles(self, style: Style, groups: torch.Tensor) -> Style:
+        """Each group's (mu, sigma) over all pixels of its images from the per-image styles: with
+        equal pixel counts per image (one client's images share H x W), mu_g = mean_i mu_i and
+        sigma_g^2 = mean_i (sigma_i^2 - eps + mu_i^2) - mu_g^2 (+ eps), i.e. :meth:`dataset_style`
+        of the group up to float rounding, without encoding the images again."""
+        self.check(style)
+        mean = style.tensors["mean"].to(torch.float64)
+        second = style.tensors["std"].to(torch.float64).square() - ADAIN_EPS + mean.square()  # E[f^2] per image
+        group_mu = group_mean(mean, groups)
+        var = (group_mean(second, groups) - group_mu.square()).clamp_(min=0.0)
+        return self._style(group_mu, (var + ADAIN_EPS).sqrt())
 
     @torch.no_grad()
     def transfer(self, content: torch.Tensor, style: Style, alpha: float = 1.0) -> torch.Tensor:

@@ -27,7 +27,7 @@ import torch
 
 from fedstyle.devices import resolve_device
 from fedstyle.errors import ConfigError
-from fedstyle.style.transfer.base import TRANSFER_BACKENDS, Style, StyleMismatchError, StyleTransfer
+from fedstyle.style.transfer.base import TRANSFER_BACKENDS, Style, StyleMismatchError, StyleTransfer, group_mean
 
 DEFAULT_BAND = 0.1
 
@@ -101,6 +101,12 @@ class FFTAmplitude(StyleTransfer):
         if count == 0:
             raise StyleMismatchError("cannot compute the overall style of an empty dataset")
         return Style(self.name, self.encoder_id, {"amplitude": (total / count).float().unsqueeze(0).cpu()})
+
+    @torch.no_grad()
+    def pool_styles(self, style: Style, groups: torch.Tensor) -> Style:
+        """Each group's mean amplitude: :meth:`dataset_style` of the group's images, from their spectra."""
+        self.check(style)
+        return Style(self.name, self.encoder_id, {"amplitude": group_mean(style.tensors["amplitude"], groups).float()})
 
     @torch.no_grad()
     def transfer(self, content: torch.Tensor, style: Style, alpha: float | torch.Tensor = 1.0) -> torch.Tensor:

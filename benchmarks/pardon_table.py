@@ -1,0 +1,196 @@
+"""PARDON benchmark (issue 11 §4): PARDON's setting on offline data.
+
+Bai et al.'s domain-heterogeneity partition (``--partition lambda``, lambda = 0.1), 100 clients,
+20 % sampled per round, on digits4 and fashion4, leave-one-domain-out (every domain held out) and
+leave-two-domains-out (test domain d_i, held-out validation domain d_{i+1}; model selection on
+it), 3 seeds. Rows: FedAvg, FedGMA, FedDG-GA, CCST (overall styles, K = 3) and PARDON. A second
+grid, PARDON's heterogeneity sweep: PARDON vs FedAvg at lambda in {0, 0.1, 1} on each dataset's
+first LTDO split (as the paper's Fig. 3: one split, several lambdas; lambda = 0.1 is the main
+grid's run). A last table gives the setup exchange: PARDON's one style up and S_g down per
+client against CCST's style bank, and the style / stylization throughput.
+
+Scales (per dataset; every method gets the same number of local steps, so CCST's K-fold data
+and PARDON's paired batch do not buy extra optimizer steps):
+
+* ``full``: the issue's grid — 2 datasets x (4 LODO + 4 LTDO) x 5 methods x 3 seeds = 240 runs,
+  plus 2 x 2 x 2 lambda runs x 3 seeds = 24 — with the training shortened to fit a GPU session:
+  10 rounds (the paper: 50), one local epoch on digits4 (~2 steps of 32 per client), 4 local
+  steps on fashion4 (a fifth of an epoch), evaluation every 2 rounds; ``--rounds`` overrides;
+* ``smoke``: digits4 only, 20 clients, one LODO target and one LTDO split, 1 seed, 2 rounds of one
+  step, the ``fft`` style backend (no networks) and CCST with K = 1: 14 runs, a pipeline check.
+
+Finished runs are reused; ``--workers`` runs several at once (a GPU holds many of these jobs).
+
+    python benchmarks/pardon_table.py --scale full --device cuda --workers 12 --out runs/pardon
+    python benchmarks/pardon_table.py --scale smoke --out /tmp/pardon-smoke
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from fedstyle.data import load_dataset
+from fedstyle.experiments.config import RunConfig
+from fedstyle.experiments.report import to_markdown, write_report
+from fedstyle.experiments.sweep import Variant, plan_jobs, run_sweep
+
+DATASETS = ("digits4", "fashion4")
+LAMBDAS = (0.0, 0.1, 1.0)
+
+
+@dataclass(frozen=True)
+class Scale:
+    datasets: tuple[str, ...]
+    clients: int
+    fraction: float
+    seeds: tuple[int, ...]
+    lodo_targets: int  # how many domains are held out in turn (0: all)
+    ltdo_splits: int  # how many (test, validation) splits (0: one per domain)
+    rounds: int
+    eval_every: int
+    local: dict  # per dataset: local_epochs / local_steps
+    backend: str
+    ccst_k: int  # CCST's styles per image
+
+
+SCALES = {
+    "full": Scale(DATASETS, 100, 0.2, (0, 1, 2), 0, 0, 10, 2,
+                  {"digits4": {"local_epochs": 1}, "fashion4": {"local_steps": 4}}, "lite", 3),
+    "smoke": Scale(("digits4",), 20, 0.2, (0,), 1, 1, 2, 2, {"digits4": {"local_steps": 1}}, "fft", 1),
+}
+
+
+def main_variants(backend: str, ccst_k: int) -> list[Variant]:
+    return [Variant("fedavg", "fedavg"), Variant("fedgma", "fedgma"), Variant("feddg_ga", "feddg_ga"),
+            Variant("ccst", "ccst", {"style_type": "overall", "k": ccst_k, "style_backend": backend}),
+            Variant("pardon", "pardon", {"style_backend": backend})]
+
+
+def sweep_variants(backend: str) -> list[Variant]:
+    return [Variant("fedavg", "fedavg"), Variant("pardon", "pardon", {"style_backend": backend})]
+
+
+def base_config(scale: Scale, dataset: str, lam: float, rounds: int, device: str) -> RunConfig:
+    return RunConfig(dataset=dataset, partition="lambda", lam=lam, clients=scale.clients, fraction=scale.fraction,
+                     rounds=rounds, batch_size=32, lr=0.05, lr_schedule="cosine", eval_every=scale.eval_every,
+                     device=device, **scale.local[dataset])
+
+
+def ltdo_splits(domains: list[str], count: int) -> list[tuple[str, str]]:
+    """(test domain d_i, validation domain d_{i+1}) for the first ``count`` domains (0: all)."""
+    pairs = [(d, domains[(i + 1) % len(domains)]) for i, d in enumerate(domains)]
+    return pairs[: count or len(pairs)]
+
+
+@dataclass(frozen=True)
+class Group:
+    """One table: a dataset, a protocol, a lambda, its variants, and where its runs live."""
+
+    dataset: str
+    protocol: str
+    lam: float
+    variants: tuple[Variant, ...]
+    folder: Path
+
+
+def plan(scale: Scale, out: Path, rounds: int, device: str):
+    groups, jobs = [], []
+    for dataset in scale.datasets:
+        domains = load_dataset(dataset, progress=False).domains
+        lodo = domains[: scale.lodo_targets or len(domains)]
+        splits = ltdo_splits(domains, scale.ltdo_splits)
+        main = tuple(main_variants(scale.backend, scale.ccst_k))
+        for protocol in ("lodo", "ltdo"):
+            folder = out / f"{dataset}-{protocol}-lam0.1"
+            groups.append(Group(dataset, protocol, 0.1, main, folder))
+            base = base_config(scale, dataset, 0.1, rounds, device).updated(protocol=protocol)
+            if protocol == "lodo":
+                jobs += plan_jobs(base, main, scale.seeds, lodo, folder)
+            else:
+                for test, val in splits:
+                    jobs += plan_jobs(base.updated(val_domain=val), main, scale.seeds, [test], folder)
+        test, val = splits[0]
+        for lam in LAMBDAS:
+            if lam == 0.1:
+                continue  # the main LTDO grid holds it
+            folder = out / f"{dataset}-ltdo-{test}-lam{lam:g}"
+            rows = tuple(sweep_variants(scale.backend))
+            groups.append(Group(dataset, "ltdo", lam, rows, folder))
+            base = base_config(scale, dataset, lam, rounds, device).updated(protocol="ltdo", val_domain=val)
+            jobs += plan_jobs(base, rows, scale.seeds, [test], folder)
+    return groups, jobs
+
+
+def setup_table(groups: list[Group]) -> str:
+    """Per dataset and variant with a setup exchange: mean over runs of bytes and throughputs."""
+    lines = ["| dataset | variant | setup bytes up (all clients) | setup bytes down | style img/s | "
+             "stylize img/s | style s | stylize s | runs |", "|---|---|--:|--:|--:|--:|--:|--:|--:|"]
+    seen = set()
+    for group in groups:
+        for v in group.variants:
+            setups = [json.loads(p.read_text()).get("setup") for p in sorted((group.folder / v.name).glob("seed*/*/summary.json"))]
+            setups = [s for s in setups if s]
+            if not setups or (group.dataset, v.name, group.folder) in seen:
+                continue
+            seen.add((group.dataset, v.name, group.folder))
+
+            def mean(key: str) -> float:
+                values = [s[key] for s in setups if key in s]
+                return statistics.fmean(values) if values else float("nan")
+
+            lines.append(f"| {group.dataset} ({group.protocol}, λ={group.lam:g}) | {v.name} | "
+                         f"{mean('setup_bytes_up'):,.0f} | {mean('setup_bytes_down'):,.0f} | "
+                         f"{mean('style_images_per_s'):,.0f} | {mean('stylized_images_per_s'):,.0f} | "
+                         f"{mean('style_seconds'):.1f} | {mean('stylize_seconds'):.1f} | {len(setups)} |")
+    return "\n".join(lines)
+
+
+def report(groups: list[Group], out: Path) -> None:
+    for group in groups:
+        dirs = [group.folder / v.name for v in group.variants if (group.folder / v.name).exists()]
+        if not dirs:
+            continue
+        print(f"\n## {group.dataset}, {group.protocol}, lambda = {group.lam:g}  ({group.folder})\n")
+        for which in ("selected", "last"):
+            table, paths = write_report(dirs, group.folder / f"report-{which}", which=which)
+            print(to_markdown(table))
+            print()
+    print("\n## Setup exchange\n")
+    print(setup_table(groups))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--scale", choices=sorted(SCALES), default="smoke")
+    parser.add_argument("--out", default=None, help="runs folder (default runs/pardon-<scale>)")
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--workers", type=int, default=1, help="runs at once (worker processes)")
+    parser.add_argument("--seeds", type=int, nargs="+", default=None, help="override the scale's seeds")
+    parser.add_argument("--rounds", type=int, default=None, help="override the scale's rounds")
+    parser.add_argument("--backend", default=None, help="style backend of CCST and PARDON (scale default: full lite, "
+                        "smoke fft)")
+    parser.add_argument("--report-only", action="store_true", help="tabulate the finished runs, run nothing")
+    args = parser.parse_args()
+
+    scale = SCALES[args.scale]
+    if args.seeds is not None:
+        scale = Scale(**{**scale.__dict__, "seeds": tuple(args.seeds)})
+    if args.backend is not None:
+        scale = Scale(**{**scale.__dict__, "backend": args.backend})
+    out = Path(args.out or f"runs/pardon-{args.scale}")
+    groups, jobs = plan(scale, out, args.rounds or scale.rounds, args.device)
+    if args.report_only:
+        jobs = []
+    print(f"{len(jobs)} runs to do in {out}", file=sys.stderr)
+    wall = run_sweep(jobs, workers=args.workers)
+    report(groups, out)
+    print(f"\nwall time {wall:.0f} s ({len(jobs)} runs)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,183 @@
+"""FedDG-GA: generalization adjustment of the aggregation weights (Zhang et al., CVPR'23; baselines notes §5).
+
+Local training is FedAvg's; the server keeps one aggregation weight a_i per client (a probability
+vector over all N clients, ``server.state``, checkpointed; a_i = 1/N at the start, the paper's
+uniform initialisation) and moves it each round towards the clients whose generalization gap is
+larger:
+
+    G_i   = L(w^r; D_i) - L(w_i; D_i)                 the gap (``metric=loss``, s = +1), or
+    G_i   = Acc(w^r; D_i) - Acc(w_i; D_i)             (``metric=acc``, s = -1, the official scripts)
+    G^_i  = G_i / max_j |G_j|                          (``center=true``: G - mean G first)
+    a_i  <- a_i + s * (d_r / M) * G^_i,    d_r = d * (1 - r / R)          linear step decay
+    a    <- clip(a, 0, 1) / sum(clip(a, 0, 1))          stays a probability vector
+
+with w^r the global model received in round r, w_i the client's model after its own last local
+training, r the round (0-based) and R the number of rounds. M: the official code hard-codes 1/3 for
+its three source clients; here M = N, the number of clients the weights are spread over, so a
+weight moves by the same fraction of itself as in the paper (``step_divisor`` overrides M).
+
+The round's aggregation: w^{r+1} = sum_{i in S} a_i w_i / sum_{i in S} a_i over the clients that
+returned an update (the stored weights renormalised over the sampled clients).
+
+Partial participation (the paper has all clients in every round; this is PARDON's fork's policy):
+the gaps need client-side evaluation, done in the *query* phase — each sampled client evaluates
+the received global model on its local training data (eval mode, no augmentation; fedstyle keeps
+no per-client validation split) and subtracts the loss (accuracy) of its own model at the end of
+its last participation, kept in ``ctx.state`` (``local_loss=eval``: that model evaluated the same
+way right after local training, the paper's L^before; ``train``: the round's mean training loss,
+no extra pass — with ``metric=acc`` eval is needed). It uploads the gap, one number. Only sampled
+clients' weights move; the others count as gap 0 (they do not enter max |G|) and keep theirs up to
+the renormalisation. A client without a previous participation reports no gap (NaN) and its weight
+is left alone. Weights computed from the gaps of round r are used for round r's aggregation (in
+the paper, the weights computed after round r-1's aggregation aggregate round r: the same timing).
+
+``reference_code=true`` is PARDON's fork: step (1 - r/R) / 3 (d = 1, M = 3, unless given), round 0
+aggregated by size, a client without a previous participation counts its previous loss as 0, a
+round with a NaN gap aggregated by size, and the previous local loss = the training loss
+(``local_loss=train`` unless given; how the fork records it is read from the notes).
+
+Defaults: d = 0.2 (the official PACS scripts; their helper's default is 0.1), metric loss (the
+paper's definition; the official scripts default to accuracy), no centring (the official code).
+Cost: with ``local_loss=eval`` two evaluation passes over the local data per sampled client per round.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping
+
+import torch
+import torch.nn.functional as F
+
+from fedstyle.algorithms.base import Algorithm, weighted_average
+from fedstyle.algorithms.hparams import HParam
+from fedstyle.algorithms.registry import register_method
+from fedstyle.errors import ConfigError
+
+WEIGHTS = "feddg_ga/weights"  # server.state: a (N,), a probability vector
+_SIZE_ROUND = "feddg_ga/size_round"  # server.state: 1 when this round aggregates by size (reference code)
+_BEFORE = "feddg_ga/local_loss"  # ctx.state: loss of the client's model after its last local training
+_BEFORE_ACC = "feddg_ga/local_acc"
+_EVAL_BATCH = 256
+
+#: reference_code=true: PARDON's fork, for the options not given explicitly
+REFERENCE = {"step": 1.0, "step_divisor": 3, "local_loss": "train"}
+
+
+@torch.no_grad()
+def local_loss_and_accuracy(model, data, device: torch.device, batch_size: int = _EVAL_BATCH) -> tuple[float, float]:
+    """Mean cross-entropy and accuracy of ``model`` on a client's data, eval mode, no augmentation."""
+    was_training = model.training
+    model.eval()
+    loss = torch.zeros((), dtype=torch.float64, device=device)
+    correct = torch.zeros((), dtype=torch.float64, device=device)
+    n = len(data)
+    for start in range(0, n, batch_size):
+        x = data.transform(data.images[start : start + batch_size].to(device), train=False)
+        y = data.labels[start : start + batch_size].to(device)
+        logits = model(x)
+        loss += F.cross_entropy(logits, y, reduction="sum").double()
+        correct += (logits.argmax(dim=1) == y).sum().double()
+    model.train(was_training)
+    return float(loss) / max(1, n), float(correct) / max(1, n)
+
+
+def adjust_weights(weights: torch.Tensor, clients: list[int], gaps: list[float], step: float, *,
+                   sign: float = 1.0, center: bool = False) -> torch.Tensor:
+    """One generalization adjustment: ``weights`` (N,) moved by ``sign * step * G^_i`` for the clients
+    with a finite gap, clipped to [0, 1] and renormalised to a probability vector (see the module)."""
+    out = weights.clone().to(torch.float64)
+    g = torch.tensor(gaps, dtype=torch.float64)
+    valid = torch.isfinite(g)
+    if bool(valid.any()):
+        ids = torch.tensor(clients, dtype=torch.long)[valid]
+        g = g[valid]
+        if center:
+            g = g - g.mean()
+        scale = g.abs().max()
+        if float(scale) > 0:
+            out[ids] += sign * step * g / scale
+    out.clamp_(0.0, 1.0)
+    total = float(out.sum())
+    return out / total if total > 0 else torch.full_like(out, 1.0 / len(out))
+
+
+@register_method
+class FedDGGA(Algorithm):
+    """Generalization adjustment of the aggregation weights (see the module docstring)."""
+
+    name = "feddg_ga"
+    label = "FedDG-GA"
+    summary = ("FedAvg whose per-client aggregation weights move each round towards the clients with the larger "
+               "generalization gap (global model's loss on local data minus the local model's), step decayed")
+    paper = "Zhang et al., Federated domain generalization with generalization adjustment, CVPR 2023"
+    HPARAMS = (
+        HParam("step", 0.2, "step size d of the weight update, decayed linearly to 0 over the rounds", low=0.0),
+        HParam("step_divisor", 0, "M in d_r / M (0: the number of clients)", low=0),
+        HParam("metric", "loss", "generalization gap in loss (paper) or accuracy (official scripts' default)",
+               choices=("loss", "acc")),
+        HParam("center", False, "subtract the participants' mean gap before normalising"),
+        HParam("local_loss", "eval", "the local model's loss kept for the next gap: evaluated after training (eval) "
+               "or the round's mean training loss (train, no extra pass)", choices=("eval", "train")),
+        HParam("reference_code", False, "PARDON's fork: step (1 - r/R)/3, size-weighted round 0 and NaN rounds, "
+               "previous loss 0 before a first participation, training loss as the local loss"),
+    )
+
+    @classmethod
+    def resolve(cls, given: Mapping[str, Any]) -> dict[str, Any]:
+        hp = super().resolve(given)
+        if hp["reference_code"]:
+            for key, value in REFERENCE.items():
+                if key not in given:
+                    hp[key] = value
+        if hp["metric"] == "acc" and hp["local_loss"] == "train":
+            raise ConfigError("feddg_ga metric=acc needs the local model's accuracy: use local_loss=eval")
+        return hp
+
+    # -- server -------------------------------------------------------------------------
+    def init_server_state(self, server):
+        server.state[WEIGHTS] = torch.full((server.num_clients,), 1.0 / server.num_clients, dtype=torch.float64)
+        server.state[_SIZE_ROUND] = torch.zeros((), dtype=torch.float64)
+
+    def step_at(self, server) -> float:
+        """d_r / M of round ``server.round`` (no decay when the number of rounds is unknown)."""
+        decay = 1.0 - server.round / server.rounds if server.rounds > 0 else 1.0
+        divisor = self.hp["step_divisor"] or server.num_clients
+        return self.hp["step"] * max(0.0, decay) / divisor
+
+    def round_payloads(self, server, client_ids, queries):
+        gaps = [float(queries.get(c, {}).get("gap", math.nan)) for c in client_ids]
+        sign = -1.0 if self.hp["metric"] == "acc" else 1.0
+        server.state[WEIGHTS] = adjust_weights(server.state[WEIGHTS].cpu(), list(client_ids), gaps,
+                                               self.step_at(server), sign=sign, center=self.hp["center"])
+        by_size = self.hp["reference_code"] and (server.round == 0 or not all(math.isfinite(g) for g in gaps))
+        server.state[_SIZE_ROUND] = torch.tensor(float(by_size), dtype=torch.float64)
+        return {}
+
+    def aggregate(self, server, updates):
+        weights = server.state[WEIGHTS]
+        coefs = [float(weights[u.client_id]) for u in updates]
+        if bool(server.state[_SIZE_ROUND]) or sum(coefs) <= 0:  # every participant clipped to 0: by size
+            return weighted_average(updates)
+        return weighted_average(updates, coefs=coefs)
+
+    # -- client -------------------------------------------------------------------------
+    def round_query(self, ctx, model):
+        """The gap of the received global model (``model`` holds it, eval mode) on the local data."""
+        loss, acc = local_loss_and_accuracy(model, ctx.data, ctx.device)
+        after, before_key = (acc, _BEFORE_ACC) if self.hp["metric"] == "acc" else (loss, _BEFORE)
+        if before_key in ctx.state:
+            before = float(ctx.state[before_key])
+        else:
+            before = 0.0 if self.hp["reference_code"] else math.nan
+        return {"gap": after - before}
+
+    def local_train(self, ctx, model, payload):
+        result = super().local_train(ctx, model, payload)
+        if self.hp["local_loss"] == "eval":
+            loss, acc = local_loss_and_accuracy(model, ctx.data, ctx.device)
+            ctx.state[_BEFORE_ACC] = torch.tensor(acc, dtype=torch.float64)
+        else:
+            loss = result.train_loss
+        ctx.state[_BEFORE] = torch.tensor(loss, dtype=torch.float64)
+        return result

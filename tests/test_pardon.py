@@ -1,0 +1,356 @@
+"""PARDON (pardon.txt Eq. 1-9): clustered client styles, the median interpolation style, the setup
+exchange that broadcasts S_g only, the triplet loss and the feature regulariser, bad input.
+
+Styles are checked by hand on an identity "encoder" (features = pixels in [0, 1]); the setup
+exchange and runs use the fft backend (no networks, fast).
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from fedstyle.algorithms import METHODS
+from fedstyle.algorithms.pardon import PARDON, SERVER_CLUSTERS, VIEW, feature_regularizer, triplet_loss
+from fedstyle.data.client import ClientData
+from fedstyle.data.transforms import BatchTransform
+from fedstyle.errors import ConfigError
+from fedstyle.federation.star import FederationSettings, StarSimulator
+from fedstyle.models import build_model
+from fedstyle.payload import payload_nbytes
+from fedstyle.seeding import seed_everything
+from fedstyle.style.transfer import TRANSFER_BACKENDS, FeatureAdaIN, Style
+from fedstyle.style.transfer.feature_adain import ADAIN_EPS
+from fedstyle.style.transfer.interpolation import (
+    finch_partition,
+    interpolation_style,
+    local_style,
+    median_style,
+)
+
+EPS_STD = math.sqrt(ADAIN_EPS)
+
+
+class PixelAdaIN(FeatureAdaIN):
+    """Identity encoder and decoder: styles are the channel moments of the pixels in [0, 1]."""
+
+    name = "pixel"
+
+    def __init__(self, device="cpu"):
+        super().__init__(nn.Identity(), nn.Identity(), "identity", 1, "cpu", 128)
+
+
+@pytest.fixture(autouse=True)
+def fresh_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("FEDSTYLE_CACHE", str(tmp_path / "cache"))
+
+
+def flat_image(r: int, g: int, b: int) -> torch.Tensor:
+    """A 2 x 2 uint8 image whose every pixel is (r, g, b)."""
+    return torch.tensor([r, g, b], dtype=torch.uint8).view(1, 3, 1, 1).expand(1, 3, 2, 2).clone()
+
+
+# -- client style: FINCH clusters, style over all pixels of each cluster, mean over clusters ----------------------
+def two_cluster_client() -> torch.Tensor:
+    """A client with two styles: 3 red images (R = .2, .4, .6) and 2 blue ones (B = .2, .8)."""
+    red = [flat_image(v, 0, 0) for v in (51, 102, 153)]
+    blue = [flat_image(0, 0, v) for v in (51, 204)]
+    return torch.cat(red + blue)
+
+
+@pytest.mark.parametrize("features", ["style", "flat"])
+def test_client_style_is_the_mean_over_clusters(features):
+    images = two_cluster_client()
+    backend = PixelAdaIN()
+    # FINCH (cosine) puts the red and the blue images apart: 3 and 2 members
+    vectors = backend.image_styles(images)
+    labels = finch_partition(torch.cat([vectors.tensors["mean"], vectors.tensors["std"]], 1), "coarsest")
+    assert labels.tolist() == [0, 0, 0, 1, 1]
+    local = local_style(backend, images, features=features, partition="coarsest", batch_size=2)
+    assert local.clusters == 2 and local.images == 5
+    # Eq. 2, red cluster over all 12 pixels: mu_R = .4, var_R = mean(.04, .16, .36) - .16 = .026667
+    #        blue cluster over all 8 pixels: mu_B = .5, var_B = mean(.04, .64) - .25 = .09
+    # client style = plain mean of the two cluster styles, not weighted by their sizes
+    mean = torch.tensor([(0.4 + 0.0) / 2, 0.0, (0.0 + 0.5) / 2])
+    std = torch.tensor([(math.sqrt(0.16 / 6 + ADAIN_EPS) + EPS_STD) / 2, EPS_STD,
+                        (EPS_STD + math.sqrt(0.09 + ADAIN_EPS)) / 2])
+    torch.testing.assert_close(local.style.tensors["mean"][0], mean, atol=1e-6, rtol=0)
+    torch.testing.assert_close(local.style.tensors["std"][0], std, atol=1e-6, rtol=1e-5)
+    # the overall style of all pixels would let the bigger red cluster dominate
+    overall = backend.dataset_style([images])
+    assert float(overall.tensors["mean"][0, 0]) == pytest.approx(0.24, abs=1e-6)  # 3 * .4 / 5
+
+
+def test_pooled_cluster_styles_equal_the_dataset_style_of_their_members():
+    g = torch.Generator().manual_seed(0)
+    images = torch.randint(0, 256, (9, 3, 5, 4), dtype=torch.uint8, generator=g)
+    groups = torch.tensor([0, 1, 0, 2, 1, 0, 2, 2, 2])
+    fft = TRANSFER_BACKENDS.get("fft")(device="cpu")
+    for backend in (PixelAdaIN(), fft):
+        pooled = backend.pool_styles(backend.image_styles(images), groups)
+        for j in range(3):
+            direct = backend.dataset_style([images[groups == j]])
+            for key, value in direct.tensors.items():
+                torch.testing.assert_close(pooled.tensors[key][j], value[0], atol=1e-5, rtol=1e-5)
+
+
+def test_clustering_fallbacks_do_not_crash():
+    assert finch_partition(torch.rand(1, 6)).tolist() == [0]  # one image: one cluster
+    assert finch_partition(torch.rand(2, 6)).tolist() == [0, 0]  # fewer than FINCH can split
+    assert finch_partition(torch.ones(7, 6)).tolist() == [0] * 7  # identical styles
+    rows = torch.cat([torch.rand(4, 6) + 1, torch.zeros(2, 6)])  # all-zero rows: cosine undefined
+    labels = finch_partition(rows).tolist()
+    assert labels[4] == labels[5] and labels[4] not in labels[:4]
+    assert finch_partition(torch.zeros(3, 6)).tolist() == [0, 0, 0]
+    separated = torch.cat([torch.tensor([[1.0, 0.0]]).repeat(3, 1), torch.tensor([[0.0, 1.0]]).repeat(3, 1)])
+    assert finch_partition(separated, 1).tolist() == [0] * 6  # one requested cluster
+    assert finch_partition(separated, 5).tolist() == [0, 0, 0, 1, 1, 1]  # more requested than FINCH finds
+    backend = PixelAdaIN()
+    one = local_style(backend, flat_image(10, 20, 30), batch_size=4)  # a client with a single image
+    assert one.clusters == 1
+    torch.testing.assert_close(one.style.tensors["mean"], backend.image_styles(flat_image(10, 20, 30)).tensors["mean"])
+
+
+# -- S_g: FINCH on the client styles, cluster means, element-wise median -------------------------------------------
+def styles(rows) -> Style:
+    t = torch.tensor(rows, dtype=torch.float32)
+    return Style("pixel", "identity", {"mean": t[:, :2], "std": t[:, 2:]})
+
+
+def test_median_of_odd_and_even_counts():
+    odd = styles([[1, 5, 9, 0], [3, 4, 7, 2], [2, 6, 8, 1]])
+    m = median_style(odd)
+    assert m.tensors["mean"].tolist() == [[2, 5]] and m.tensors["std"].tolist() == [[8, 1]]
+    assert median_style(odd, "lower").tensors["mean"].tolist() == [[2, 5]]  # odd: one rule
+    even = styles([[1, 5, 9, 0], [3, 4, 7, 2], [2, 6, 8, 1], [10, 0, 0, 4]])
+    assert median_style(even).tensors["mean"].tolist() == [[2.5, 4.5]]  # mean of the two middle values
+    assert median_style(even).tensors["std"].tolist() == [[7.5, 1.5]]
+    assert median_style(even, "lower").tensors["mean"].tolist() == [[2, 4]]  # the code's lower median
+    assert median_style(even, "lower").tensors["std"].tolist() == [[7, 1]]
+
+
+def test_interpolation_style_is_the_median_of_cluster_means():
+    # four groups of two clients, each group along its own direction; FINCH's finest partition pairs them
+    rows = []
+    for direction in ([1, 0, 0, 0], [0, 1, 0, 0], [0, 0, 1, 0], [0, 0, 0, 1]):
+        base = torch.tensor(direction, dtype=torch.float32) * 4 + 1
+        rows += [base.tolist(), (base * 1.5).tolist()]  # same direction, another scale: mutual first neighbours
+    client_styles = styles(rows)
+    s_g, labels = interpolation_style(client_styles, partition="finest", median="midpoint")
+    assert labels.tolist() == [0, 0, 1, 1, 2, 2, 3, 3]
+    # cluster means (Eq. 4): 1.25 * (4 e_k + 1); each element's four values are 1.25 x {5, 1, 1, 1}
+    expected = torch.full((1, 4), 1.25)  # even count: mean of the two middle values 1.25 and 1.25
+    torch.testing.assert_close(torch.cat([s_g.tensors["mean"], s_g.tensors["std"]], 1), expected)
+    # an odd number of clusters: three groups
+    three = styles(rows[:6])
+    s_g, labels = interpolation_style(three, partition="finest", median="lower")
+    assert labels.max() == 2
+    torch.testing.assert_close(torch.cat([s_g.tensors["mean"], s_g.tensors["std"]], 1), torch.full((1, 4), 1.25))
+
+
+# -- the setup exchange -----------------------------------------------------------------------------------------------
+SIZE = 16
+
+
+def make_clients(n=3, per_client=20, classes=4, augment="none"):
+    g = torch.Generator().manual_seed(0)
+    transform = BatchTransform((0.5, 0.5, 0.5), (0.5, 0.5, 0.5), augment)
+    clients = []
+    for c in range(n):
+        tint = torch.tensor([1.0 if k == c % 3 else 0.3 for k in range(3)]).view(1, 3, 1, 1)
+        labels = torch.arange(per_client) % classes
+        base = (labels * 50 + 30).view(-1, 1, 1, 1).float()
+        noise = torch.randint(0, 40, (per_client, 3, SIZE, SIZE), generator=g).float()
+        images = ((base + noise) * tint).clamp(0, 255).to(torch.uint8)
+        clients.append(ClientData(images, labels, torch.full((per_client,), c), transform))
+    return clients
+
+
+def simulator(hp=None, clients=None, rounds=1):
+    seed_everything(0)
+    clients = clients if clients is not None else make_clients()
+    model = build_model("convnet", 4, SIZE)
+    algo = PARDON({"style_backend": "fft", **(hp or {})}, num_classes=4, num_clients=len(clients))
+    algo.configure_model(model)
+    settings = FederationSettings(rounds=rounds, lr=0.05, batch_size=8, local_steps=2)
+    return StarSimulator(algo, model, clients, settings, seed=0, device=torch.device("cpu"))
+
+
+def test_the_broadcast_holds_only_the_global_style():
+    sim = simulator(clients=make_clients(n=5))
+    received = {}
+    original = sim.algo.setup_download
+
+    def spy(ctx, model, broadcast):
+        received[ctx.client_id] = dict(broadcast)
+        return original(ctx, model, broadcast)
+
+    sim.algo.setup_download = spy
+    uploads = {c: sim.algo.setup_upload(sim.context(c, -1, "setup"), sim.model) for c in range(5)}
+    info = sim.setup()
+    assert sorted(received) == list(range(5))
+    expected, _ = interpolation_style(Style.concat([Style.from_payload(uploads[c]) for c in range(5)]))
+    for payload in received.values():
+        assert set(payload) == {"style/backend", "style/encoder", "style/tensor/amplitude"}  # one style, nothing else
+        s_g = Style.from_payload(payload)
+        assert len(s_g) == 1
+        torch.testing.assert_close(s_g.tensors["amplitude"], expected.tensors["amplitude"])
+        for other in uploads.values():  # no client's own style travels down
+            assert not torch.equal(s_g.tensors["amplitude"], other["style/tensor/amplitude"])
+    assert set(sim.server.state) == {SERVER_CLUSTERS}  # the server keeps no client style either
+    one_up = payload_nbytes(uploads[0])
+    assert info["setup_bytes_up"] == 5 * one_up and info["setup_bytes_down"] == 5 * one_up  # one style each way
+    assert info["style_images"] == 5 * 20 and info["augmented_images"] == 5 * 20
+    assert info["style_images_per_s"] > 0 and info["stylized_images_per_s"] > 0 and info["style_clusters"] >= 5
+
+
+def test_each_image_is_transferred_to_sg_once_and_rides_along_aligned():
+    sim = simulator(clients=make_clients(augment="crop_flip"))
+    sim.setup()
+    backend = sim.algo.backend(sim.context(0, -1, "setup"))
+    received = Style.from_payload(sim.algo.setup_broadcast(
+        {c: sim.algo.setup_upload(sim.context(c, -1, "setup"), sim.model) for c in range(3)}, sim.server))
+    for data in sim.clients:
+        assert torch.equal(data.views[VIEW], backend.transfer(data.images, received))
+    # the same crop and flip cut x and x': training batches of a view built from the images themselves match
+    data = sim.clients[0]
+    data.set_view(VIEW, data.images.clone())
+    for x, _, _, views in data.batches(8, torch.Generator().manual_seed(3), torch.device("cpu"), 3, views=True):
+        assert torch.equal(x, views[VIEW])
+    again = simulator().setup()  # a second run reuses the cached transfers
+    assert again["cache_hits"] == 3
+
+
+def test_training_logs_each_loss_term_and_aggregates_by_size():
+    from fedstyle.algorithms.base import Algorithm
+
+    sim = simulator()
+    sim.setup()
+    result = sim.run_round(0)
+    assert {"ce", "triplet", "reg"} <= set(result.metrics)
+    assert all(math.isfinite(v) for v in result.metrics.values())
+    assert type(sim.algo).aggregate is Algorithm.aggregate and sim.algo.hp["aggregation"] == "size"  # FedAvg by size
+
+
+# -- Eq. 7 and Eq. 8 by hand ---------------------------------------------------------------------------------------
+def test_triplet_loss_by_hand_on_four_samples():
+    z = torch.tensor([[0.0, 0.0], [1.0, 0.0], [0.0, 2.0], [1.0, 1.0]])
+    zp = torch.tensor([[0.0, 1.0], [1.0, 0.0], [0.0, 0.0], [2.0, 1.0]])
+    y = torch.tensor([0, 0, 1, 1])
+    # anchor 0: pos |(0,0)-(0,1)|^2 = 1; negatives zp2, zp3: 0 and 5 -> mean 2.5; [1 - 2.5 + 3]+ = 1.5
+    # anchor 1: pos 0; negatives |(1,0)-(0,0)|^2 = 1, |(1,0)-(2,1)|^2 = 2 -> 1.5; [0 - 1.5 + 3]+ = 1.5
+    # anchor 2: pos 4; negatives |(0,2)-(0,1)|^2 = 1, |(0,2)-(1,0)|^2 = 5 -> 3; [4 - 3 + 3]+ = 4
+    # anchor 3: pos 1; negatives |(1,1)-(0,1)|^2 = 1, |(1,1)-(1,0)|^2 = 1 -> 1; [1 - 1 + 3]+ = 3
+    assert float(triplet_loss(z, zp, y, margin=3.0, reduction="sum")) == pytest.approx(10.0)
+    assert float(triplet_loss(z, zp, y, margin=3.0)) == pytest.approx(2.5)
+    # margin 0: anchors 0, 1 and 3 give 1 - 2.5, 0 - 1.5 and 1 - 1, clipped to 0; anchor 2 gives 4 - 3 = 1
+    assert float(triplet_loss(z, zp, y, margin=0.0, reduction="sum")) == pytest.approx(1.0)
+
+
+def test_triplet_loss_is_zero_when_positives_coincide_and_negatives_are_far():
+    z = torch.tensor([[0.0, 0.0], [0.1, 0.0], [10.0, 10.0], [10.0, 10.1]])
+    y = torch.tensor([0, 0, 1, 1])
+    for negatives in ("mean", "random"):
+        for distance in ("squared", "euclidean"):
+            loss = triplet_loss(z, z.clone(), y, margin=0.3, negatives=negatives, distance=distance)
+            assert float(loss) == 0.0
+    # anchors without any negative (one class in the batch) form no triplet
+    assert float(triplet_loss(z, z + 1, torch.zeros(4, dtype=torch.long), margin=0.3)) == 0.0
+
+
+def test_reference_triplet_equals_torch_triplet_margin_loss():
+    g = torch.Generator().manual_seed(0)
+    z, zp = torch.randn(2, 5, generator=g), torch.randn(2, 5, generator=g)
+    y = torch.tensor([0, 1])  # one negative per anchor: the random pick is forced
+    ours = triplet_loss(z, zp, y, margin=0.3, negatives="random", distance="euclidean", normalize=True)
+    a, p = nn.functional.normalize(z, dim=1), nn.functional.normalize(zp, dim=1)
+    torch.testing.assert_close(ours, nn.TripletMarginLoss(margin=0.3)(a, p, p[[1, 0]]))
+
+
+def test_feature_regularizer_by_hand():
+    z = torch.tensor([[1.0, 2.0], [0.0, 1.0]])
+    zp = torch.tensor([[1.0, 0.0], [2.0, 2.0]])
+    # Eq. 8: (1 + 4 + 0 + 1) + (1 + 0 + 4 + 4) = 15
+    assert float(feature_regularizer(z, zp, reduction="sum")) == 15.0
+    assert float(feature_regularizer(z, zp)) == 7.5  # over the batch of 2
+    assert float(feature_regularizer(z, zp, scale="element")) == 3.75  # and the 2 feature dimensions
+
+
+# -- options and bad input ------------------------------------------------------------------------------------------
+def test_reference_code_sets_the_public_codes_choices_unless_given():
+    hp = PARDON.resolve({"reference_code": True, "margin": 1.0})
+    assert (hp["negatives"], hp["normalize"], hp["distance"], hp["ce_views"], hp["reg_scale"]) == \
+        ("random", True, "euclidean", "original", "element")
+    assert (hp["transfer_alpha"], hp["server_partition"], hp["median"], hp["local_features"]) == \
+        (0.5, "finest", "lower", "flat")
+    assert hp["margin"] == 1.0  # given explicitly: kept
+    assert PARDON.resolve({"reference_code": True, "style_backend": "fft"})["local_features"] == "style"
+    assert PARDON.resolve({"local_partition": "3"})["local_partition"] == "3"
+    defaults = PARDON.resolve({})  # FaceNet-style normalised triplet, L_reg on the code's scale
+    assert (defaults["normalize"], defaults["reg_scale"], defaults["distance"], defaults["negatives"]) == \
+        (True, "element", "squared", "mean")
+
+
+@pytest.mark.parametrize("given,message", [
+    ({"gamma1": -0.5}, "gamma1.*below the minimum 0.0"),
+    ({"style_backend": "vgg"}, "'vgg' is not a style backend; choose one of"),
+    ({"style_backend": "adain"}, "needs the public AdaIN weights vgg_normalised.pth.*vgg_weights=PATH"),
+    ({"style_backend": "adain", "vgg_weights": "/nowhere/vgg.pth", "decoder_weights": "/nowhere/d.pth"},
+     "vgg_weights=/nowhere/vgg.pth does not exist"),
+    ({"server_partition": "middle"}, "not a FINCH partition; choose finest, coarsest or a number"),
+    ({"style_backend": "fft", "local_features": "flat"}, "fft backend has none"),
+    ({"band": 0.2}, "band is an option of the fft backend"),
+])
+def test_bad_input_is_one_line_naming_the_fix(given, message):
+    with pytest.raises(ConfigError, match=message) as err:
+        METHODS.get("pardon")(given, num_classes=4, num_clients=3)
+    assert "\n" not in str(err.value)
+
+
+def test_bad_input_fails_before_the_run_directory_is_written(tiny_config, tmp_path):
+    with pytest.raises(ConfigError, match="AdaIN weights"):
+        from fedstyle.experiments.runner import run_experiment
+
+        run_experiment(tiny_config.updated(method="pardon", hparams={"style_backend": "adain"}), tmp_path / "r")
+    assert not (tmp_path / "r").exists()
+
+
+# -- runtimes --------------------------------------------------------------------------------------------------------
+@pytest.mark.slow
+def test_pardon_under_flower_sim_equals_the_simulator(tiny_config, tmp_path):
+    """The setup exchange (style up, S_g down, local transfer) and the paired training over Flower's
+    simulation engine give the in-process simulator's metrics and weights bitwise."""
+    pytest.importorskip("flwr", reason="--backend flower-sim needs fedstyle[flower-sim]")
+    pytest.importorskip("ray", reason="--backend flower-sim needs fedstyle[flower-sim]")
+    import json
+
+    from safetensors.torch import load_file
+
+    from fedstyle.experiments.runner import run_experiment
+
+    def evaluations(run_dir):
+        lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+        return [{k: v for k, v in r.items() if k != "seconds"} for r in lines if "event" not in r]
+
+    def setup_bytes(run_dir):
+        setup = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[0])
+        return setup["setup_bytes_up"], setup["setup_bytes_down"], setup["style_images"]
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # Ray actors train with one thread; bitwise equality needs the same here
+    try:
+        config = tiny_config.updated(method="pardon", hparams={"style_backend": "fft"}, partition="per_domain",
+                                     clients=6, clients_per_round=4, lr_schedule="constant")
+        run_experiment(config, tmp_path / "sim", quiet=True)
+        run_experiment(config.updated(backend="flower-sim"), tmp_path / "flower", quiet=True)
+    finally:
+        torch.set_num_threads(threads)
+    assert evaluations(tmp_path / "flower") == evaluations(tmp_path / "sim")  # accuracies, losses, loss terms, bytes
+    assert setup_bytes(tmp_path / "flower") == setup_bytes(tmp_path / "sim")
+    a = load_file(str(tmp_path / "sim" / "checkpoint.safetensors"))
+    b = load_file(str(tmp_path / "flower" / "checkpoint.safetensors"))
+    globals_a = {k: v for k, v in a.items() if k.startswith("global/")}
+    assert globals_a and all(torch.equal(v, b[k]) for k, v in globals_a.items())
