@@ -39,7 +39,8 @@ def setup_table(out: Path) -> str:
             values = [s[key] for s in setups if key in s]
             return statistics.fmean(values) if values else float("nan")
 
-        lines.append(f"| {dataset} | {label} | {mean('style_images_per_s'):,.0f} | {mean('stylized_images_per_s'):,.0f} | "
+        lines.append(f"| {dataset} | {label} | {mean('style_images_per_s'):,.0f} | "
+                     f"{mean('stylized_images_per_s'):,.0f} | "
                      f"{mean('style_seconds'):.1f} | {mean('stylize_seconds'):.1f} | "
                      f"{mean('setup_bytes_up'):,.0f} | {mean('setup_bytes_down'):,.0f} |")
     return "\n".join(lines)

@@ -87,7 +87,8 @@ def make_plan(tiny_root, out, *, only=(), overrides=(), scale=None, **parts):
 
 
 def test_crossed_keys_name_the_folder_between_variant_and_seed(tiny_root, tmp_path):
-    plan = make_plan(tiny_root, tmp_path, top='seeds = [0, 1]\ntargets = ["grey", "red"]\nlr = [0.05, 0.1]', variants="""
+    top = 'seeds = [0, 1]\ntargets = ["grey", "red"]\nlr = [0.05, 0.1]'
+    plan = make_plan(tiny_root, tmp_path, top=top, variants="""
         [[variant]]
         name = "fedavg"
         method = "fedavg"

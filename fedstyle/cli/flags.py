@@ -79,3 +79,13 @@ def print_summary(summary: dict, out: Path) -> None:
     print(f"  selection: {summary['selection_rule']}, round {summary['selected_round']} of {summary['rounds']}; "
           f"{summary['seconds']:.1f} s; {summary['bytes_up'] / 1e6:.1f} MB up, {summary['bytes_down'] / 1e6:.1f} MB down")
     print(f"  run directory: {out}")
+
+
+def stop_on_sigterm() -> None:
+    """SIGTERM (``kill``, a scheduler ending a job) stops a run like Ctrl-C: it says how to resume."""
+    import signal
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, interrupt)

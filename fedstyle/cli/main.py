@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from fedstyle.cli.flags import add_run_flags, check_resume_flags, config_from_args, print_summary
+from fedstyle.cli.flags import add_run_flags, check_resume_flags, config_from_args, print_summary, stop_on_sigterm
 from fedstyle.errors import FedstyleError
 
 RUN_EXAMPLES = """\
@@ -216,16 +216,6 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_sweep_commands(sub)
     return parser
-
-
-def stop_on_sigterm() -> None:
-    """SIGTERM (``kill``, a scheduler ending a job) stops a run like Ctrl-C: it says how to resume."""
-    import signal
-
-    def interrupt(signum, frame):
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, interrupt)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -78,9 +78,10 @@ examples:
 """
 
 
-def _execution_flags(parser: argparse.ArgumentParser) -> None:
+def _execution_flags(parser: argparse.ArgumentParser, default_out: str) -> None:
     group = parser.add_argument_group("what to run")
-    group.add_argument("--out", metavar="DIR", help="output folder of the runs and the report")
+    group.add_argument("--out", metavar="DIR",
+                       help=f"output folder of the runs and the report (default: {default_out})")
     group.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                        help="change a setting of every run ([base]), or replace a crossed key's list: --set rounds=2, "
                        "--set hparams.style_backend=fft, --set seeds=[0,1] (repeatable)")
@@ -101,12 +102,13 @@ def _execution_flags(parser: argparse.ArgumentParser) -> None:
                        help="local: this machine (--workers); ray: each run a Ray task (needs "
                        "pip install -c constraints.txt 'fedstyle[flower-sim]')")
     where.add_argument("--address", metavar="ADDR",
-                       help="with --launcher ray: auto joins the running cluster of this machine, HOST:PORT a head node; "
-                       "default: start a local Ray instance. Every node must see --out at the same path (shared "
+                       help="with --launcher ray: auto joins the running cluster of this machine, HOST:PORT a head "
+                       "node; default: start a local Ray instance. Every node must see --out at the same path (shared "
                        "filesystem) and have fedstyle installed")
     where.add_argument("--cpus-per-run", type=float, default=None, help="with --launcher ray: CPUs per run (default 1)")
     where.add_argument("--gpus-per-run", type=float, default=None,
-                       help="with --launcher ray: GPUs per run, fractions share a GPU (0.25: four runs per GPU; default 0)")
+                       help="with --launcher ray: GPUs per run, fractions share a GPU (0.25: four runs per GPU; "
+                       "default 0)")
 
 
 def make_launcher(args: argparse.Namespace):
@@ -162,13 +164,13 @@ def _run(grid, out: Path, args: argparse.Namespace) -> int:
               file=sys.stderr)
         raise
     for report in reports:
+        for warning in report.warnings:
+            print(f"fedstyle: warning: {warning}", file=sys.stderr)
         if report.table is None:
             continue
         if len(reports) > 1:
             print(f"\n== {', '.join(f'{k} {v}' for k, v in report.group)} ==")
         print(to_text(report.table))
-        for warning in report.warnings:
-            print(f"fedstyle: warning: {warning}", file=sys.stderr)
         for v in report.verdicts:
             print(f"  claim {v.claim}: {v.status} ({v.text})")
     written = [report.paths.get("markdown") for report in reports if report.paths]
@@ -190,7 +192,7 @@ def _run(grid, out: Path, args: argparse.Namespace) -> int:
 
 
 def _cmd_sweep(args: argparse.Namespace) -> int:
-    from fedstyle.cli.main import stop_on_sigterm
+    from fedstyle.cli.flags import stop_on_sigterm
     from fedstyle.experiments.grid import load_grid
 
     stop_on_sigterm()
@@ -200,7 +202,7 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
 
 
 def _cmd_reproduce(args: argparse.Namespace) -> int:
-    from fedstyle.cli.main import stop_on_sigterm
+    from fedstyle.cli.flags import stop_on_sigterm
     from fedstyle.errors import ConfigError
     from fedstyle.experiments.grid import parse_grid, read_toml
     from fedstyle.experiments.paper import list_presets, preset_path
@@ -229,7 +231,7 @@ def add_sweep_commands(sub: argparse._SubParsersAction) -> None:
                            formatter_class=argparse.RawDescriptionHelpFormatter)
     sweep.add_argument("file", metavar="FILE.toml", help="the sweep file")
     sweep.add_argument("--scale", help="the scale to run, for a file with [scales.NAME] tables")
-    _execution_flags(sweep)
+    _execution_flags(sweep, "the file's `out`, else runs/<file name>")
     sweep.set_defaults(func=_cmd_sweep)
 
     reproduce = sub.add_parser("reproduce", help="a paper's main table on fedstyle's datasets, its claims checked",
@@ -239,5 +241,5 @@ def add_sweep_commands(sub: argparse._SubParsersAction) -> None:
     reproduce.add_argument("--list", action="store_true", help="the presets, their scales and the paper's numbers")
     reproduce.add_argument("--scale", default="smoke",
                            help="smoke (minutes on 2 CPU cores), small, full (the benchmark's setting); default smoke")
-    _execution_flags(reproduce)
+    _execution_flags(reproduce, "runs/reproduce/<paper>-<scale>")
     reproduce.set_defaults(func=_cmd_reproduce)

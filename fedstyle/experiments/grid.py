@@ -47,6 +47,9 @@ scale (``seeds``, ``targets``, any crossed key, ``[scales.X.base]`` merged into 
 ``variants = [...]`` a subset of the rows, ``description``), a ``[paper]`` table with the paper's
 numbers and ``claims`` (see :mod:`fedstyle.experiments.paper`).
 
+A variant's own settings win over a bundle's (``topology = "star"`` for a server baseline in a grid
+of peer-to-peer networks); a variant may not fix a key the grid crosses as a list.
+
 Hyperparameters in ``[base.hparams]`` apply to every variant whose method declares them (the
 smoke scale of a preset can switch every style-transfer method to the ``fft`` backend); one that
 no variant's method declares is an error.
@@ -55,6 +58,7 @@ no variant's method declares is an error.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import itertools
 import json
 import re
@@ -198,7 +202,6 @@ class Plan:
     out: Path
     runs: list[PlannedRun]
     rows: list[str]
-    targets_by_row: dict[tuple, list[tuple[str, ...]]] = field(default_factory=dict)
 
     def counts(self) -> dict[str, int]:
         out = {"done": 0, "resume": 0, "new": 0}
@@ -411,7 +414,8 @@ def _apply_scale(data: dict, scale: str | None, where: str) -> tuple[dict, str |
             raise _fail(where, f"[scales.{scale}] variants must be a list of variant names")
         unknown = [n for n in keep if n not in names]
         if unknown:
-            raise _fail(where, f"[scales.{scale}] variants: no variant named {unknown[0]!r}; the file has {', '.join(names)}")
+            raise _fail(where, f"[scales.{scale}] variants: no variant named {unknown[0]!r}; the file has "
+                        f"{', '.join(names)}")
         merged["variant"] = [v for v in data.get("variant", []) if v.get("name") in keep]
     if "description" in chosen:
         text = chosen.pop("description")
@@ -459,7 +463,8 @@ def _apply_overrides(data: dict, overrides: Sequence[tuple[str, Any]], where: st
             data.setdefault("base", {})[key] = value
             for variant in data.get("variant", []):
                 if isinstance(variant, Mapping) and key in variant and isinstance(variant[key], list):
-                    raise ConfigError(f"--set {key}: variant {variant.get('name')!r} crosses {key}; edit the sweep file")
+                    raise ConfigError(f"--set {key}: variant {variant.get('name')!r} crosses {key}; "
+                                      "edit the sweep file")
     return data
 
 
@@ -517,6 +522,8 @@ def parse_grid(data: Mapping[str, Any], where: str, *, scale: str | None = None,
         raise _fail(where, "seed is both in [base] and crossed as seeds = [...]; keep one")
     if targets is not None and "targets" in base:
         raise _fail(where, "targets are both in [base] and crossed at the top; keep one")
+    if targets is not None and any("targets" in a.sets() for a in axes):
+        raise _fail(where, "targets are crossed at the top and set by a bundle; keep one")
     names_seen = {a.name for a in axes}
     for axis in axes:
         clash = axis.sets() & set(base) - {"hparams"}
@@ -526,7 +533,7 @@ def parse_grid(data: Mapping[str, Any], where: str, *, scale: str | None = None,
         for axis in variant.axes:
             if axis.name in names_seen:
                 raise _fail(where, f"variant {variant.name!r} crosses {axis.name}, which the grid crosses already")
-        grid_sets = set().union(*(a.sets() for a in axes)) if axes else set()
+        grid_sets = set().union(*(a.sets() for a in axes if a.kind != "bundle")) if axes else set()
         own = set(variant.settings) | {f"hparams.{k}" for k in variant.hparams}
         for axis in variant.axes:
             own |= axis.sets()
@@ -649,28 +656,12 @@ def plan_grid(grid: Grid, out: str | Path, *, progress: bool = False,
     an error. ``only`` keeps the values listed per key (``variant``, ``seed``, ``target`` or a
     crossed key). Raises one ConfigError naming the first bad run.
     """
-    from fedstyle.experiments.backends import get_backend
-
     out = Path(out)
     datasets = _Datasets(progress)
-    only = {key: set(values) for key, values in only}
-    known = {"variant", "seed", "target"} | {a.name for a in grid.axes} | {a.name for v in grid.variants
-                                                                             for a in v.axes}
-    values_of: dict[str, set[str]] = {"variant": {v.name for v in grid.variants}}
-    for axis in [*grid.axes, *(a for v in grid.variants for a in v.axes)]:
-        values_of.setdefault(axis.name, set()).update(axis.labels)
-    for key, wanted in only.items():
-        if key not in known:
-            raise ConfigError(f"--only {key}: not a crossed key of {grid.where}; choose from {', '.join(sorted(known))}")
-        unknown = sorted(wanted - values_of[key]) if key in values_of else []
-        if unknown:
-            raise ConfigError(f"--only {key}={unknown[0]}: {key} takes {', '.join(sorted(values_of[key]))}")
-    variants = [v for v in grid.variants if "variant" not in only or v.name in only["variant"]]
-    if not variants:
-        raise ConfigError(f"--only variant: none of {sorted(only['variant'])} is a variant of {grid.where}")
-    base_hp = dict(grid.base.get("hparams", {}))
+    only_values = _check_only(grid, only)
+    variants = [v for v in grid.variants if "variant" not in only_values or v.name in only_values["variant"]]
     declared = {v.name: {h.name for h in METHODS.get(v.method).declared_hparams()} for v in grid.variants}
-    for name in base_hp:
+    for name in grid.base.get("hparams", {}):
         if not any(name in d for d in declared.values()):
             raise _fail(grid.where, f"[base.hparams] {name!r} is a hyperparameter of none of the variants' methods "
                         f"({', '.join(sorted({v.method for v in grid.variants}))})")
@@ -681,95 +672,120 @@ def plan_grid(grid: Grid, out: str | Path, *, progress: bool = False,
     seen: dict[Path, str] = {}
     errors: list[str] = []
     for variant in variants:
-        axes = [*grid.axes, *variant.axes]
-        for axis in axes:
-            if axis.kind == "hparam" and axis.key not in declared[variant.name]:
-                raise _fail(grid.where, f"{axis.name} is crossed for variant {variant.name!r}, but {variant.method} "
-                            f"has no hyperparameter {axis.key!r}")
-        seeds = list(variant.seeds or grid.seeds or [])
-        target_spec = variant.targets if variant.targets is not None else grid.targets
-        choices = [[i for i, label in enumerate(a.labels) if a.name not in only or label in only[a.name]]
-                   for a in axes]
-        for combo in itertools.product(*choices):
-            mapping = {k: v for k, v in grid.base.items() if k != "hparams"}
-            mapping["hparams"] = {k: v for k, v in base_hp.items() if k in declared[variant.name]}
-            mapping = _merge(mapping, {**variant.settings, "hparams": variant.hparams})
-            for axis, index in zip(axes, combo):
-                axis.apply(mapping, index)
-            parts = [(a.name, a.labels[i]) for a, i in zip(axes, combo)]
-            group = tuple((k, v) for (k, v), a in zip(parts, axes) if a.name in group_axes and a.scope == "grid")
-            row_parts = [(k, v) for (k, v), a in zip(parts, axes) if not (a.name in group_axes and a.scope == "grid")]
-            row = variant.name + (f"[{','.join(f'{k}={v}' for k, v in row_parts)}]" if row_parts else "")
-            row_label = variant.label + (f" ({_describe(row_parts)})" if row_parts else "")
-            if row not in rows:
-                rows.append(row)
-            mapping["method"] = variant.method
-            mapping["label"] = row_label
-            here = f"{grid.where}: variant {variant.name!r}" + (f" ({_describe(parts)})" if parts else "")
-            run_seeds = seeds or [mapping.get("seed", 0)]
-            probe = _typed(mapping, here)
-            if "targets" in mapping or target_spec is None:
-                target_sets = [tuple(probe.targets)]
-            elif target_spec == "each":
-                try:
-                    target_sets = [(d,) for d in datasets.get(probe).domains]
-                except FedstyleError as err:
-                    raise _fail(here, str(err)) from None
-            else:
-                target_sets = list(target_spec)
-            for seed in run_seeds:
-                if "seed" in only and str(seed) not in only["seed"]:
-                    continue
-                for targets in target_sets:
-                    target_label = "+".join(targets) if targets else OTHERS
-                    if "target" in only and target_label not in only["target"]:
-                        continue
-                    _check_folder_name(target_label, "target", here)
-                    config = _typed({**mapping, "seed": seed, "targets": list(targets)}, here)
-                    where = f"{here} seed {seed} target {target_label}"
-                    try:
-                        config.validate()
-                        method = METHODS.get(config.method)
-                        method.resolve(config.hparams)
-                        if config.topology not in method.topologies:
-                            raise ConfigError(f"method {config.method!r} runs on {', '.join(method.topologies)}, "
-                                              f"not topology {config.topology}")
-                        backend = get_backend(config.backend)
-                        if backend.star_only and config.topology != "star":
-                            raise ConfigError(f"backend {config.backend} runs star-topology methods only")
-                        backend.check()
-                        datasets.check(config)
-                    except FedstyleError as err:
-                        raise _fail(where, str(err)) from None
-                    middle = ",".join(f"{k}={v}" for k, v in parts)
-                    rel = "/".join(p for p in (variant.name, middle, f"seed{seed}", target_label) if p)
-                    run_dir = out / rel
-                    if run_dir in seen:
-                        raise _fail(grid.where, f"two runs would share the folder {rel} ({seen[run_dir]} and {where})")
-                    seen[run_dir] = where
-                    try:
-                        status = run_status(run_dir, config)
-                    except ConfigError as err:
-                        errors.append(str(err))
-                        continue
-                    if not any(k == "dataset" for k, _ in group):
-                        group_here = group + (("dataset", config.dataset),)
-                    else:
-                        group_here = group
-                    runs.append(PlannedRun(run_dir, rel, config, variant.name, row, row_label, group_here, status))
+        for run, where in _variant_runs(grid, variant, declared[variant.name], group_axes, only_values, datasets,
+                                        out):
+            if run.run_dir in seen:
+                raise _fail(grid.where, f"two runs would share the folder {run.rel} ({seen[run.run_dir]} and {where})")
+            seen[run.run_dir] = where
+            try:
+                run = dataclasses.replace(run, status=run_status(run.run_dir, run.config))
+            except ConfigError as err:
+                errors.append(str(err))
+                continue
+            runs.append(run)
+            if run.row not in rows:
+                rows.append(run.row)
     if errors:
         more = f" (and {len(errors) - 1} more run directories)" if len(errors) > 1 else ""
         raise ConfigError(errors[0] + more)
     if not runs:
         raise ConfigError(f"{grid.where}: the grid (with --only) has no runs")
     _name_groups(runs, group_axes)
-    plan = Plan(grid, out, runs, rows)
-    for run in plan.runs:
-        plan.targets_by_row.setdefault((run.group, run.row, run.seed), []).append(tuple(run.config.targets))
     from fedstyle.experiments.paper import check_claim_rows
 
     check_claim_rows(grid, rows)
-    return plan
+    return Plan(grid, out, runs, rows)
+
+
+def _check_only(grid: Grid, only: Sequence[tuple[str, Sequence[str]]]) -> dict[str, set[str]]:
+    """``--only`` as key -> kept values, each key crossed by the grid and each value one of its values."""
+    wanted = {key: set(values) for key, values in only}
+    values_of: dict[str, set[str]] = {"variant": {v.name for v in grid.variants}}
+    for axis in [*grid.axes, *(a for v in grid.variants for a in v.axes)]:
+        values_of.setdefault(axis.name, set()).update(axis.labels)
+    known = {"seed", "target", *values_of}
+    for key, values in wanted.items():
+        if key not in known:
+            raise ConfigError(f"--only {key}: not a crossed key of {grid.where}; choose from "
+                              f"{', '.join(sorted(known))}")
+        unknown = sorted(values - values_of[key]) if key in values_of else []
+        if unknown:
+            raise ConfigError(f"--only {key}={unknown[0]}: {key} takes {', '.join(sorted(values_of[key]))}")
+    return wanted
+
+
+def _check_run(config: RunConfig, datasets: _Datasets) -> None:
+    """Everything about one run that can be checked without training it."""
+    from fedstyle.experiments.runner import check_backend
+
+    config.validate()
+    method = METHODS.get(config.method)
+    method.resolve(config.hparams)
+    if config.topology not in method.topologies:
+        raise ConfigError(f"method {config.method!r} runs on {', '.join(method.topologies)}, not topology "
+                          f"{config.topology}")
+    check_backend(config)  # the runtime exists here and runs this topology
+    datasets.check(config)
+
+
+def _variant_runs(grid: Grid, variant: VariantSpec, declared: set[str], group_axes: set[str],
+                  only: dict[str, set[str]], datasets: _Datasets, out: Path) -> Iterable[tuple[PlannedRun, str]]:
+    """The variant's runs (status not yet known), each checked, with a description of where it comes from."""
+    axes = [*grid.axes, *variant.axes]
+    for axis in axes:
+        if axis.kind == "hparam" and axis.key not in declared:
+            raise _fail(grid.where, f"{axis.name} is crossed for variant {variant.name!r}, but {variant.method} "
+                        f"has no hyperparameter {axis.key!r}")
+    target_spec = variant.targets if variant.targets is not None else grid.targets
+    targets_crossed_by_axis = any("targets" in a.sets() for a in axes)
+    choices = [[i for i, label in enumerate(a.labels) if a.name not in only or label in only[a.name]] for a in axes]
+    for combo in itertools.product(*choices):
+        mapping = {k: v for k, v in grid.base.items() if k != "hparams"}
+        mapping["hparams"] = {k: v for k, v in grid.base.get("hparams", {}).items() if k in declared}
+        mapping = _merge(mapping, {**variant.settings, "hparams": variant.hparams})
+        for axis, index in zip(axes, combo):
+            axis.apply(mapping, index)
+        # what the variant fixes wins over a bundle of the grid (a star baseline beside graph networks)
+        mapping = _merge(mapping, {**variant.settings, "hparams": variant.hparams})
+        parts = [(a.name, a.labels[i]) for a, i in zip(axes, combo)]
+        splits = [a.name in group_axes and a.scope == "grid" for a in axes]
+        group = tuple(part for part, split in zip(parts, splits) if split)
+        row_parts = [part for part, split in zip(parts, splits) if not split]
+        row = variant.name + (f"[{','.join(f'{k}={v}' for k, v in row_parts)}]" if row_parts else "")
+        row_label = variant.label + (f" ({_describe(row_parts)})" if row_parts else "")
+        mapping.update(method=variant.method, label=row_label)
+        here = f"{grid.where}: variant {variant.name!r}" + (f" ({_describe(parts)})" if parts else "")
+        probe = _typed(mapping, here)
+        if targets_crossed_by_axis or target_spec is None:
+            target_sets = [tuple(probe.targets)]
+        elif target_spec == "each":
+            try:
+                target_sets = [(d,) for d in datasets.get(probe).domains]
+            except FedstyleError as err:
+                raise _fail(here, str(err)) from None
+        else:
+            target_sets = list(target_spec)
+        for seed in list(variant.seeds or grid.seeds or [probe.seed]):
+            if "seed" in only and str(seed) not in only["seed"]:
+                continue
+            for targets in target_sets:
+                target_label = "+".join(targets) if targets else OTHERS
+                if "target" in only and target_label not in only["target"]:
+                    continue
+                _check_folder_name(target_label, "target", here)
+                config = _typed({**mapping, "seed": seed, "targets": list(targets)}, here)
+                where = f"{here} seed {seed} target {target_label}"
+                try:
+                    _check_run(config, datasets)
+                except FedstyleError as err:
+                    raise _fail(where, str(err)) from None
+                rel = "/".join(p for p in (variant.name, ",".join(f"{k}={v}" for k, v in parts), f"seed{seed}",
+                                           target_label) if p)
+                if not any(k == "dataset" for k, _ in group):
+                    group_here = group + (("dataset", config.dataset),)
+                else:
+                    group_here = group
+                yield PlannedRun(out / rel, rel, config, variant.name, row, row_label, group_here, "new"), where
 
 
 def _name_groups(runs: list[PlannedRun], group_axes: set[str]) -> None:
@@ -778,8 +794,7 @@ def _name_groups(runs: list[PlannedRun], group_axes: set[str]) -> None:
     if len(datasets) > 1 or "dataset" in group_axes:
         return
     for i, run in enumerate(runs):
-        runs[i] = PlannedRun(run.run_dir, run.rel, run.config, run.variant, run.row, run.row_label,
-                             tuple(p for p in run.group if p[0] != "dataset"), run.status)
+        runs[i] = dataclasses.replace(run, group=tuple(p for p in run.group if p[0] != "dataset"))
 
 
 def _typed(mapping: Mapping[str, Any], where: str) -> RunConfig:

@@ -41,7 +41,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 from fedstyle.errors import ConfigError, FedstyleError
 from fedstyle.experiments.config import RunConfig
-from fedstyle.experiments.grid import (  # noqa: F401  (re-exported: one module to import)
+from fedstyle.experiments.grid import (  # re-exported: one module to import
     Grid,
     Plan,
     PlannedRun,
@@ -54,6 +54,10 @@ from fedstyle.experiments.grid import (  # noqa: F401  (re-exported: one module 
 )
 from fedstyle.experiments.runner import CONFIG, DONE, resume_experiment, run_experiment
 from fedstyle.io import DirectoryLock, LockedError, atomic_open, atomic_write_text
+
+__all__ = ["Variant", "Job", "plan_jobs", "run_sweep", "run_job", "attempt", "RunResult", "LocalLauncher",
+           "RayLauncher", "execute", "SweepOutcome", "dry_run", "run_plan", "write_sweep_report", "Grid", "Plan",
+           "PlannedRun", "load_grid", "parse_grid", "parse_override", "plan_grid"]
 
 RAY_HINT = "pip install -c constraints.txt 'fedstyle[flower-sim]'"
 LOG_NAME = "sweep.log"
@@ -308,7 +312,8 @@ class RayLauncher:
             ray.init(**kwargs)
         except ConnectionError as err:
             raise ConfigError(f"cannot join the Ray cluster at --address {self.address}: {one_line(err)}; start one "
-                              "with `ray start --head` (and `ray start --address HEAD:6379` on the other nodes)") from None
+                              "with `ray start --head` (and `ray start --address HEAD:6379` on the other nodes)"
+                              ) from None
         return True
 
     def results(self, jobs: Sequence[Job], marker: str | None = None) -> Iterator[RunResult]:
@@ -504,11 +509,15 @@ def write_sweep_report(plan: Plan, *, which: str = "selected") -> list[GroupRepo
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             try:
-                report.table, report.paths = write_report([r.run_dir for r in finished], folder, which=which,
-                                                          order=_row_order(finished))
-            except ConfigError:  # the report split rows further than the sweep did: its own order
-                report.table, report.paths = write_report([r.run_dir for r in finished], folder, which=which)
-        report.warnings = [str(w.message).splitlines()[0] for w in caught]
+                try:
+                    report.table, report.paths = write_report([r.run_dir for r in finished], folder, which=which,
+                                                              order=_row_order(finished))
+                except ConfigError:  # the report split rows further than the sweep did: its own order
+                    report.table, report.paths = write_report([r.run_dir for r in finished], folder, which=which)
+            except FedstyleError as err:  # a damaged run directory: say so, report the other groups
+                report.warnings.append(f"no report for {group_title(group)}: {one_line(err)}")
+                continue
+        report.warnings += [str(w.message).splitlines()[0] for w in caught]
         section, report.verdicts = paper_section(plan.grid.paper, plan.grid.claims, row_stats(runs, which),
                                                  plan.rows, runs[0].config.dataset, plan.grid.labels)
         if section:
