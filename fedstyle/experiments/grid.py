@@ -84,7 +84,8 @@ RESULT_NEUTRAL = frozenset({"device", "data_root", "backend", "ray_address", "cl
 #: a crossed value, a variant name or a target must be usable as one folder name
 _FOLDER_SAFE = re.compile(r"^[A-Za-z0-9._+@-]+$")
 OTHERS = "others"
-RESERVED_NAMES = ("reports",)
+#: what the sweep writes beside the variants' folders
+RESERVED_NAMES = ("reports", "report.md", "report.csv", "accuracy.png", "training.png", "claims.json", "sweep.log")
 
 
 # ----------------------------------------------------------------------------- the grid
@@ -419,7 +420,7 @@ def _apply_scale(data: dict, scale: str | None, where: str) -> tuple[dict, str |
         merged["variant"] = [v for v in data.get("variant", []) if v.get("name") in keep]
     if "description" in chosen:
         text = chosen.pop("description")
-        merged["description"] = (str(data.get("description", "")) + f" [{scale}] " + str(text)).strip()
+        merged["description"] = (str(data.get("description", "")) + f" Scale {scale}: {text}").strip()
     for key, value in chosen.items():  # a key the scale crosses is no longer fixed by [base]
         if isinstance(value, list) or (key == "targets" and value == "each"):
             for fixed in {"targets": ("targets", "target"), "seeds": ("seed",)}.get(key, (key,)):

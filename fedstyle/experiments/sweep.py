@@ -178,8 +178,6 @@ def attempt(job: Job, threads: int = 0, marker: str | None = None) -> RunResult:
         return result("done")
     except LockedError as err:
         return result("locked", one_line(err))
-    except FedstyleError as err:
-        return result("failed", one_line(err), traceback.format_exc())
     except Exception as err:  # noqa: BLE001 — any run's failure is reported, the others go on
         return result("failed", one_line(err), traceback.format_exc())
 
@@ -520,10 +518,13 @@ def write_sweep_report(plan: Plan, *, which: str = "selected") -> list[GroupRepo
         report.warnings += [str(w.message).splitlines()[0] for w in caught]
         section, report.verdicts = paper_section(plan.grid.paper, plan.grid.claims, row_stats(runs, which),
                                                  plan.rows, runs[0].config.dataset, plan.grid.labels)
+        grid = plan.grid
+        about = ["## The sweep", "", f"{grid.where}" + (f", scale {grid.scale}" if grid.scale else "")
+                 + (f" — {group_title(group)}" if not single else "") + f": {len(finished)} of {len(runs)} runs "
+                 "finished." + (f" {grid.description}" if grid.description else ""), ""]
+        markdown = report.paths["markdown"]
+        atomic_write_text(markdown, markdown.read_text().rstrip("\n") + "\n\n" + "\n".join(about + section))
         if section:
-            markdown = report.paths["markdown"]
-            text = markdown.read_text()
-            atomic_write_text(markdown, text.rstrip("\n") + "\n\n" + "\n".join(section))
             atomic_write_text(folder / "claims.json", json.dumps(verdicts_json(report.verdicts), indent=2) + "\n")
             report.paths["claims"] = folder / "claims.json"
     if not single:
