@@ -49,6 +49,13 @@ def payload_nbytes(payload: Mapping | None) -> int:
     return total
 
 
+def payload_values(payload: Mapping | None) -> int:
+    """How many numbers ``payload`` carries: tensor elements, plus one per scalar (a string counts as one)."""
+    if not payload:
+        return 0
+    return sum(value.numel() if isinstance(value, torch.Tensor) else 1 for value in payload.values())
+
+
 def weights_nbytes(weights: Mapping[str, torch.Tensor], keys: Iterable[str] | None = None) -> int:
     keys = weights.keys() if keys is None else keys
     return sum(weights[k].numel() * weights[k].element_size() for k in keys)

@@ -87,6 +87,8 @@ def test_exploration_by_hand():
     # batch means 2 and 1.5: each statistic moves 3x its deviation further out
     assert new_mu.flatten().tolist() == [-2.0, 6.0]
     assert new_sigma.flatten().tolist() == pytest.approx([1e-6, 3.5])  # 1 - 3 * 0.5 = -0.5, clamped
+    _, literal_sigma = explore_styles(mu, sigma, alpha=3.0, min_sigma=None)
+    assert literal_sigma.flatten().tolist() == [-0.5, 3.5]  # the equation's value, not clamped
     centred_mu, _ = explore_styles(mu, sigma, alpha=1.0, center=(torch.zeros(1), torch.zeros(1)))
     assert centred_mu.flatten().tolist() == [2.0, 6.0]
     with pytest.raises(ConfigError, match=">= 0"):

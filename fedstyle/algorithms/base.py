@@ -16,7 +16,8 @@ Hooks, in the order a star run calls them, with the model's mode the runtime set
                                                      weights, before training          [eval]
     round_payloads(server, client_ids, queries) -> {id: Payload}   server, sent beside the model
     local_train(ctx, model, payload) -> ClientResult     client, on the downloaded weights [train]
-      training_loss(ctx, model, x, y, payload)       per mini-batch, inside local_train [train]
+      training_step(ctx, model, optimizer, x, y, payload)  per mini-batch: loss, backward, step
+        training_loss(ctx, model, x, y, payload)     the mini-batch's loss [train]
     aggregate(server, updates) -> weights            server
 
 A method *has* a phase (setup exchange, query, peer-to-peer share) when its class overrides the
@@ -220,17 +221,27 @@ class Algorithm:
         total = torch.zeros((), device=ctx.device)
         steps = 0
         for x, y, _ in ctx.batches():
-            loss = self.training_loss(ctx, model, x, y, payload)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-            total += loss.detach()
+            total += self.training_step(ctx, model, optimizer, x, y, payload)
             steps += 1
         mean_loss = float(total) / max(1, steps)
         check_finite(mean_loss, ctx)
         self.after_local_train(ctx, model)
         return ClientResult(train_loss=mean_loss, payload=self.upload_payload(ctx, model),
                             metrics=ctx.logged_metrics())
+
+    def training_step(self, ctx: ClientContext, model: nn.Module, optimizer: torch.optim.Optimizer,
+                      x: torch.Tensor, y: torch.Tensor, payload: Payload) -> torch.Tensor:
+        """One optimisation step on one mini-batch; returns the detached loss (on the device, no sync).
+
+        Default: one forward-backward pass of ``training_loss`` and an optimiser step. A method that
+        changes the step itself (FedSAM's two passes) overrides this, not ``local_train``, so the
+        batches, the local options and the logging stay the base loop's.
+        """
+        loss = self.training_loss(ctx, model, x, y, payload)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        return loss.detach()
 
     def after_local_train(self, ctx: ClientContext, model: nn.Module) -> None:
         """Update persistent client state after local training (e.g. FedDyn's gradient term)."""

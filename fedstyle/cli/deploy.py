@@ -120,6 +120,7 @@ def _settings(args, *, local: bool):
 def _new_run(args, settings):
     """Validate, then write the run directory (config.json, partition.json) like `fedstyle run`."""
     from fedstyle.errors import ConfigError
+    from fedstyle.experiments.backends import refuse_peer_to_peer
     from fedstyle.experiments.runner import remove_new_run, start_run_dir
     from fedstyle.runtimes.flower import require_flower
 
@@ -132,8 +133,7 @@ def _new_run(args, settings):
                                if (v := getattr(config, k)) is not None})
     if config.backend != "sim":
         raise ConfigError("fedstyle deploy runs on Flower processes; drop --backend")
-    if config.topology != "star":
-        raise ConfigError("fedstyle deploy runs star-topology methods (a coordinator and sites)")
+    refuse_peer_to_peer(config, "fedstyle deploy")  # a coordinator and sites: star only
     settings.validate()
     out = Path(args.out)
     created = not out.exists()

@@ -78,6 +78,16 @@ def print_summary(summary: dict, out: Path) -> None:
     print(f"{summary['label']} on {summary['dataset']}: {targets}")
     print(f"  selection: {summary['selection_rule']}, round {summary['selected_round']} of {summary['rounds']}; "
           f"{summary['seconds']:.1f} s; {summary['bytes_up'] / 1e6:.1f} MB up, {summary['bytes_down'] / 1e6:.1f} MB down")
+    if "device_target_acc_last" in summary:  # peer-to-peer: the devices' own models and their agreement
+        devices = ", ".join(f"{d} {100 * v['mean']:.1f} ± {100 * v['std']:.1f}%"
+                            for d, v in summary["device_target_acc_last"].items())
+        print(f"  devices (last round, mean ± std): {devices}; consensus distance "
+              f"{summary['consensus_distance_last']:.3g}")
+    edge = summary.get("traffic", {}).get("per_edge_iteration")
+    if edge:
+        print(f"  per edge and iteration: weights {edge['model_bytes']:,.0f} bytes, share "
+              f"{edge['payload_bytes']:,.0f} bytes ({edge['payload_values']:,.0f} numbers, "
+              f"{100 * edge['payload_fraction_of_model']:.3g}% of the weights); {edge['iterations']} iterations")
     print(f"  run directory: {out}")
 
 

@@ -55,5 +55,21 @@ def get_backend(name: str) -> Backend:
     return BACKENDS.get(name)
 
 
+def refuse_peer_to_peer(config, runtime: str) -> None:
+    """Raise a one-line ConfigError when a star-only runtime (Flower: ``--backend flower-sim``,
+    ``fedstyle deploy``) is asked for a peer-to-peer graph or a peer-to-peer method (DSGD, StyleDDG),
+    naming fedstyle's in-process simulator, which runs them."""
+    from fedstyle.algorithms import METHODS
+
+    topologies = METHODS.get(config.method).topologies
+    only = f"{runtime} runs star-topology methods only (Flower has no peer-to-peer runtime)"
+    if "star" not in topologies:
+        raise ConfigError(f"{only}; {config.method} is peer-to-peer: run it on fedstyle's in-process simulator, "
+                          f"fedstyle run --backend sim --method {config.method} --topology {topologies[0]}")
+    if config.topology != "star":
+        raise ConfigError(f"{only}; use --topology star, or run --topology {config.topology} on fedstyle's "
+                          "in-process simulator (--backend sim)")
+
+
 def train_on(name: str, experiment, out: Path, *, quiet: bool, checkpoint) -> dict[str, Any]:
     return get_backend(name).train(experiment, out, quiet=quiet, checkpoint=checkpoint)

@@ -74,10 +74,13 @@ def build_experiment(config: RunConfig, progress: bool = True) -> Experiment:
     config.validate()
     method_cls = METHODS.get(config.method)
     if config.topology not in method_cls.topologies:
-        raise ConfigError(
-            f"method {config.method!r} runs on {', '.join(method_cls.topologies)}, not --topology {config.topology}"
-            + ("; for peer-to-peer training use --method dsgd" if config.topology != "star" else "")
-        )
+        if config.topology == "star":
+            fix = f"pass --topology {method_cls.topologies[0]} (a peer-to-peer graph)"
+        else:
+            p2p = [name for name, cls in METHODS.items() if config.topology in cls.topologies]
+            fix = f"for peer-to-peer training use --method {' or '.join(p2p)}, or --topology star"
+        raise ConfigError(f"method {config.method!r} runs on {', '.join(method_cls.topologies)}, not --topology "
+                          f"{config.topology}; {fix}")
     method_cls.resolve(config.hparams)  # fail on a bad --hp before loading data
     device = resolve_device(config.device)
     dataset = load_dataset(

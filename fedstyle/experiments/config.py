@@ -198,7 +198,8 @@ class RunConfig:
             if not ok:
                 raise ConfigError(message)
         if self.backend == "flower-sim" and self.topology != "star":
-            raise ConfigError("--backend flower-sim runs star-topology methods; use --backend sim for peer-to-peer graphs")
+            raise ConfigError("--backend flower-sim runs star-topology methods only (Flower has no peer-to-peer "
+                              "runtime); run peer-to-peer graphs on fedstyle's in-process simulator (--backend sim)")
         selection = self.resolved_selection()
         if selection == "oracle" and not self.allow_oracle:
             raise ConfigError("--selection oracle picks the model on the test domain (optimistic); "

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from fedstyle.errors import ConfigError, FedstyleError
-from fedstyle.experiments.backends import Backend, get_backend, register_backend, train_on
+from fedstyle.experiments.backends import Backend, get_backend, refuse_peer_to_peer, register_backend, train_on
 from fedstyle.experiments.build import Experiment, build_experiment
 from fedstyle.experiments.checkpoint import CHECKPOINT, load_checkpoint, save_checkpoint
 from fedstyle.experiments.config import RunConfig
@@ -154,6 +154,9 @@ def evaluate_round(exp: Experiment, completed_rounds: int, train_loss: float, se
     record.update({"bytes_up": t.up, "bytes_down": t.down, "bytes_model_up": t.model_up,
                    "bytes_model_down": t.model_down, "bytes_payload_up": t.payload_up,
                    "bytes_payload_down": t.payload_down})
+    per_edge = t.per_edge_iteration()
+    if per_edge:  # peer-to-peer: what one edge carries per iteration (weights and share apart)
+        record["per_edge_iteration"] = per_edge
     return record
 
 
@@ -202,9 +205,8 @@ def run_experiment(config: RunConfig, out: str | Path, *, quiet: bool = False) -
 def check_backend(config: RunConfig) -> None:
     """Fail before writing anything when the runtime cannot run this config here."""
     backend = get_backend(config.backend)
-    if backend.star_only and config.topology != "star":
-        raise ConfigError(f"--backend {config.backend} runs star-topology methods; use --backend sim for "
-                          "peer-to-peer graphs")
+    if backend.star_only:
+        refuse_peer_to_peer(config, f"--backend {config.backend}")
     backend.check()
 
 
@@ -426,6 +428,8 @@ def make_summary(exp: Experiment, records: list[dict[str, Any]], selector: Selec
         "bytes_down": last["bytes_down"],
         "traffic": {k: last[k] for k in last if k.startswith("bytes_")},
     }
+    if "per_edge_iteration" in last:
+        summary["traffic"]["per_edge_iteration"] = last["per_edge_iteration"]
     if setup:
         summary["setup"] = setup
     if config.val_domain:

@@ -53,19 +53,29 @@ def snapshot(model: nn.Module) -> dict[str, torch.Tensor]:
 
 class FrozenGlobal:
     """One frozen copy of a model per process: eval mode, no gradients, reloaded only when the
-    weights it is asked for change (the simulator hands every client of a round the same dict)."""
+    weights it is asked for change (the simulator hands every client of a round the same dict).
+
+    ``own`` are the asking client's local layers (FedBN's BatchNorm), which the download lacks: the
+    client's view of the global model is the global weights with its own local layers, loaded when
+    the client changes (the dict is made once per client call)."""
 
     def __init__(self, model: nn.Module):
         self.copy = copy.deepcopy(model)
         for p in self.copy.parameters():
             p.requires_grad_(False)
+            p.grad = None
         self.copy.eval()
         self._loaded: Mapping[str, torch.Tensor] | None = None
+        self._own: Mapping[str, torch.Tensor] | None = None
 
-    def get(self, weights: Mapping[str, torch.Tensor]) -> nn.Module:
+    def get(self, weights: Mapping[str, torch.Tensor], own: Mapping[str, torch.Tensor] | None = None) -> nn.Module:
         if weights is not self._loaded:
             load_weights(self.copy, weights)
             self._loaded = weights  # keeps the dict alive, so its identity cannot be reused
+            self._own = None
+        if own and own is not self._own:
+            load_weights(self.copy, own)
+            self._own = own
         self.copy.eval()
         return self.copy
 
@@ -73,12 +83,14 @@ class FrozenGlobal:
 _FROZEN: "weakref.WeakKeyDictionary[nn.Module, FrozenGlobal]" = weakref.WeakKeyDictionary()
 
 
-def frozen_global(model: nn.Module, weights: Mapping[str, torch.Tensor]) -> nn.Module:
-    """The frozen copy of ``model`` holding ``weights`` (made once per model object, on first use)."""
+def frozen_global(model: nn.Module, weights: Mapping[str, torch.Tensor],
+                  own: Mapping[str, torch.Tensor] | None = None) -> nn.Module:
+    """The frozen copy of ``model`` holding ``weights`` and then ``own`` (the client's local layers;
+    made once per model object, on first use)."""
     holder = _FROZEN.get(model)
     if holder is None:
         holder = _FROZEN[model] = FrozenGlobal(model)
-    return holder.get(weights)
+    return holder.get(weights, own)
 
 
 def enter_client(
@@ -96,14 +108,16 @@ def enter_client(
     """
     load_weights(model, global_weights)
     local = {k[len(_LOCAL):]: v for k, v in ctx.state.items() if k.startswith(_LOCAL)}
+    own = dict(local)  # the client's layers that never travel, for its view of the global model
     if initial_weights is not None:
         missing = {k: v for k, v in initial_weights.items() if k not in global_weights and k not in local}
         if missing:
             load_weights(model, missing)
+            own.update(missing)
     if local:
         load_weights(model, local)
     ctx.global_weights = dict(global_weights)
-    ctx.global_model_source = lambda: frozen_global(model, global_weights)
+    ctx.global_model_source = lambda: frozen_global(model, global_weights, own)
     if _INITIALISED not in ctx.state:
         algo.init_client_state(ctx, model)
         ctx.state[_INITIALISED] = torch.ones(())

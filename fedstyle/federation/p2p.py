@@ -40,7 +40,7 @@ from fedstyle.federation.rounds import (
     mean_metrics,
 )
 from fedstyle.federation.topology import consensus_distance, metropolis_hastings
-from fedstyle.payload import check_payload, payload_nbytes, weights_nbytes
+from fedstyle.payload import check_payload, payload_nbytes, payload_values, weights_nbytes
 from fedstyle.seeding import derive_seed
 
 
@@ -162,16 +162,22 @@ class P2PSimulator:
                 deg = len(self.neighbours[i])
                 self.traffic.model_up += deg * model_bytes
                 self.traffic.model_down += deg * model_bytes
+                self.traffic.edge_messages += deg
                 if shares_used:
                     sent = payload_nbytes(shares[i]) * deg
                     self.traffic.payload_up += sent
                     self.traffic.payload_down += sent
+                    self.traffic.payload_values += payload_values(shares[i]) * deg
             self._mix_and_step(grads, new_buffers, lr, mom, wd)
+            self.traffic.iterations += 1
         mean_loss = float(total_loss) / (steps * n)
         check_finite(mean_loss, contexts[0])
         check_finite_weights(self.stacked, round_index, lr, "the devices' mixed models")
+        # a device's metrics: what its share hook logged (e.g. share_seconds) and its training hook logged
+        metrics = ({**share.logged_metrics(), **train.logged_metrics()}
+                   for share, train in zip(share_contexts, contexts))
         return RoundResult(round_index, mean_loss, list(range(n)), time.perf_counter() - start,
-                           metrics=mean_metrics(ctx.logged_metrics() for ctx in contexts))
+                           metrics=mean_metrics(metrics))
 
     @torch.no_grad()
     def _mix_and_step(self, grads, new_buffers, lr: float, momentum: float, weight_decay: float) -> None:

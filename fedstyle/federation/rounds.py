@@ -20,12 +20,20 @@ class Traffic:
 
     Counted as what travels: every message's weights and payload tensors at their element size
     (uncompressed); Flower's control traffic and metric records are not counted.
+
+    Peer-to-peer runs also count their ``iterations``, the ``edge_messages`` (one per device and
+    neighbour per iteration: a directed edge's weights plus share) and the ``payload_values`` sent
+    (numbers, see :func:`~fedstyle.payload.payload_values`), from which :meth:`per_edge_iteration`
+    gives what one edge carries per iteration; star runs leave them at 0.
     """
 
     model_up: int = 0
     model_down: int = 0
     payload_up: int = 0
     payload_down: int = 0
+    iterations: int = 0
+    edge_messages: int = 0
+    payload_values: int = 0
 
     @property
     def up(self) -> int:
@@ -37,6 +45,18 @@ class Traffic:
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)
+
+    def per_edge_iteration(self) -> dict[str, float]:
+        """Peer-to-peer: the mean weights and payload one directed edge carries per iteration (bytes,
+        and the payload's numbers), the payload as a fraction of the weights, and the iteration count;
+        {} for star runs. Each edge carries the same message size when devices share alike."""
+        if not self.edge_messages:
+            return {}
+        model = self.model_up / self.edge_messages
+        payload = self.payload_up / self.edge_messages
+        return {"iterations": self.iterations, "model_bytes": model, "payload_bytes": payload,
+                "payload_values": self.payload_values / self.edge_messages,
+                "payload_fraction_of_model": payload / model if model else 0.0}
 
 
 @dataclass

@@ -3,6 +3,7 @@
 from fedstyle.models.base import Backbone, Classifier
 from fedstyle.models.convnet import ConvNet
 from fedstyle.models.efficientnet import EfficientNetLite0, efficientnet_lite0
+from fedstyle.models.necks import GaussianNeck, ProjectionNeck, gaussian_kl
 from fedstyle.models.registry import (
     BACKBONES,
     BackboneSpec,
@@ -20,10 +21,13 @@ __all__ = [
     "Classifier",
     "ConvNet",
     "EfficientNetLite0",
+    "GaussianNeck",
+    "ProjectionNeck",
     "ResNet",
     "build_backbone",
     "build_model",
     "efficientnet_lite0",
+    "gaussian_kl",
     "input_normalization",
     "load_torchvision_weights",
     "resnet18",

@@ -119,6 +119,11 @@ class Neck(nn.Module):
     def out_dim(self, backbone: "Backbone") -> int:
         raise NotImplementedError
 
+    def classify(self, head: nn.Module, maps: torch.Tensor) -> torch.Tensor:
+        """The logits of ``model(x)``: ``head(self(maps))``. A stochastic neck overrides it to average
+        predictions over samples of its representation (FedSR's Monte-Carlo prediction)."""
+        return head(self(maps))
+
 
 class PooledNeck(Neck):
     """The backbone's pooling: global average pooling (ResNets, EfficientNet), or the ConvNet's
@@ -138,8 +143,10 @@ class PooledNeck(Neck):
 class Classifier(nn.Module):
     """backbone -> neck -> linear head. ``features`` gives the neck's output (the representation).
 
-    ``model(x) == model.head(model.neck(model.backbone.forward_maps(x)))``; a method that needs
-    the pieces calls them in that order (``forward_stages`` for the backbone with a hook).
+    ``model(x) == model.head(model.neck(model.backbone.forward_maps(x)))`` (the neck's
+    :meth:`Neck.classify`; only a neck that averages over samples at test time, FedSR's with
+    ``predict=mc``, differs); a method that needs the pieces calls them in that order
+    (``forward_stages`` for the backbone with a hook).
     Class activation maps: with the default neck of a pooling backbone the head's weights
     W (K x C) apply to every position, M_k = sum_c W[k, c] F[c]; on the ConvNet, which flattens,
     the head holds a weight per channel and position, W (K x C*h*w), so M_k[h, w] =
@@ -162,7 +169,7 @@ class Classifier(nn.Module):
         return self.neck(self.backbone.forward_maps(x))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.head(self.features(x))
+        return self.neck.classify(self.head, self.backbone.forward_maps(x))
 
     def class_activation_maps(self, maps: torch.Tensor, classes: torch.Tensor) -> torch.Tensor:
         """CAM of ``classes`` (B,) on the last stage's ``maps`` (B, C, h, w): (B, h, w), before any

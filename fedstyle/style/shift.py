@@ -133,14 +133,17 @@ def shift_to_style(x: torch.Tensor, summary: StyleSummary, noise: bool = True, e
 
 
 def explore_styles(mu: torch.Tensor, sigma: torch.Tensor, alpha: float,
-                   center: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                   center: tuple[torch.Tensor, torch.Tensor] | None = None,
+                   min_sigma: float | None = 1e-6) -> tuple[torch.Tensor, torch.Tensor]:
     """Extrapolate styles away from their batch mean (StableFDG step 3, StyleDDG Eq. 18):
 
         mu_new = mu + alpha (mu - mean_b mu),  sigma_new = sigma + alpha (sigma - mean_b sigma)
 
     ``center`` = (mean mu, mean sigma) to extrapolate from instead of the batch's own means (the
-    public StableFDG code uses the original batch's). alpha = 0 is the identity; sigma_new is
-    clamped at 1e-6 (extrapolating a small sigma can cross zero).
+    public StableFDG code uses the original batch's). alpha = 0 is the identity. Extrapolating a
+    small sigma can cross zero: sigma_new is clamped at ``min_sigma`` (1e-6; AdaIN then flattens the
+    map to its new mean); ``min_sigma=None`` keeps the equation's value, and AdaIN to a negative
+    sigma inverts the map's contrast around its new mean.
     """
     if alpha < 0:
         raise ConfigError(f"the exploration alpha must be >= 0, got {alpha}")
@@ -148,7 +151,7 @@ def explore_styles(mu: torch.Tensor, sigma: torch.Tensor, alpha: float,
         center = (mu.mean(0, keepdim=True), sigma.mean(0, keepdim=True))
     mu_new = mu + alpha * (mu - center[0])
     sigma_new = sigma + alpha * (sigma - center[1])
-    return mu_new, sigma_new.clamp_min(1e-6)
+    return mu_new, (sigma_new if min_sigma is None else sigma_new.clamp_min(min_sigma))
 
 
 def explore(x: torch.Tensor, alpha: float, eps: float = 1e-6,

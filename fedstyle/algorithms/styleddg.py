@@ -1,0 +1,274 @@
+"""StyleDDG (Zehtabi, Han, Hosseinalipour, Brinton, MobiHoc'25): decentralized FedDG with style sharing.
+
+Peer-to-peer only (complete, ring, rgg, erdos_renyi graphs; the in-process simulator
+``fedstyle.federation.p2p``). Per iteration k, every device i (Algorithm 1):
+
+1. draws a mini-batch x_i and computes its **batch style** psi_i at the outputs of the chosen
+   stages (default stages 1–3), per stage and channel (Eq. 15, with Eq. 2–3)::
+
+       psi_i,l = [mean_b mu_b, mean_b sigma_b, var_b mu_b, var_b sigma_b]     (4 x C_l numbers)
+
+   variances divide by B (Eq. 3); mu, sigma are per sample and channel over H x W, sigma =
+   sqrt(var + 1e-6). psi_i and theta_i go to the one-hop neighbours N_i — nothing else leaves a
+   device (``p2p_share``; ResNet-18: 4 x (64 + 128 + 256) = 1,792 numbers, Remark 4.1; the ConvNet:
+   4 x 3 x 64 = 768);
+2. computes its gradient on the same mini-batch with, at each chosen stage l and with probability
+   p_l (``p``, 0.5), the three style steps below (Eq. 21–23), fed only by its neighbours' psi_j
+   (``training_loss`` receives ``payload = {j: psi_j for j in N_i}``);
+3. updates theta_i <- theta_i + sum_j p_ij (theta_j - theta_i) - lr g_i with Metropolis–Hastings
+   p_ij (Eq. 14; done by the simulator, as for DSGD).
+
+The style steps at a stage that fires, on features h (B x C x H x W) with per-sample statistics
+(mu, sigma) (detached, as MixStyle's: gradients flow through h only):
+
+- **StyleShift** (Eq. 16–17): a random half I_s of the batch (floor(B/2) samples) takes the style
+  of a neighbour j: mu = mu_bar_j + eps_mu * Sigma_mu_j, sigma = sigma_bar_j + eps_sigma *
+  Sigma_sigma_j, Sigma = sqrt(var) from psi_j (``fedstyle.style.sample_styles``; sigma clamped at
+  1e-6); the other half keeps its own.
+- **StyleExplore** (Eq. 18): a random half I_e of the result is extrapolated from the batch mean,
+  mu_e = mu + alpha (mu - E_b[mu]) and likewise sigma, alpha = 3 (``explore_styles``); no
+  oversampling (the batch keeps its size, unlike StableFDG).
+- **MixStyle** (Eq. 19): lambda ~ Beta(0.1, 0.1) per sample, a random permutation pi of the batch,
+  mu_mix = lambda mu_e + (1 - lambda) mu_e[pi], likewise sigma.
+
+The three steps act on statistics only, so the stage output is one AdaIN of h to the final
+(mu_mix, sigma_mix) — equal to applying the three AdaINs in turn, up to the 1e-6 inside sigma.
+
+Ambiguities settled (hyperparameter, default first):
+
+- ``neighbour_draw``: the neighbour j is drawn uniformly from N_i **per stage** (``stage``; Eq. 21
+  indexes j_l by layer — it writes M \\ {i}, but a device holds only its neighbours' styles) or once
+  per iteration for every stage (``iteration``). One neighbour per stage serves the whole shifted
+  half (Eq. 17's 1_{B/2} psi_j^T).
+- ``shift_noise``: eps is drawn **per element** (sample x channel) as DSU's reference does — the
+  paper's per-layer symbol eps_{mu,l} (Eq. 21) is the one it also uses for DSU (Eq. 11), which
+  draws per element; ``false`` shifts to the neighbour's mean style exactly (no noise).
+- What a device uses before it hears from a neighbour: nothing is stale here — every iteration's
+  styles are exchanged before the gradient (Alg. 1 line 5, Fig. 3: style sharing precedes the
+  model consensus), so from the very first iteration each device holds its neighbours' current
+  psi_j. Only a device without neighbours (a one-device graph, or a runtime that delivers no
+  share) has none: ``no_neighbour=skip`` (default) skips StyleShift and still explores and mixes;
+  ``own`` shifts to the device's own batch style at that stage (DSU-like resampling).
+- ``explore_center``: E_b in Eq. 18 is the mean over the batch being explored, i.e. the StyleShift
+  output (``shifted``, Fig. 1(b): "concatenates the original plus the shifted points"); ``original``
+  uses the mean of the device's own styles before the shift (what the public StableFDG code does).
+- ``mix_from``: Fig. 1(c) mixes *within* the explored styles, lambda mu_e + (1 - lambda) mu_e[pi]
+  (``explored``, default: MixStyle applied to the explored batch); Eq. 19 read literally mixes the
+  StyleShift output's own statistics with the permuted explored ones, lambda mu(x) + (1 - lambda)
+  mu_e[pi] (``shifted``).
+- ``share_stats``: Eq. 15 takes the statistics of h_theta,l(x_i), the training forward's features,
+  so psi_i is computed with BatchNorm normalising by the batch's own statistics as in training
+  (``train``, default) — without changing the running statistics or counters
+  (``fedstyle.models.batchnorm.batch_statistics``) and without the style ops of earlier stages.
+  The simulator's share hook runs in eval mode; ``eval`` keeps that (BatchNorm's running
+  statistics), which early in training gives features on another scale than the ones the shift is
+  applied to.
+- ``negative_sigma``: at alpha = 3 every explored sample with sigma below 3/4 of the batch mean gets a
+  negative sigma_e. ``keep`` (default) uses Eq. 18 and AdaIN (Eq. 1) as written: the map's contrast
+  is inverted around its new mean, its content kept; ``clamp`` clamps sigma_e at 1e-6, the shared
+  op's default, which flattens such a map to its mean (its content is lost at that stage).
+  StyleShift's sampled sigma (Eq. 17) is clamped at 1e-6 by ``sample_styles`` (a draw below zero
+  needs eps < -sigma_bar_j / Sigma_sigma_j: rare).
+- ``ops``: the paper always runs all three steps; a subset is an ablation (e.g. ``ops=shift``).
+
+Logged per round (``train_metrics`` in metrics.jsonl): ``loss_ce``, ``style_fired`` (fraction of the
+chosen stages where the steps ran), ``style_shifted`` (fraction where a neighbour style was used),
+``style_ops_seconds`` and ``style_share_seconds``. Bytes: the simulator counts the shares apart from
+the weights; ``summary.json``'s ``traffic.per_edge_iteration`` gives both per edge and iteration.
+
+Backbones: any with named stages; on the ConvNet (which flattens its last map into the head)
+StyleDDG acts only on the outputs of the chosen stages (default 1–3), never on the flattened features.
+"""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+from typing import Any, Mapping
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.distributions import Beta
+
+from fedstyle.algorithms.base import PEER_TO_PEER, Algorithm
+from fedstyle.algorithms.context import ClientContext
+from fedstyle.algorithms.hparams import HParam
+from fedstyle.algorithms.registry import register_method
+from fedstyle.errors import ConfigError
+from fedstyle.models.batchnorm import batch_statistics
+from fedstyle.payload import Payload
+from fedstyle.style import (StyleSummary, batch_style, channel_stats, explore_styles, restyle, sample_styles,
+                            summarize_styles)
+from fedstyle.style.mixstyle import fires
+
+#: the three style steps of Eq. 16–19, in the order they run
+STEPS = ("shift", "explore", "mix")
+
+
+def _names(text: str) -> list[str]:
+    return [s.strip() for s in str(text).split(",") if s.strip()]
+
+
+@register_method
+class StyleDDG(Algorithm):
+    name = "styleddg"
+    label = "StyleDDG"
+    summary = ("decentralized SGD with neighbours' batch styles: StyleShift + StyleExplore + MixStyle "
+               "(peer-to-peer only)")
+    paper = ("Zehtabi et al., Decentralized federated domain generalization with style sharing: a formal modeling "
+             "and convergence analysis, MobiHoc 2025")
+    topologies = PEER_TO_PEER
+
+    HPARAMS = (
+        HParam("stages", "layer1,layer2,layer3", "backbone stages whose batch style is shared (Eq. 15) and restyled "
+               "(Eq. 16-19); the paper: ResNet blocks 1-3"),
+        HParam("p", 0.5, "probability p_l that the style steps run at a stage (Eq. 21)", low=0.0, high=1.0),
+        HParam("alpha", 3.0, "StyleExplore extrapolation alpha (Eq. 18; 0 = no exploration)", low=0.0),
+        HParam("mix_alpha", 0.1, "Beta(mix_alpha, mix_alpha) of MixStyle's lambda (Eq. 19)"),
+        HParam("ops", "shift,explore,mix", "style steps that run when a stage fires (the paper: all three; "
+               "a subset is an ablation)"),
+        HParam("shift_noise", True, "StyleShift adds DSU noise eps*Sigma_j per element (Eq. 17); false: the "
+               "neighbour's mean style exactly"),
+        HParam("neighbour_draw", "stage", "draw the neighbour per stage (Eq. 21's j_l) or once per iteration",
+               choices=("stage", "iteration")),
+        HParam("explore_center", "shifted", "E_b of Eq. 18 over the StyleShift output (shifted) or over the "
+               "device's own styles (original, as the public StableFDG code)", choices=("shifted", "original")),
+        HParam("mix_from", "explored", "MixStyle within the explored styles (explored, Fig. 1c) or the shifted "
+               "styles mixed with permuted explored ones (shifted, Eq. 19 literally)",
+               choices=("explored", "shifted")),
+        HParam("negative_sigma", "keep", "a sigma extrapolated below 0 (Eq. 18): keep it (AdaIN inverts the "
+               "map's contrast, Eq. 1 as written) or clamp it at 1e-6 (the map goes flat)", choices=("keep", "clamp")),
+        HParam("share_stats", "train", "psi_i from BatchNorm with batch statistics as in training (train, Eq. 15; "
+               "running statistics untouched) or with running statistics (eval)", choices=("train", "eval")),
+        HParam("no_neighbour", "skip", "without any neighbour style: skip StyleShift (skip) or shift to the "
+               "device's own batch style (own)", choices=("skip", "own")),
+    )
+
+    @classmethod
+    def resolve(cls, given: Mapping[str, Any]) -> dict[str, Any]:
+        hp = super().resolve(given)
+        stages = _names(hp["stages"])
+        if not stages:
+            raise ConfigError("styleddg: --hp stages is empty; give backbone stages, "
+                              "e.g. --hp stages=layer1,layer2,layer3")
+        if len(set(stages)) != len(stages):
+            raise ConfigError(f"styleddg: --hp stages={hp['stages']} names a stage twice; list each once, "
+                              "e.g. --hp stages=layer1,layer2,layer3")
+        steps = _names(hp["ops"])
+        unknown = [s for s in steps if s not in STEPS]
+        if unknown or not steps or len(set(steps)) != len(steps):
+            raise ConfigError(f"styleddg: --hp ops={hp['ops']!r} is not a subset of shift,explore,mix; "
+                              "give e.g. --hp ops=shift,explore,mix")
+        if not hp["mix_alpha"] > 0:
+            raise ConfigError(f"styleddg: --hp mix_alpha={hp['mix_alpha']} must be > 0 (the Beta concentration of "
+                              "MixStyle's lambda); the paper uses --hp mix_alpha=0.1")
+        return hp
+
+    def __init__(self, hparams: Mapping[str, Any] | None = None, *, num_classes: int, num_clients: int):
+        super().__init__(hparams, num_classes=num_classes, num_clients=num_clients)
+        self.stages = _names(self.hp["stages"])
+        self.steps = frozenset(_names(self.hp["ops"]))
+        self._beta: dict[torch.device, Beta] = {}
+
+    # -- model --------------------------------------------------------------------------
+    def configure_model(self, model: nn.Module) -> None:
+        super().configure_model(model)
+        names = model.backbone.stage_names
+        for stage in self.stages:
+            if stage not in names:
+                suggestion = ",".join([n for n in names if n != "stem"][:3])
+                raise ConfigError(f"styleddg: the {type(model.backbone).__name__} backbone has no stage {stage!r} "
+                                  f"(its stages: {', '.join(names)}); pass e.g. --hp stages={suggestion}")
+
+    # -- peer-to-peer share: psi_i (Eq. 15) ---------------------------------------------------
+    @torch.no_grad()
+    def p2p_share(self, ctx: ClientContext, model: nn.Module, x: torch.Tensor) -> Payload:
+        """psi_i: ``{stage: (4, C) tensor}`` (rows mu_bar, sigma_bar, var mu, var sigma) of this batch."""
+        backbone = model.backbone
+        names = backbone.stage_names
+        last = max(names.index(s) for s in self.stages)
+        stats = batch_statistics(model) if self.hp["share_stats"] == "train" else nullcontext()
+        psi: Payload = {}
+        with ctx.timed("style_share"), stats:
+            h = x
+            for name in names[: last + 1]:
+                h = backbone.run_stage(name, h)  # no style ops: Eq. 15 is the plain forward h_theta,l(x_i)
+                if name in self.stages:
+                    psi[name] = batch_style(h).as_tensor()
+        return psi
+
+    # -- training: Eq. 21-23 ------------------------------------------------------------------
+    def draw_neighbour(self, neighbours: list[int]) -> int | None:
+        """A neighbour uniformly at random (torch's CPU generator: no device synchronisation), or None."""
+        if not neighbours:
+            return None
+        return neighbours[int(torch.randint(len(neighbours), ()))]
+
+    def training_loss(self, ctx: ClientContext, model: nn.Module, x, y, payload: Payload) -> torch.Tensor:
+        neighbours = sorted(payload)
+        once = self.draw_neighbour(neighbours) if self.hp["neighbour_draw"] == "iteration" else None
+        counts = {"fired": 0, "shifted": 0}
+
+        def hook(name: str, h: torch.Tensor) -> torch.Tensor:
+            if name not in self.stages or not fires(self.hp["p"]):
+                return h
+            counts["fired"] += 1
+            j = once if self.hp["neighbour_draw"] == "iteration" else self.draw_neighbour(neighbours)
+            target = None
+            if j is not None:
+                share = payload[j]
+                if name not in share:
+                    raise ConfigError(f"styleddg: neighbour {j}'s share has no style for stage {name!r} "
+                                      f"(it has {', '.join(sorted(share))}); every device must share the same stages")
+                target = StyleSummary.from_tensor(share[name])
+            with ctx.timed("style_ops"):
+                h, shifted = self.restyle_stage(h, target)
+            counts["shifted"] += int(shifted)
+            return h
+
+        maps = model.backbone.forward_stages(x, hook)
+        loss = F.cross_entropy(model.head(model.neck(maps)), y)
+        ctx.log("loss_ce", loss)
+        ctx.log("style_fired", counts["fired"] / len(self.stages))
+        ctx.log("style_shifted", counts["shifted"] / len(self.stages))
+        return loss
+
+    def restyle_stage(self, h: torch.Tensor, target: StyleSummary | None) -> tuple[torch.Tensor, bool]:
+        """StyleShift -> StyleExplore -> MixStyle (Eq. 16-19) on features ``h`` at one stage, as one AdaIN
+        of ``h`` to the final statistics; ``target`` is the neighbour's style at this stage (None: no
+        neighbour). Returns the restyled features and whether a style was shifted to."""
+        batch, half = h.shape[0], h.shape[0] // 2
+        mu, sigma = channel_stats(h)
+        mu, sigma = mu.detach(), sigma.detach()
+        new_mu, new_sigma = mu, sigma
+        shifted = False
+        if "shift" in self.steps:  # Eq. 16-17
+            if target is None and self.hp["no_neighbour"] == "own":
+                target = summarize_styles(mu, sigma)
+            if target is not None and half > 0:
+                idx = torch.randperm(batch, device=h.device)[:half]
+                t_mu, t_sigma = sample_styles(target, half, h, noise=self.hp["shift_noise"])
+                new_mu, new_sigma = new_mu.index_copy(0, idx, t_mu), new_sigma.index_copy(0, idx, t_sigma)
+                shifted = True
+        shift_mu, shift_sigma = new_mu, new_sigma
+        if "explore" in self.steps and half > 0:  # Eq. 18
+            ref_mu, ref_sigma = (new_mu, new_sigma) if self.hp["explore_center"] == "shifted" else (mu, sigma)
+            center = (ref_mu.mean(0, keepdim=True), ref_sigma.mean(0, keepdim=True))
+            idx = torch.randperm(batch, device=h.device)[:half]
+            floor = 1e-6 if self.hp["negative_sigma"] == "clamp" else None
+            e_mu, e_sigma = explore_styles(new_mu[idx], new_sigma[idx], self.hp["alpha"], center, min_sigma=floor)
+            new_mu, new_sigma = new_mu.index_copy(0, idx, e_mu), new_sigma.index_copy(0, idx, e_sigma)
+        if "mix" in self.steps:  # Eq. 19
+            lam = self._beta_for(h.device).sample((batch, 1, 1, 1)).to(h.dtype)
+            perm = torch.randperm(batch, device=h.device)
+            own_mu, own_sigma = (new_mu, new_sigma) if self.hp["mix_from"] == "explored" else (shift_mu, shift_sigma)
+            new_mu = lam * own_mu + (1 - lam) * new_mu[perm]
+            new_sigma = lam * own_sigma + (1 - lam) * new_sigma[perm]
+        return restyle(h, mu, sigma, new_mu, new_sigma), shifted
+
+    def _beta_for(self, device: torch.device) -> Beta:
+        """Beta(mix_alpha, mix_alpha) with its parameters on ``device`` (made once: no copy per step)."""
+        if device not in self._beta:
+            c = torch.full((), float(self.hp["mix_alpha"]), device=device)
+            self._beta[device] = Beta(c, c)
+        return self._beta[device]
