@@ -1,12 +1,31 @@
-"""The run grid behind the benchmarks: layout, skipping finished runs, identical results in worker processes."""
+"""The run grid: layout, validation before anything runs, skipping and resuming, failures, locks, workers and Ray."""
 
 from __future__ import annotations
 
 import json
+import shutil
+import textwrap
+from pathlib import Path
 
 import pytest
 
-from fedstyle.experiments.sweep import Variant, plan_jobs, run_sweep
+from fedstyle.cli.main import main
+from fedstyle.errors import ConfigError, FedstyleError
+from fedstyle.experiments import sweep as sweep_module
+from fedstyle.experiments.grid import parse_grid, parse_override, plan_grid
+from fedstyle.experiments.sweep import (
+    LocalLauncher,
+    RayLauncher,
+    Variant,
+    dry_run,
+    execute,
+    plan_jobs,
+    run_plan,
+    run_sweep,
+)
+from fedstyle.io import DirectoryLock
+
+# ----------------------------------------------------------------------------- the Python API
 
 
 def test_plan_lays_out_variant_seed_target_and_applies_hparams(tiny_config, tmp_path):
@@ -26,10 +45,340 @@ def test_plan_refuses_duplicate_names(tiny_config, tmp_path):
 def test_finished_runs_are_skipped_and_workers_match_serial(tiny_config, tmp_path):
     variants = [Variant("fedavg", "fedavg")]
     serial, parallel = tmp_path / "serial", tmp_path / "parallel"
-    run_sweep(plan_jobs(tiny_config, variants, [0, 1], ["grey"], serial), log=lambda _: None)
+    run_sweep(plan_jobs(tiny_config, variants, [0, 1], ["grey"], serial), log=lambda _: None, quiet=True)
     assert plan_jobs(tiny_config, variants, [0, 1], ["grey"], serial) == []
-    run_sweep(plan_jobs(tiny_config, variants, [0, 1], ["grey"], parallel), workers=2, log=lambda _: None)
+    run_sweep(plan_jobs(tiny_config, variants, [0, 1], ["grey"], parallel), workers=2, log=lambda _: None, quiet=True)
     for seed in (0, 1):
         a = json.loads((serial / f"fedavg/seed{seed}/grey/summary.json").read_text())
         b = json.loads((parallel / f"fedavg/seed{seed}/grey/summary.json").read_text())
         assert a["targets"] == b["targets"]
+
+
+# ----------------------------------------------------------------------------- sweep files
+
+
+def grid_text(tiny_root, top: str = "", variants: str = "", base: str = "") -> str:
+    """A sweep file on the tiny dataset (1-second runs); ``top``/``variants``/``base`` add lines."""
+    default_variants = textwrap.dedent("""
+        [[variant]]
+        name = "fedavg"
+        method = "fedavg"
+    """)
+    return textwrap.dedent(f"""
+        {top}
+        [base]
+        dataset = "folder"
+        data_root = "{tiny_root}"
+        resolution = 16
+        rounds = 2
+        batch_size = 8
+        local_steps = 2
+        min_client_size = 2
+        device = "cpu"
+        {base}
+    """) + textwrap.dedent(variants or default_variants)
+
+
+def make_plan(tiny_root, out, *, only=(), overrides=(), scale=None, **parts):
+    import tomllib
+
+    grid = parse_grid(tomllib.loads(grid_text(tiny_root, **parts)), "grid.toml", scale=scale, overrides=overrides)
+    return plan_grid(grid, out, only=only)
+
+
+def test_crossed_keys_name_the_folder_between_variant_and_seed(tiny_root, tmp_path):
+    top = 'seeds = [0, 1]\ntargets = ["grey", "red"]\nlr = [0.05, 0.1]'
+    plan = make_plan(tiny_root, tmp_path, top=top, variants="""
+        [[variant]]
+        name = "fedavg"
+        method = "fedavg"
+
+        [[variant]]
+        name = "ms"
+        label = "MixStyle"
+        method = "mixstyle"
+        hparams = { style_p = [0.3, 0.5], style_stages = "layer1" }
+    """)
+    rels = [r.rel for r in plan.runs]
+    assert len(rels) == 2 * 2 * 2 + 2 * 2 * 2 * 2
+    assert rels[:3] == ["fedavg/lr=0.05/seed0/grey", "fedavg/lr=0.05/seed0/red", "fedavg/lr=0.05/seed1/grey"]
+    assert "ms/lr=0.1,style_p=0.3/seed1/red" in rels
+    run = next(r for r in plan.runs if r.rel == "ms/lr=0.1,style_p=0.3/seed1/red")
+    assert (run.config.lr, run.config.seed, run.config.targets) == (0.1, 1, ["red"])
+    assert run.config.hparams == {"style_p": 0.3, "style_stages": "layer1"}
+    # the grid's crossed setting splits the reports; the variant's crossed hyperparameter makes rows
+    assert run.group == (("lr", "0.1"),)
+    assert (run.row, run.row_label, run.config.label) == ("ms[style_p=0.3]", "MixStyle (style_p=0.3)",
+                                                          "MixStyle (style_p=0.3)")
+    assert plan.rows == ["fedavg", "ms[style_p=0.3]", "ms[style_p=0.5]"]
+    assert set(plan.groups()) == {(("lr", "0.05"),), (("lr", "0.1"),)}
+    assert plan.counts() == {"done": 0, "resume": 0, "new": 24}
+    assert not any(tmp_path.iterdir())  # planning writes nothing
+
+
+def test_each_target_and_bundles(tiny_root, tmp_path):
+    plan = make_plan(tiny_root, tmp_path, top='targets = "each"')
+    assert [r.rel for r in plan.runs] == ["fedavg/seed0/blue", "fedavg/seed0/green", "fedavg/seed0/grey",
+                                          "fedavg/seed0/red"]
+    top = ('split = [{ name = "g-r", targets = ["grey"], val_domain = "red" },\n'
+           '         { targets = ["red"], val_domain = "grey", hparams = { aggregation = "uniform" } }]')
+    plan = make_plan(tiny_root, tmp_path, top=top, base='protocol = "ltdo"')
+    assert [r.rel for r in plan.runs] == ["fedavg/split=g-r/seed0/grey", "fedavg/split=red-grey-uniform/seed0/red"]
+    second = plan.runs[1].config
+    assert (second.targets, second.val_domain, second.hparams) == (["red"], "grey", {"aggregation": "uniform"})
+    # single_source: the protocol picks the targets, the folder says so
+    plan = make_plan(tiny_root, tmp_path, top='source = ["red", "blue"]', base='protocol = "single_source"')
+    assert [r.rel for r in plan.runs] == ["fedavg/source=red/seed0/others", "fedavg/source=blue/seed0/others"]
+
+
+def test_base_hparams_apply_where_the_method_declares_them(tiny_root, tmp_path):
+    variants = """
+        [[variant]]
+        name = "fedavg"
+        method = "fedavg"
+
+        [[variant]]
+        name = "prox"
+        method = "fedprox"
+        hparams = { mu = 0.5 }
+    """
+    plan = make_plan(tiny_root, tmp_path, variants=variants, base="hparams = { mu = 0.1, style_p = 0.2 }",
+                     top='targets = ["grey"]')
+    fedavg, prox = (r.config.hparams for r in plan.runs)
+    assert fedavg == {"style_p": 0.2}  # fedavg has no mu
+    assert prox == {"mu": 0.5, "style_p": 0.2}  # the variant's own value wins
+
+
+@pytest.mark.parametrize("parts, message", [
+    ({"top": "rounds = 3"}, "fixed settings go in [base]"),
+    ({"top": 'lr = ["fast", 0.1]'}, "lr = 'fast' is not a number"),
+    ({"top": "hparams.mu = [0.1, 1.0]"}, "fedavg has no hyperparameter 'mu'"),
+    ({"top": 'targets = ["grey", "purple"]'}, "target purple: --target 'purple' is not a domain of folder"),
+    ({"overrides": [("rounds", 0)]}, "seed 0 target grey: --rounds must be at least 1"),
+    ({"base": "hparams = { mu = 0.1 }"}, "'mu' is a hyperparameter of none of the variants' methods"),
+    ({"base": "clients = 50", "top": 'targets = ["grey"]\npartition = ["per_domain"]'},
+     "(partition=per_domain) seed 0 target grey: partitioner 'per_domain' splits"),
+    ({"variants": '[[variant]]\nname = "x"\nmethod = "fedavgg"'}, "unknown method 'fedavgg'"),
+    ({"variants": '[[variant]]\nname = "x"\nmethod = "ccst"\nhparams = { k = [1, 0] }'}, "'k' of ccst: 0 is below"),
+    ({"variants": '[[variant]]\nname = "a/b"\nmethod = "fedavg"'}, "cannot name a folder"),
+    ({"variants": '[[variant]]\nname = "a"\nmethod = "fedavg"\n[[variant]]\nname = "a"\nmethod = "fedprox"'},
+     "two variants are named 'a'"),
+    ({"top": 'claims = ["fedavg > nothing"]', "base": 'targets = ["grey"]'}, "'nothing', which is no variant"),
+    ({"top": "lam = [0.1]\nlr = [0.1]", "variants": '[[variant]]\nname = "a"\nmethod = "fedavg"\nlam = 0.5'},
+     "variant 'a' sets lam, which the grid crosses"),
+])
+def test_a_bad_grid_is_one_line_before_anything_is_written(tiny_root, tmp_path, parts, message):
+    parts.setdefault("top", 'targets = ["grey"]')
+    out = tmp_path / "out"
+    with pytest.raises(ConfigError) as caught:
+        make_plan(tiny_root, out, **parts)
+    assert message in str(caught.value) and "\n" not in str(caught.value)
+    assert not out.exists()
+
+
+def test_overrides_and_only(tiny_root, tmp_path):
+    assert parse_override("rounds=2") == ("rounds", 2)
+    assert parse_override("data_root=/tmp/x y") == ("data_root", "/tmp/x y")
+    assert parse_override("seeds=[0, 1]") == ("seeds", [0, 1])
+    assert parse_override("hparams.style_backend=fft") == ("hparams.style_backend", "fft")
+    with pytest.raises(ConfigError, match="KEY=VALUE"):
+        parse_override("rounds")
+    top = 'seeds = [0, 1]\ntargets = ["grey", "red"]\nlr = [0.05, 0.1]'
+    plan = make_plan(tiny_root, tmp_path, top=top, overrides=[("lr", 0.2), ("seeds", [5]), ("rounds", 1)])
+    assert [r.rel for r in plan.runs] == ["fedavg/seed5/grey", "fedavg/seed5/red"]  # lr fixed: no longer crossed
+    assert {(r.config.lr, r.config.rounds) for r in plan.runs} == {(0.2, 1)}
+    plan = make_plan(tiny_root, tmp_path, top=top, only=[("lr", ["0.1"]), ("target", ["red"])])
+    assert [r.rel for r in plan.runs] == ["fedavg/lr=0.1/seed0/red", "fedavg/lr=0.1/seed1/red"]
+    with pytest.raises(ConfigError, match="lr takes 0.05, 0.1"):
+        make_plan(tiny_root, tmp_path, top=top, only=[("lr", ["0.3"])])
+
+
+def test_scales_override_the_grid(tiny_root, tmp_path):
+    top = textwrap.dedent("""
+        seeds = [0, 1, 2]
+        targets = ["grey", "red"]
+        [scales.quick]
+        seeds = [0]
+        variants = ["fedavg"]
+        lr = [0.1, 0.2]
+        [scales.quick.base]
+        rounds = 1
+        [scales.long]
+        description = "all of it"
+    """)
+    variants = '[[variant]]\nname = "fedavg"\nmethod = "fedavg"\n[[variant]]\nname = "prox"\nmethod = "fedprox"'
+    plan = make_plan(tiny_root, tmp_path, top=top, variants=variants, scale="quick")
+    assert [r.rel for r in plan.runs] == ["fedavg/lr=0.1/seed0/grey", "fedavg/lr=0.1/seed0/red",
+                                          "fedavg/lr=0.2/seed0/grey", "fedavg/lr=0.2/seed0/red"]
+    assert {r.config.rounds for r in plan.runs} == {1}
+    assert len(make_plan(tiny_root, tmp_path, top=top, variants=variants, scale="long").runs) == 12
+    with pytest.raises(ConfigError, match="choose a scale with --scale: quick, long"):
+        make_plan(tiny_root, tmp_path, top=top, variants=variants)
+
+
+def write_grid(tmp_path, tiny_root, **parts) -> Path:
+    path = tmp_path / "grid.toml"
+    path.write_text(grid_text(tiny_root, **parts))
+    return path
+
+
+def summaries(out: Path) -> dict[str, dict]:
+    """Every run's summary, without what differs between identical runs (time)."""
+    found = {}
+    for path in sorted(out.rglob("summary.json")):
+        summary = json.loads(path.read_text())
+        summary.pop("seconds")
+        found[path.parent.relative_to(out).as_posix()] = summary
+    return found
+
+
+def test_finished_runs_are_skipped_interrupted_ones_resumed_and_a_changed_grid_refused(tiny_root, tmp_path, capsys):
+    grid = write_grid(tmp_path, tiny_root, top='seeds = [0, 1]\ntargets = ["grey"]')
+    out = tmp_path / "out"
+    assert main(["sweep", str(grid), "--out", str(out), "--quiet"]) == 0
+    first = summaries(out)
+    assert set(first) == {"fedavg/seed0/grey", "fedavg/seed1/grey"}
+    assert (out / "report.md").is_file() and (out / "report.csv").is_file()
+    # an interrupted run: its checkpoint is there, its summary and done marker are not
+    (out / "fedavg/seed1/grey/done").unlink()
+    (out / "fedavg/seed1/grey/summary.json").unlink()
+    capsys.readouterr()
+    assert main(["sweep", str(grid), "--out", str(out), "--dry-run"]) == 0
+    listing = capsys.readouterr().out
+    assert "2 runs in" in listing and "1 done, 1 to resume, 0 new" in listing
+    assert "done     fedavg/seed0/grey" in listing and "resume   fedavg/seed1/grey" in listing
+    assert main(["sweep", str(grid), "--out", str(out), "--quiet"]) == 0
+    assert "1 runs ran" in capsys.readouterr().out  # the finished one was skipped
+    assert summaries(out) == first  # the resumed run ends as the uninterrupted one did
+    # the same folder with other settings: refused before anything runs, naming the setting
+    changed = write_grid(tmp_path, tiny_root, top='seeds = [0, 1]\ntargets = ["grey"]', base="lr = 0.1")
+    assert main(["sweep", str(changed), "--out", str(out), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "holds a run made with other settings (lr (0.05 there, 0.1 here))" in err
+    assert "(and 1 more run directories)" in err
+
+
+def test_a_failed_run_is_reported_and_the_others_go_on(tiny_root, tmp_path, monkeypatch, capsys):
+    grid = write_grid(tmp_path, tiny_root, top='seeds = [0, 1]\ntargets = ["grey"]')
+    out = tmp_path / "out"
+    real = sweep_module.run_experiment
+
+    def flaky(config, run_dir, **kwargs):
+        if config.seed == 0:
+            raise RuntimeError("boom\nmore lines of it")
+        return real(config, run_dir, **kwargs)
+
+    monkeypatch.setattr(sweep_module, "run_experiment", flaky)
+    assert main(["sweep", str(grid), "--out", str(out), "--quiet"]) == 1
+    captured = capsys.readouterr()
+    assert "failed: fedavg/seed0/grey: RuntimeError: boom (...)" in captured.err
+    assert "1 run(s) failed" in captured.err
+    assert (out / "fedavg/seed1/grey/done").exists()
+    assert not (out / "fedavg/seed0/grey").exists()
+    log = (out / "sweep.log").read_text()
+    assert "failed fedavg/seed0/grey" in log and "Traceback" in log and "done fedavg/seed1/grey" in log
+    assert "| fedavg |" in (out / "report.md").read_text()  # the report covers the finished runs
+
+
+def test_a_run_another_process_holds_is_reported_not_retried(tiny_root, tmp_path, capsys):
+    grid = write_grid(tmp_path, tiny_root, top='targets = ["grey"]')
+    out = tmp_path / "out"
+    run_dir = out / "fedavg/seed0/grey"
+    with DirectoryLock(run_dir):  # another sweep's run, just started
+        capsys.readouterr()
+        assert main(["sweep", str(grid), "--out", str(out), "--dry-run"]) == 0
+        assert "running  fedavg/seed0/grey" in capsys.readouterr().out
+        assert main(["sweep", str(grid), "--out", str(out), "--quiet"]) == 1
+        err = capsys.readouterr().err
+    assert "in use: fedavg/seed0/grey:" in err and "is in use by process" in err and "(not retried)" in err
+    assert "being run by another process" in err
+    assert not (run_dir / "config.json").exists()
+
+
+def test_groups_get_reports_of_their_own_joined_by_an_index(tiny_root, tmp_path):
+    grid = write_grid(tmp_path, tiny_root, top='targets = ["grey"]\nlr = [0.05, 0.1]')
+    out = tmp_path / "out"
+    assert main(["sweep", str(grid), "--out", str(out), "--quiet"]) == 0
+    for value in ("0.05", "0.1"):
+        text = (out / f"reports/lr={value}/report.md").read_text()
+        assert "| fedavg |" in text and f"lr {value}" in text  # the group's setting is among the shared ones
+    index = (out / "report.md").read_text()
+    assert "## lr 0.05" in index and "## lr 0.1" in index and "reports/lr=0.1/report.md" in index
+    rows = (out / "report.csv").read_text().splitlines()
+    assert rows[0].startswith("lr,method,") and len(rows) == 3
+    assert rows[1].startswith("0.05,fedavg,") and rows[2].startswith("0.1,fedavg,")
+
+
+def test_help_teaches_with_a_valid_example(capsys):
+    from fedstyle.cli.sweep import SWEEP_EPILOG
+
+    with pytest.raises(SystemExit):
+        main(["sweep", "--help"])
+    text = capsys.readouterr().out
+    assert "[[variant]]" in text and "--launcher ray" in text and "shared filesystem" in text
+    example = SWEEP_EPILOG.split("a sweep file (grid.toml):\n")[1].split("\nexamples:")[0]
+    import tomllib
+
+    grid = parse_grid(tomllib.loads(textwrap.dedent(example)), "help example")
+    assert [v.name for v in grid.variants] == ["fedavg", "mixstyle", "ccst-k3"]
+    assert [a.name for a in grid.axes] == ["lam"] and grid.targets == "each"
+
+
+def test_launcher_flags_are_checked(tiny_root, tmp_path, capsys):
+    grid = write_grid(tmp_path, tiny_root, top='targets = ["grey"]')
+    assert main(["sweep", str(grid), "--address", "auto"]) == 2
+    assert "--address is for --launcher ray" in capsys.readouterr().err
+    assert main(["sweep", str(grid), "--launcher", "ray", "--workers", "2"]) == 2
+    assert "--workers is for --launcher local" in capsys.readouterr().err
+
+
+def test_ray_missing_names_the_install_command(monkeypatch, tiny_config, tmp_path):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "ray", None)
+    jobs = plan_jobs(tiny_config, [Variant("fedavg", "fedavg")], [0], ["grey"], tmp_path)
+    with pytest.raises(ConfigError, match=r"install it with: pip install -c constraints.txt 'fedstyle\[flower-sim\]'"):
+        execute(jobs, RayLauncher(), quiet=True)
+
+
+@pytest.mark.slow
+def test_ray_gives_the_summaries_of_one_local_worker(tiny_root, tmp_path):
+    """A 4-run sweep as Ray tasks on a 2-CPU local Ray instance equals the same sweep run serially."""
+    pytest.importorskip("ray")
+    import tomllib
+
+    data = tomllib.loads(grid_text(tiny_root, top='seeds = [0, 1]\ntargets = ["grey", "red"]'))
+    local, remote = tmp_path / "local", tmp_path / "ray"
+    plan = plan_grid(parse_grid(data, "grid.toml"), local)
+    outcome, _ = run_plan(plan, LocalLauncher(1, threads=1), quiet=True)
+    assert len(outcome.finished) == 4 and outcome.ok
+    plan = plan_grid(parse_grid(data, "grid.toml"), remote)
+    outcome, _ = run_plan(plan, RayLauncher(cpus_per_run=1, init={"num_cpus": 2}), quiet=True)
+    assert len(outcome.finished) == 4 and outcome.ok, [r.error for r in outcome.failed]
+    assert {r.status for r in outcome.finished} == {"done"}
+    assert summaries(local) == summaries(remote)
+    assert len(summaries(local)) == 4
+
+
+def test_legacy_run_sweep_raises_after_running_the_others(tiny_config, tmp_path, monkeypatch):
+    real = sweep_module.run_experiment
+
+    def flaky(config, run_dir, **kwargs):
+        if config.seed == 0:
+            raise FedstyleError("bad seed")
+        return real(config, run_dir, **kwargs)
+
+    monkeypatch.setattr(sweep_module, "run_experiment", flaky)
+    jobs = plan_jobs(tiny_config, [Variant("fedavg", "fedavg")], [0, 1], ["grey"], tmp_path)
+    with pytest.raises(FedstyleError, match="1 run\\(s\\) failed .* fedavg/seed0/grey: bad seed"):
+        run_sweep(jobs, log=lambda _: None, quiet=True)
+    assert (tmp_path / "fedavg/seed1/grey/done").exists()
+
+
+def test_dry_run_lists_every_run(tiny_root, tmp_path):
+    plan = make_plan(tiny_root, tmp_path, top='seeds = [0]\ntargets = ["grey", "red"]')
+    lines = []
+    dry_run(plan, lines.append)
+    assert lines[0].endswith("2 runs in " + str(tmp_path) + " — 0 done, 0 to resume, 2 new")
+    assert [line.split()[:2] for line in lines[1:]] == [["new", "fedavg/seed0/grey"], ["new", "fedavg/seed0/red"]]
+    shutil.rmtree(tmp_path, ignore_errors=True)

@@ -89,3 +89,13 @@ def print_summary(summary: dict, out: Path) -> None:
               f"{edge['payload_bytes']:,.0f} bytes ({edge['payload_values']:,.0f} numbers, "
               f"{100 * edge['payload_fraction_of_model']:.3g}% of the weights); {edge['iterations']} iterations")
     print(f"  run directory: {out}")
+
+
+def stop_on_sigterm() -> None:
+    """SIGTERM (``kill``, a scheduler ending a job) stops a run like Ctrl-C: it says how to resume."""
+    import signal
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, interrupt)

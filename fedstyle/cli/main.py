@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from fedstyle.cli.flags import add_run_flags, check_resume_flags, config_from_args, print_summary
+from fedstyle.cli.flags import add_run_flags, check_resume_flags, config_from_args, print_summary, stop_on_sigterm
 from fedstyle.errors import FedstyleError
 
 RUN_EXAMPLES = """\
@@ -34,6 +34,8 @@ a 5-minute tour:
   fedstyle methods                    every method with its hyperparameters and defaults
   fedstyle run --help                 train one configuration into a run directory
   fedstyle report runs/*              the papers' table (mean ± std over seeds) + CSV + plot
+  fedstyle sweep --help               a grid of runs from one TOML file, on this machine or a Ray cluster
+  fedstyle reproduce --list           a paper's table on the offline datasets, its claims checked
   fedstyle cache                      what the cache holds; `fedstyle cache clear ccst` frees stylized copies
   fedstyle deploy --help              the same runs on a real Flower federation (SuperLink + SuperNodes, TLS)
   fedstyle style demo                 PNG grid: digits restyled to every domain's style (offline AdaIN)
@@ -209,17 +211,11 @@ def build_parser() -> argparse.ArgumentParser:
     from fedstyle.cli.deploy import add_deploy_command
 
     add_deploy_command(sub)
+
+    from fedstyle.cli.sweep import add_sweep_commands
+
+    add_sweep_commands(sub)
     return parser
-
-
-def stop_on_sigterm() -> None:
-    """SIGTERM (``kill``, a scheduler ending a job) stops a run like Ctrl-C: it says how to resume."""
-    import signal
-
-    def interrupt(signum, frame):
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, interrupt)
 
 
 def main(argv: list[str] | None = None) -> int:

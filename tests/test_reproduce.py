@@ -1,0 +1,196 @@
+"""``fedstyle reproduce``: presets as data, the paper's numbers beside fedstyle's, a verdict per claim."""
+
+from __future__ import annotations
+
+import json
+import re
+import textwrap
+import tomllib
+
+import pytest
+
+from fedstyle.cli.main import main
+from fedstyle.errors import ConfigError
+from fedstyle.experiments.config import RunConfig
+from fedstyle.experiments.grid import PlannedRun, parse_grid, plan_grid, read_toml
+from fedstyle.experiments.paper import (
+    Claim,
+    RowStats,
+    judge,
+    list_presets,
+    parse_claim_text,
+    preset_path,
+    row_stats,
+)
+
+
+def test_claims_parse_into_pairs_of_better_and_worse():
+    assert parse_claim_text("a > b", "f") == [Claim("a", "b", "a > b")]
+    assert parse_claim_text("a < b", "f") == [Claim("b", "a", "a < b")]
+    chain = parse_claim_text("ccst[k=3] > mixstyle > fedavg", "f", source="Table 1")
+    assert [(c.better, c.worse, c.source) for c in chain] == [("ccst[k=3]", "mixstyle", "Table 1"),
+                                                              ("mixstyle", "fedavg", "Table 1")]
+    for bad in ("a >", "a = b", "> b", "a >> b"):
+        with pytest.raises(ConfigError, match="is not an ordering"):
+            parse_claim_text(bad, "f")
+
+
+def test_a_claim_is_judged_by_the_means_against_the_seeds_std():
+    # A: 60, 62, 58 -> mean 60, std 2; B: 55, 57, 62 -> mean 58, std sqrt(13) = 3.606
+    a = RowStats("A", {0: 60.0, 1: 62.0, 2: 58.0})
+    b = RowStats("B", {0: 55.0, 1: 57.0, 2: 62.0})
+    verdict = judge(Claim("a", "b", "a > b"), {"a": a, "b": b})
+    assert verdict.status == "holds"
+    assert verdict.gap == pytest.approx(2.0)
+    assert verdict.noise == pytest.approx(13 ** 0.5)
+    assert verdict.beyond_noise is False
+    assert (verdict.ahead, verdict.paired) == (2, 3)  # seed 2: 58 < 62
+    assert verdict.text == "gap +2.0 points; within the seeds' std (3.6); ordered so in 2 of 3 seeds"
+    # the other way round it does not hold; a gap larger than both stds is beyond them
+    assert judge(Claim("b", "a", "a < b"), {"a": a, "b": b}).status == "does not hold"
+    c = RowStats("C", {0: 50.0, 1: 51.0, 2: 52.0})
+    beyond = judge(Claim("a", "c", "a > c"), {"a": a, "c": c})
+    assert (beyond.gap, beyond.beyond_noise, beyond.ahead) == (pytest.approx(9.0), True, 3)
+    # one seed: no std to weigh the gap against; missing rows are not judged
+    single = judge(Claim("a", "b", "a > b"), {"a": RowStats("A", {0: 70.0}), "b": RowStats("B", {0: 60.0})})
+    assert single.status == "holds" and single.noise is None and "one seed" in single.text
+    missing = judge(Claim("a", "z", "a > z"), {"a": a, "z": RowStats("Z")})
+    assert missing.status == "not run" and missing.text == "z has no finished run"
+    assert judge(Claim("a", "q", "a > q"), {"a": a}).text == "q is not in this sweep"
+
+
+def test_row_stats_average_each_seed_over_its_targets(tmp_path):
+    def run(seed, target, accuracy):
+        run_dir = tmp_path / f"seed{seed}" / target
+        if accuracy is not None:
+            run_dir.mkdir(parents=True)
+            (run_dir / "summary.json").write_text(json.dumps({"targets": {target: {"selected": accuracy,
+                                                                                      "last": 0.0}}}))
+            (run_dir / "done").write_text("")
+        config = RunConfig(seed=seed, targets=[target])
+        return PlannedRun(run_dir, "", config, "v", "v", "V", (), "done")
+
+    stats = row_stats([run(0, "grey", 0.5), run(0, "red", 0.7), run(1, "grey", 0.6), run(1, "red", None)])
+    assert stats["v"].per_seed == {0: pytest.approx(60.0), 1: pytest.approx(60.0)}
+    assert stats["v"].partial  # seed 1 lacks red
+    assert stats["v"].text() == "60.0 ± 0.0*"
+
+
+def test_presets_ship_as_data_and_are_listed(capsys):
+    assert "ccst" in [name for name, _ in list_presets()]
+    assert preset_path("ccst").suffix == ".toml"
+    with pytest.raises(ConfigError, match="no preset 'nope'; presets: ccst"):
+        preset_path("nope")
+    assert main(["reproduce", "--list"]) == 0
+    text = capsys.readouterr().out
+    assert "ccst" in text and "--scale smoke" in text and "--scale full" in text and "PACS, ResNet-50" in text
+
+
+def test_every_scale_of_the_ccst_preset_is_a_valid_grid():
+    data = read_toml(preset_path("ccst"))
+    for scale in ("smoke", "small", "full"):
+        grid = parse_grid(data, "preset ccst", scale=scale)
+        assert grid.claims and grid.paper.results[0].dataset == "PACS"
+    full = parse_grid(data, "preset ccst", scale="full")
+    assert [a.name for a in full.axes] == ["dataset"] and full.seeds == [0, 1, 2] and len(full.variants) == 10
+    smoke = parse_grid(data, "preset ccst", scale="smoke")
+    assert [v.name for v in smoke.variants] == ["fedavg", "mixstyle", "feddg", "ccst-overall-k3"]
+    assert smoke.base["hparams"] == {"style_backend": "fft"} and smoke.seeds == [0]
+
+
+def test_reproduce_puts_the_papers_numbers_beside_fedstyles_with_a_verdict_per_claim(tiny_root, tmp_path):
+    out = tmp_path / "ccst"
+    tiny = ["--set", "dataset=folder", "--set", f"data_root={tiny_root}", "--set", "resolution=16",
+            "--set", "batch_size=8", "--set", "local_steps=2", "--set", "rounds=2", "--set", "min_client_size=2"]
+    code = main(["reproduce", "ccst", "--scale", "smoke", "--out", str(out), *tiny, "--device", "cpu",
+                 "--only", "variant=fedavg,ccst-overall-k3", "--only", "target=grey", "--quiet"])
+    assert code == 0
+    report = (out / "report.md").read_text()
+    # the paper's numbers (its datasets named) beside fedstyle's mean over seeds
+    assert "| Row | paper: PACS, ResNet-50 | paper: Office-Home, ResNet-18 | fedstyle: folder | n |" in report
+    assert re.search(r"\| FedAvg \| 82\.37 \| 61\.99 \| \d+\.\d \| 1 \|", report)
+    assert re.search(r"\| CCST \(overall, K=3\) \| 86\.52 \| 63\.56 \| \d+\.\d \| 1 \|", report)
+    assert "| CCST (single, K=2) | 96.77 | 86.23 | 75.73 | 80.12 | 84.71 |" in report  # per domain, not run here
+    # a verdict for every claim of the preset
+    claims = json.loads((out / "claims.json").read_text())
+    preset = tomllib.loads(preset_path("ccst").read_text())
+    expected = sum(len(parse_claim_text(c["says"], "")) for c in preset["claim"])
+    assert len(claims) == expected == 13
+    first = claims[0]
+    assert first["claim"] == "ccst-overall-k3 > fedavg" and first["status"] in ("holds", "does not hold")
+    assert first["paper"] == "86.52 vs 82.37 (+4.15, PACS)" and first["n_better"] == 1
+    assert {c["status"] for c in claims[1:]} <= {"holds", "does not hold", "not run"}
+    assert "mixstyle is not in this sweep" in claims[1]["text"]
+    table = report.split("### The paper's claims, checked here")[1]
+    assert table.count("\n| ccst") + table.count("\n| mixstyle") + table.count("\n| feddg") == expected
+    assert re.search(r"\| ccst-overall-k3 > fedavg \(Table 1\) \| 86\.52 vs 82\.37 \(\+4\.15, PACS\) \| "
+                     r"\d+\.\d \(n=1\) \| \d+\.\d \(n=1\) \| \*\*(holds|does not hold)\*\*: gap", report)
+
+
+def test_the_method_benchmarks_grids_are_expressible(tiny_root, tmp_path):
+    """The grids of the method benchmarks as sweep files: crossed lambdas and protocols (PARDON), networks
+    beside star baselines (StyleDDG), single-source with Dirichlet labels (FedGCA)."""
+    base = f"""
+        [base]
+        dataset = "folder"
+        data_root = "{tiny_root}"
+        resolution = 16
+        min_client_size = 2
+        device = "cpu"
+    """
+    pardon = tomllib.loads(textwrap.dedent("""
+        lam = [0.0, 1.0]
+        split = [{ name = "lodo-grey", protocol = "lodo", targets = ["grey"] },
+                 { name = "ltdo-grey-red", protocol = "ltdo", targets = ["grey"], val_domain = "red" }]
+    """ + base + """
+        partition = "lambda"
+        clients = 4
+        [[variant]]
+        name = "fedavg"
+        method = "fedavg"
+    """))
+    plan = plan_grid(parse_grid(pardon, "pardon.toml"), tmp_path)
+    assert [r.rel for r in plan.runs] == ["fedavg/lam=0.0,split=lodo-grey/seed0/grey",
+                                          "fedavg/lam=0.0,split=ltdo-grey-red/seed0/grey",
+                                          "fedavg/lam=1.0,split=lodo-grey/seed0/grey",
+                                          "fedavg/lam=1.0,split=ltdo-grey-red/seed0/grey"]
+    assert len(plan.groups()) == 4  # one table per lambda and protocol
+    assert plan.runs[1].config.resolved_selection() == "heldout_val"
+
+    styleddg = tomllib.loads(textwrap.dedent("""
+        targets = ["grey"]
+        network = [{ name = "complete3", topology = "complete", partition = "domain" },
+                   { name = "rgg6", topology = "rgg", partition = "per_domain", clients = 6, radius = 0.8 }]
+    """ + base + """
+        [[variant]]
+        name = "fedbn-mixstyle"
+        method = "fedbn"
+        topology = "star"
+        hparams = { style = "mixstyle" }
+        [[variant]]
+        name = "dsgd"
+        method = "dsgd"
+    """))
+    plan = plan_grid(parse_grid(styleddg, "styleddg.toml"), tmp_path)
+    layout = {r.rel: (r.config.topology, r.config.partition, r.config.clients) for r in plan.runs}
+    assert layout == {"fedbn-mixstyle/network=complete3/seed0/grey": ("star", "domain", None),
+                      "fedbn-mixstyle/network=rgg6/seed0/grey": ("star", "per_domain", 6),
+                      "dsgd/network=complete3/seed0/grey": ("complete", "domain", None),
+                      "dsgd/network=rgg6/seed0/grey": ("rgg", "per_domain", 6)}
+
+    fedgca = tomllib.loads(textwrap.dedent("""
+        seeds = [0, 1]
+        source = ["red"]
+    """ + base + """
+        protocol = "single_source"
+        partition = "label_dirichlet"
+        alpha = 0.3
+        clients = 2
+        [[variant]]
+        name = "fedavg-rc"
+        method = "fedavg"
+        augment = "crop"
+    """))
+    plan = plan_grid(parse_grid(fedgca, "fedgca.toml"), tmp_path)
+    assert [r.rel for r in plan.runs] == ["fedavg-rc/source=red/seed0/others", "fedavg-rc/source=red/seed1/others"]
+    assert plan.runs[0].config.augment == "crop"
