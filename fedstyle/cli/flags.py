@@ -37,8 +37,8 @@ def add_run_flags(parser: argparse.ArgumentParser, resume_help: str) -> None:
     """The options of every command that makes a run directory: --config, --out, --resume, --quiet, run settings."""
     parser.add_argument("--config", metavar="FILE.toml", help="read settings from a TOML file ([hparams] table for --hp)")
     parser.add_argument("--out", metavar="DIR", help="run directory to create")
-    parser.add_argument("--resume", metavar="DIR", help=resume_help + "; besides DIR it accepts only --device, "
-                        "--data-root (a moved dataset) and --quiet, which cannot change the result")
+    parser.add_argument("--resume", metavar="DIR", help=resume_help + f"; besides DIR it accepts only "
+                        f"{_resume_flags()}, which cannot change the result")
     parser.add_argument("--restart", action="store_true",
                         help="with --resume: discard the run's progress and start it over from round 0 (same config)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar or messages (for CI and scripts)")
@@ -55,8 +55,22 @@ def check_resume_flags(args: argparse.Namespace) -> None:
     given += [f"--{name}" for name in ("config", "out") if getattr(args, name, None)]
     if given:
         flags = ", ".join(given)
-        raise ConfigError(f"--resume continues a run exactly as configured and accepts only --device, --data-root "
-                          f"and --quiet; drop {flags} (or start a new run with --out)")
+        raise ConfigError(f"--resume continues a run exactly as configured and accepts only {_resume_flags()}; "
+                          f"drop {flags} (or start a new run with --out)")
+
+
+def _resume_flags() -> str:
+    from fedstyle.experiments.rundir import RESUME_OPTIONS
+
+    names = ["--" + name.replace("_", "-") for name in RESUME_OPTIONS]
+    return ", ".join(names[:-1]) + " and " + names[-1]
+
+
+def resume_settings(args: argparse.Namespace) -> dict:
+    """The run settings given beside --resume (those of RESUME_OPTIONS), to change in the saved config."""
+    from fedstyle.experiments.rundir import RESUME_OPTIONS
+
+    return {name: getattr(args, name) for name in RESUME_OPTIONS if name != "quiet" and hasattr(args, name)}
 
 
 def config_from_args(args: argparse.Namespace):

@@ -6,7 +6,14 @@ import argparse
 import sys
 from pathlib import Path
 
-from fedstyle.cli.flags import add_run_flags, check_resume_flags, config_from_args, print_summary, stop_on_sigterm
+from fedstyle.cli.flags import (
+    add_run_flags,
+    check_resume_flags,
+    config_from_args,
+    print_summary,
+    resume_settings,
+    stop_on_sigterm,
+)
 from fedstyle.errors import FedstyleError
 
 RUN_EXAMPLES = """\
@@ -51,8 +58,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         raise ConfigError("--restart starts a run directory over; give it with --resume DIR")
     if args.resume:
         check_resume_flags(args)
-        summary = resume_experiment(args.resume, quiet=args.quiet, device=getattr(args, "device", None),
-                                    data_root=getattr(args, "data_root", None), restart=args.restart)
+        summary = resume_experiment(args.resume, quiet=args.quiet, restart=args.restart, **resume_settings(args))
         out = Path(args.resume)
     else:
         if not args.out:

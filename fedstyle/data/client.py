@@ -1,9 +1,16 @@
-"""A client's training data: uint8 tensors decoded once, batches as index gathers plus one batched transform.
+"""A client's training data: rows of a shared sample pool, batches as index gathers plus one batched transform.
+
+Every client of a run holds only the *row indices* of its samples in one :class:`SamplePool` (the
+run's training images, labels and domain ids, decoded once and shared): a client costs 8 bytes
+per sample, so a run of thousands of clients holds the images once, not once per client. A batch
+is a gather of its rows from the pool, a device transfer and one batched transform — the same
+bytes in the same order as a client that owned a copy of its images.
 
 Optional **aligned views** ride along: named uint8 tensors with one row per sample (row i is a
 variant of image i, e.g. PARDON's transfer of image i to the global style). A batch then carries
 each view beside the image, cut by the *same* random crop and flip, because the views are
-augmented together with the image as extra channels of one batch.
+augmented together with the image as extra channels of one batch. Views (and the images a method
+puts in with :meth:`ClientData.replace`, CCST's augmented set say) belong to the client.
 """
 
 from __future__ import annotations
@@ -15,31 +22,108 @@ import torch
 from fedstyle.errors import ConfigError
 
 
-class ClientData:
-    """A client's training samples as uint8 tensors plus a batched transform.
+class SamplePool:
+    """Samples shared by clients: uint8 images (N, C, H, W), labels (N,) and domain ids (N,).
 
-    Images are gathered once from the dataset cache when the client is created; batches are
-    index gathers, a device transfer and one batched transform (no DataLoader, no decoding).
+    :meth:`to` moves the pool to a device once and hands every later caller the same copy, so
+    the clients of a run that share a pool on the CPU share one on the accelerator too.
+    """
+
+    def __init__(self, images: torch.Tensor, labels: torch.Tensor, domains: torch.Tensor):
+        if len(images) != len(labels) or len(labels) != len(domains):
+            raise ConfigError("client images, labels and domains must have the same length")
+        self.images, self.labels, self.domains = images, labels, domains
+        self._copies: dict[torch.device, SamplePool] = {images.device: self}
+
+    def __len__(self) -> int:
+        return int(self.labels.shape[0])
+
+    @property
+    def device(self) -> torch.device:
+        return self.images.device
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.images, self.labels, self.domains))
+
+    def to(self, device: torch.device | str) -> "SamplePool":
+        device = torch.device(device)
+        if device.type == "cuda" and device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+        copy = self._copies.get(device)
+        if copy is None:
+            copy = SamplePool(self.images.to(device), self.labels.to(device), self.domains.to(device))
+            copy._copies = self._copies  # every copy knows the others
+            self._copies[device] = copy
+        return copy
+
+
+class ClientData:
+    """A client's training samples plus a batched transform.
+
+    ``ClientData(images, labels, domains, transform)`` owns its samples; :meth:`from_pool` makes a
+    client of rows of a shared :class:`SamplePool` (what a run builds: no per-client image copy).
+    Either way ``images``, ``labels`` and ``domains`` are the client's samples in order — for a
+    pool client they are gathered when read (a copy; keep it only as long as needed) — and
+    batches are index gathers, a device transfer and one batched transform (no DataLoader, no
+    decoding).
     """
 
     def __init__(self, images: torch.Tensor, labels: torch.Tensor, domains: torch.Tensor, transform: Callable,
                  views: Mapping[str, torch.Tensor] | None = None):
-        if len(images) != len(labels) or len(labels) != len(domains):
-            raise ConfigError("client images, labels and domains must have the same length")
-        self.images = images
-        self.labels = labels
-        self.domains = domains
+        self._pool = SamplePool(images, labels, domains)
+        self._rows: torch.Tensor | None = None  # None: every row of the pool, in order
         self.transform = transform
         self.views: dict[str, torch.Tensor] = {}
         for name, view in (views or {}).items():
             self.set_view(name, view)
 
+    @classmethod
+    def from_pool(cls, pool: SamplePool, rows: torch.Tensor, transform: Callable) -> "ClientData":
+        """The client holding rows ``rows`` (int64 indices, repeats allowed) of ``pool``."""
+        if rows.dim() != 1 or rows.dtype != torch.long:
+            raise ConfigError(f"client rows must be a 1-D int64 tensor, got {rows.dtype} {tuple(rows.shape)}")
+        if rows.numel() and (int(rows.min()) < 0 or int(rows.max()) >= len(pool)):
+            raise ConfigError(f"client rows must lie in [0, {len(pool)}) (the pool's samples)")
+        data = cls.__new__(cls)
+        data._pool, data._rows = pool, rows.to(pool.device)
+        data.transform, data.views = transform, {}
+        return data
+
+    @property
+    def pool(self) -> SamplePool:
+        return self._pool
+
+    @property
+    def rows(self) -> torch.Tensor | None:
+        """The client's rows of :attr:`pool` (None when the client owns the whole pool)."""
+        return self._rows
+
+    def _take(self, tensor: torch.Tensor) -> torch.Tensor:
+        return tensor if self._rows is None else tensor.index_select(0, self._rows)
+
+    @property
+    def images(self) -> torch.Tensor:
+        return self._take(self._pool.images)
+
+    @property
+    def labels(self) -> torch.Tensor:
+        return self._take(self._pool.labels)
+
+    @property
+    def domains(self) -> torch.Tensor:
+        return self._take(self._pool.domains)
+
     def __len__(self) -> int:
-        return int(self.labels.shape[0])
+        return len(self._pool) if self._rows is None else int(self._rows.shape[0])
 
     def to(self, device: torch.device | str) -> "ClientData":
-        return ClientData(self.images.to(device), self.labels.to(device), self.domains.to(device), self.transform,
-                          {k: v.to(device) for k, v in self.views.items()})
+        data = ClientData.__new__(ClientData)
+        data._pool = self._pool.to(device)
+        data._rows = None if self._rows is None else self._rows.to(device)
+        data.transform = self.transform
+        data.views = {k: v.to(device) for k, v in self.views.items()}
+        return data
 
     # -- aligned views ------------------------------------------------------------------
     def set_view(self, name: str, images: torch.Tensor) -> None:
@@ -47,21 +131,25 @@ class ClientData:
         if images.dim() != 4 or images.dtype != torch.uint8 or len(images) != len(self):
             raise ConfigError(f"view {name!r} must be uint8 (N, C, H, W) with N = {len(self)} rows, got "
                               f"{images.dtype} {tuple(images.shape)}")
-        if images.shape[-2:] != self.images.shape[-2:]:
+        size = tuple(self._pool.images.shape[-2:])
+        if tuple(images.shape[-2:]) != size:
             raise ConfigError(f"view {name!r} is {tuple(images.shape[-2:])} but the images are "
-                              f"{tuple(self.images.shape[-2:])}; aligned views share the image size")
-        self.views[name] = images if images.device == self.images.device else images.to(self.images.device)
+                              f"{size}; aligned views share the image size")
+        device = self._pool.device
+        self.views[name] = images if images.device == device else images.to(device)
 
     def replace(self, images: torch.Tensor, source: torch.Tensor) -> None:
         """Make the samples ``images`` with the labels, domains and views of rows ``source`` (in place:
-        the runtime keeps this object across rounds). CCST's augmented set, for example."""
+        the runtime keeps this object across rounds). CCST's augmented set, for example. The client
+        then owns its samples (they leave the shared pool)."""
         if len(images) != len(source):
             raise ConfigError(f"{len(images)} new images for {len(source)} source indices")
-        device = self.images.device
-        self.labels = self.labels[source.to(self.labels.device)]
-        self.domains = self.domains[source.to(self.domains.device)]
-        self.views = {k: v[source.to(v.device)] for k, v in self.views.items()}
-        self.images = images if device.type == "cpu" else images.to(device)
+        device = self._pool.device
+        source = source.to(device)
+        labels, domains = self.labels.index_select(0, source), self.domains.index_select(0, source)
+        self.views = {k: v.index_select(0, source) for k, v in self.views.items()}
+        self._pool = SamplePool(images if device.type == "cpu" else images.to(device), labels, domains)
+        self._rows = None
 
     # -- batches ------------------------------------------------------------------------
     def num_batches(self, batch_size: int) -> int:
@@ -90,16 +178,18 @@ class ClientData:
             raise ConfigError("this client has no aligned views; the method must attach them in its setup "
                               "(ClientData.set_view) before training asks for them")
         per_epoch = self.num_batches(batch_size)
+        pool = self._pool
         done = 0
         while done < steps:
             order = torch.randperm(n, generator=generator)
             for b in range(per_epoch):
                 if done == steps:
                     return
-                idx = order[b * batch_size : (b + 1) * batch_size].to(self.images.device)
-                x = self.images.index_select(0, idx).to(device, non_blocking=True)
-                y = self.labels.index_select(0, idx).to(device, non_blocking=True)
-                d = self.domains.index_select(0, idx).to(device, non_blocking=True)
+                idx = order[b * batch_size : (b + 1) * batch_size].to(pool.device)  # the client's positions
+                rows = idx if self._rows is None else self._rows.index_select(0, idx)  # the pool's rows
+                x = pool.images.index_select(0, rows).to(device, non_blocking=True)
+                y = pool.labels.index_select(0, rows).to(device, non_blocking=True)
+                d = pool.domains.index_select(0, rows).to(device, non_blocking=True)
                 if views:
                     names = sorted(self.views)
                     parts = [self.views[k].index_select(0, idx).to(device, non_blocking=True) for k in names]

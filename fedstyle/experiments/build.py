@@ -8,7 +8,7 @@ import networkx as nx
 import torch
 
 from fedstyle.algorithms import METHODS, Algorithm
-from fedstyle.data import BatchTransform, DomainDataset, load_dataset
+from fedstyle.data import BatchTransform, DomainDataset, SamplePool, load_dataset
 from fedstyle.devices import resolve_device
 from fedstyle.errors import ConfigError
 from fedstyle.experiments.config import RunConfig
@@ -16,6 +16,7 @@ from fedstyle.data.client import ClientData
 from fedstyle.federation.evaluate import EvalSet
 from fedstyle.federation.p2p import P2PSimulator
 from fedstyle.federation.star import FederationSettings, StarSimulator
+from fedstyle.federation.states import parse_budget
 from fedstyle.federation.topology import build_graph
 from fedstyle.models import build_model, input_normalization
 from fedstyle.partition import ClientSpec, Split, make_partition, make_split
@@ -46,13 +47,32 @@ class Experiment:
         return type(self.algorithm).display_name(self.algorithm.hp)
 
 
-def _gather(dataset: DomainDataset, spec: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    images, labels, domains = [], [], []
-    for domain, idx in spec.items():
+def shared_clients(dataset: DomainDataset, split: Split, specs: list[ClientSpec],
+                   transform: BatchTransform) -> list[ClientData]:
+    """The clients of ``specs`` as rows of one :class:`SamplePool` of the split's training samples.
+
+    The pool holds every source domain's training samples once (source order, each domain's
+    ``split.train`` order); a client holds only the pool rows of its samples, in the order of its
+    spec (domain by domain), so its batches are the images a per-client copy would give.
+    """
+    images, labels, domains, position, offset = [], [], [], {}, 0
+    for domain in split.sources:
+        idx = split.train[domain]
         images.append(dataset.images[domain][idx])
-        labels.append(dataset.labels[domain][idx])
+        labels.append(dataset.labels[domain][idx].long())
         domains.append(torch.full((len(idx),), dataset.domains.index(domain), dtype=torch.long))
-    return torch.cat(images), torch.cat(labels), torch.cat(domains)
+        where = torch.full((len(dataset.labels[domain]),), -1, dtype=torch.long)
+        where[idx] = torch.arange(offset, offset + len(idx))
+        position[domain], offset = where, offset + len(idx)
+    pool = SamplePool(torch.cat(images), torch.cat(labels), torch.cat(domains))
+    clients = []
+    for cid, spec in enumerate(specs):
+        parts = [position[d][idx] for d, idx in spec.indices.items()] if spec.indices else []
+        rows = torch.cat(parts) if parts else torch.zeros(0, dtype=torch.long)
+        if rows.numel() and int(rows.min()) < 0:
+            raise ConfigError(f"client {cid} holds samples outside the training split (a partition bug)")
+        clients.append(ClientData.from_pool(pool, rows, transform))
+    return clients
 
 
 def resolve_config(config: RunConfig, dataset: DomainDataset) -> RunConfig:
@@ -97,7 +117,7 @@ def build_experiment(config: RunConfig, progress: bool = True) -> Experiment:
     )
     specs = make_partition(
         config.partition, split, dataset, num_clients=config.clients, alpha=config.alpha, lam=config.lam,
-        min_size=config.min_client_size, seed=derive_seed(config.seed, "partition"),
+        min_size=config.min_client_size, seed=derive_seed(config.seed, "partition"), copies=config.data_copies,
     )
     mean, std = dataset.mean, dataset.std
     if config.pretrained:
@@ -112,7 +132,7 @@ def build_experiment(config: RunConfig, progress: bool = True) -> Experiment:
     algorithm.configure_model(model)
     model.to(device=device, memory_format=torch.channels_last)  # matches BatchTransform's NHWC output
 
-    clients = [ClientData(*_gather(dataset, spec.indices), transform) for spec in specs]
+    clients = shared_clients(dataset, split, specs, transform)
     source_val = {d: EvalSet(dataset.images[d][idx], dataset.labels[d][idx]) for d, idx in split.val.items() if len(idx)}
     targets = {d: EvalSet(dataset.images[d][split.heldout[d]], dataset.labels[d][split.heldout[d]]) for d in split.targets}
     heldout_val = {}
@@ -121,7 +141,7 @@ def build_experiment(config: RunConfig, progress: bool = True) -> Experiment:
         heldout_val[split.val_domain] = EvalSet(dataset.images[split.val_domain][idx], dataset.labels[split.val_domain][idx])
 
     if device.type != "cpu":
-        total = sum(c.images.numel() for c in clients) + sum(s.images.numel() for s in [*source_val.values(), *targets.values()])
+        total = clients[0].pool.nbytes + sum(s.images.numel() for s in [*source_val.values(), *targets.values()])
         if total <= _DEVICE_DATA_BYTES:
             clients = [c.to(device) for c in clients]
             for sets in (source_val, targets, heldout_val):
@@ -136,7 +156,8 @@ def build_experiment(config: RunConfig, progress: bool = True) -> Experiment:
     )
     graph = None
     if config.topology == "star":
-        simulator = StarSimulator(algorithm, model, clients, settings, config.seed, device)
+        simulator = StarSimulator(algorithm, model, clients, settings, config.seed, device,
+                                  state_budget=parse_budget(config.state_budget))
     else:
         graph = build_graph(config.topology, len(clients), derive_seed(config.seed, "graph"), config.radius, config.edge_prob)
         simulator = P2PSimulator(algorithm, model, clients, settings, graph, config.seed, device)

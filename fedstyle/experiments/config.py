@@ -65,6 +65,9 @@ class RunConfig:
     alpha: float = _opt(0.5, "Dirichlet concentration for dirichlet / label_dirichlet partitions")
     lam: float = _opt(0.1, "Bai et al. heterogeneity lambda in [0, 1] for the lambda partition")
     min_client_size: int = _opt(10, "smallest allowed client (Dirichlet partitions resample until met)")
+    data_copies: int = _opt(1, "deal K shuffled copies of every training sample to the clients: K > 1 lets many clients "
+                            "have enough samples (a sample then belongs to up to K clients, and may appear twice in "
+                            "one: resampling with replacement across clients); 1: disjoint clients")
     # topology
     topology: str = _opt("star", "star (server) or a peer-to-peer graph", choices=TOPOLOGIES)
     radius: float = _opt(0.8, "rgg: connection radius in the unit square")
@@ -93,6 +96,18 @@ class RunConfig:
     selection: str = _opt("auto", "model selection: source_val, heldout_val (ltdo), last, oracle (auto: source_val, "
                           "or heldout_val under ltdo)", choices=("auto",) + SELECTIONS)
     allow_oracle: bool = _opt(False, "permit --selection oracle (selects on the target: optimistic, labelled so)")
+    # scale: where the clients run and what they keep in memory (never what the run computes)
+    state_budget: str = _opt("auto", "bytes of per-client state (FedDyn's gradients, FedBN's local layers ...) kept in "
+                             "memory between rounds; the rest waits in the run directory (client_states/, safetensors) "
+                             "and is loaded for the round's clients: auto (a tenth of this machine's memory), unlimited, "
+                             "or a size such as 512MB, 2GiB, 0")
+    ray_address: str | None = _opt(None, "flower-sim: join the running Ray cluster at this address (auto: the one "
+                                   "`ray start` runs on this node; HOST:PORT: its head node; local or unset: start a "
+                                   "private Ray instance)")
+    client_cpus: float = _opt(1.0, "flower-sim: CPUs per client actor (a Ray resource; also the actor's torch threads)")
+    client_gpus: float | None = _opt(None, "flower-sim: GPUs per client actor, a fraction shares a GPU (default: 0 "
+                                     "with --device cpu; on CUDA the cluster's GPUs shared evenly by the actors its "
+                                     "CPUs allow)")
 
     # ------------------------------------------------------------------------------
     @classmethod
@@ -191,12 +206,16 @@ class RunConfig:
             (self.weight_decay >= 0, "--weight-decay must be >= 0"),
             (0 <= self.seed < 2**63, f"--seed must be a whole number in [0, 2^63), got {self.seed}"),
             (self.min_client_size >= 1, "--min-client-size must be at least 1"),
+            (self.data_copies >= 1, f"--data-copies must be at least 1, got {self.data_copies}"),
+            (self.client_cpus > 0, f"--client-cpus must be positive, got {self.client_cpus}"),
+            (self.client_gpus is None or self.client_gpus >= 0, f"--client-gpus must be >= 0, got {self.client_gpus}"),
             (self.clients_per_round == 0 or self.clients is None or self.clients_per_round <= self.clients,
              f"--clients-per-round {self.clients_per_round} exceeds --clients {self.clients}"),
         ]
         for ok, message in checks:
             if not ok:
                 raise ConfigError(message)
+        self.check_scale_settings()
         selection = self.resolved_selection()
         if selection == "oracle" and not self.allow_oracle:
             raise ConfigError("--selection oracle picks the model on the test domain (optimistic); "
@@ -206,6 +225,30 @@ class RunConfig:
         if selection == "source_val" and self.val_fraction == 0:
             raise ConfigError("--val-fraction 0 leaves no source validation data for --selection source_val; "
                               "give --val-fraction > 0 or choose --selection last")
+
+
+    def check_scale_settings(self) -> None:
+        """--state-budget is a size; the Ray settings are for --backend flower-sim and well formed."""
+        from fedstyle.federation.states import parse_budget
+
+        parse_budget(self.state_budget)
+        ray_flags = [flag for flag, given in (("--ray-address", self.ray_address is not None),
+                                              ("--client-cpus", self.client_cpus != 1.0),
+                                              ("--client-gpus", self.client_gpus is not None)) if given]
+        if ray_flags and self.backend != "flower-sim":
+            raise ConfigError(f"{', '.join(ray_flags)} only apply to --backend flower-sim (they place its clients on "
+                              f"Ray); add --backend flower-sim, or drop them (--backend {self.backend} runs the "
+                              "clients in this process)")
+        if self.ray_address is not None and not _ray_address_ok(self.ray_address):
+            raise ConfigError(f"--ray-address {self.ray_address!r} is not auto, local or HOST:PORT (the address "
+                              "`ray start --head` printed, e.g. 10.0.0.5:6379)")
+
+
+def _ray_address_ok(address: str) -> bool:
+    if address in ("auto", "local"):
+        return True
+    host, sep, port = address.rpartition(":")
+    return bool(sep and host and " " not in host and "/" not in host and port.isdigit() and 0 < int(port) < 65536)
 
 
 def _short(value: Any, limit: int = 60) -> str:

@@ -43,9 +43,11 @@ from fedstyle.experiments.rundir import (
     read_metrics_file,
     read_run_config,
     read_summary,
+    RESUME_OPTIONS,
 )
 from fedstyle.federation.evaluate import evaluate
 from fedstyle.federation.rounds import mean_metrics
+from fedstyle.federation.states import STATES_DIR
 from fedstyle.io import DirectoryLock, atomic_write_json, atomic_write_text, json_text
 from fedstyle.federation.topology import save_graph_png
 from fedstyle.partition import format_partition_table, write_partition_json
@@ -239,13 +241,18 @@ def start_run_dir(config: RunConfig, out: Path, *, quiet: bool = False) -> Exper
 
 
 def resume_experiment(out: str | Path, *, quiet: bool = False, device: str | None = None,
-                      data_root: str | None = None, restart: bool = False) -> dict[str, Any]:
+                      data_root: str | None = None, restart: bool = False, **settings: Any) -> dict[str, Any]:
     """Continue the run in ``out`` from its last checkpoint (or return its summary if complete).
 
-    Only what cannot change the result may differ from the saved config: ``device`` and
-    ``data_root`` (a moved dataset). ``restart`` starts the run over from round 0 on purpose.
+    Only what cannot change the result may differ from the saved config: ``device``, ``data_root``
+    (a moved dataset) and the other settings of :data:`~fedstyle.experiments.rundir.RESUME_OPTIONS`
+    given as keywords (``state_budget``, ``ray_address``, ``client_cpus``, ``client_gpus``); None
+    keeps the saved value. ``restart`` starts the run over from round 0 on purpose.
     """
     out = Path(out)
+    unknown = sorted(set(settings) - set(RESUME_OPTIONS))
+    if unknown:
+        raise ConfigError(f"resuming cannot change {unknown[0]!r}: it would change the result; start a new run")
     read_run_config(out)  # a clear error for a directory that holds no run, before locking it
     with DirectoryLock(out):
         clean_leftovers(out)
@@ -253,6 +260,7 @@ def resume_experiment(out: str | Path, *, quiet: bool = False, device: str | Non
         if restart:
             for name in (CHECKPOINT, METRICS, SUMMARY, DONE):
                 (out / name).unlink(missing_ok=True)
+            shutil.rmtree(out / STATES_DIR, ignore_errors=True)
         if (out / DONE).exists():
             summary = read_summary(out)
             if summary is not None:
@@ -266,7 +274,7 @@ def resume_experiment(out: str | Path, *, quiet: bool = False, device: str | Non
                     f"{out}/{CHECKPOINT} is missing but metrics.jsonl records {len(done)} evaluation(s): resuming "
                     f"would silently start over; restore the checkpoint, or start over on purpose with "
                     f"`fedstyle run --resume {out} --restart`")
-        changes = {k: v for k, v in (("device", device), ("data_root", data_root)) if v is not None}
+        changes = {k: v for k, v in (("device", device), ("data_root", data_root), *settings.items()) if v is not None}
         if changes:
             config = config.updated(**changes)
         exp = build_experiment(config, progress=not quiet)
@@ -289,6 +297,9 @@ def train_experiment(exp: Experiment, out: Path, *, quiet: bool, checkpoint,
     # restores the state and traffic counters as they were.
     tick = time.perf_counter()
     exp.algorithm.progress = not quiet  # setup work with a progress bar (stylization) follows --quiet
+    sim.client_states.use_directory(out / STATES_DIR)  # client states beyond --state-budget wait here
+    if checkpoint is None:
+        sim.client_states.clear()  # from round 0: what an attempt killed before its first checkpoint wrote goes
     setup_info = sim.setup()
     notes: list[str] = []
     if checkpoint is not None:
@@ -339,6 +350,7 @@ def train_experiment(exp: Experiment, out: Path, *, quiet: bool, checkpoint,
                         "round": done_rounds, "seconds": seconds, "simulator": sim.meta(), "selector": selector.state(),
                         "metrics": records,
                     })
+                    sim.checkpoint_saved()  # the checkpoint is in place: drop client-state files it does not list
                     if on_checkpoint is not None:
                         on_checkpoint(done_rounds)
                     postfix.update(src=f"{_mean(record['source_val_acc'].values()):.3f}",

@@ -35,10 +35,9 @@ from fedstyle.federation.rounds import (
     RoundResult,
     Traffic,
     check_finite_weights,
-    client_state_tensors,
-    load_client_states,
     mean_metrics,
 )
+from fedstyle.federation.states import ClientStates
 from fedstyle.federation.topology import consensus_distance, metropolis_hastings
 from fedstyle.payload import check_payload, payload_nbytes, payload_values, weights_nbytes
 from fedstyle.seeding import derive_seed
@@ -74,7 +73,8 @@ class P2PSimulator:
         n = len(clients)
         self.stacked = {k: v.unsqueeze(0).repeat(n, *([1] * v.dim())).clone() for k, v in init.items()}
         self.momentum_buf = {k: torch.zeros_like(self.stacked[k]) for k in self.param_keys}
-        self.client_states: dict[int, dict[str, torch.Tensor]] = {i: {} for i in range(n)}
+        # every device takes part in every iteration (their contexts live through the round): all in memory
+        self.client_states = ClientStates(n, None, device)
         self.traffic = Traffic()
 
     @property
@@ -201,13 +201,16 @@ class P2PSimulator:
     def state_tensors(self) -> dict[str, torch.Tensor]:
         out = {f"device/{k}": v for k, v in self.stacked.items()}
         out.update({f"momentum/{k}": v for k, v in self.momentum_buf.items()})
-        out.update(client_state_tensors(self.client_states))
+        out.update(self.client_states.checkpoint_tensors())
         return out
+
+    def checkpoint_saved(self) -> None:
+        self.client_states.checkpoint_saved()
 
     def load_state_tensors(self, tensors: dict[str, torch.Tensor]) -> None:
         self.stacked = {k[7:]: v.to(self.device) for k, v in tensors.items() if k.startswith("device/")}
         self.momentum_buf = {k[9:]: v.to(self.device) for k, v in tensors.items() if k.startswith("momentum/")}
-        self.client_states = load_client_states(tensors, self.num_clients)
+        self.client_states.restore(tensors)
 
     def meta(self) -> dict:
         return {"traffic": self.traffic.as_dict()}

@@ -4,8 +4,11 @@
 training phases, aggregates and counts bytes; a :class:`~fedstyle.federation.transport.Transport`
 reaches the clients. In process (the default) all clients share one ``nn.Module`` on the run's
 device: a client's phase loads the downloaded weights into it in place, runs the hook, and
-snapshots the result — no per-client deepcopy of the model. Client data stay in memory as uint8
-tensors. Every random draw is derived from (seed, round, client), so a resumed run repeats an
+snapshots the result — no per-client deepcopy of the model. Client data are rows of one shared
+uint8 sample pool (:class:`~fedstyle.data.client.SamplePool`), and the clients' persistent states
+live in a :class:`~fedstyle.federation.states.ClientStates` store that keeps at most
+``state_budget`` bytes of them in memory between phases (the rest on disk), so the memory a run
+holds grows with the clients of a round, not with all clients. Every random draw is derived from (seed, round, client), so a resumed run repeats an
 uninterrupted one exactly, and the Flower transport reproduces the in-process one bitwise.
 
 Per round::
@@ -37,11 +40,10 @@ from fedstyle.federation.rounds import (
     RoundResult,
     Traffic,
     check_finite_weights,
-    client_state_tensors,
-    load_client_states,
     mean_metrics,
     setup_info,
 )
+from fedstyle.federation.states import ClientStates
 from fedstyle.federation.transport import ClientRequest, InProcessTransport, Transport
 from fedstyle.payload import Payload, payload_nbytes, weights_nbytes
 from fedstyle.seeding import derive_seed, numpy_rng
@@ -61,7 +63,10 @@ class StarSimulator:
         seed: int,
         device: torch.device,
         transport: Transport | None = None,
+        state_budget: int | None = None,
     ):
+        """``state_budget``: bytes of client state kept in memory between phases (None: all of it),
+        see :class:`~fedstyle.federation.states.ClientStates`."""
         if not clients:
             raise ConfigError("the partition produced no clients")
         for cid, data in enumerate(clients):
@@ -75,7 +80,7 @@ class StarSimulator:
         self.server = ServerContext(weights=dict(self.initial_weights), state={}, round=0, num_clients=len(clients),
                                     seed=seed, rounds=settings.rounds)
         algo.init_server_state(self.server)
-        self.client_states: dict[int, dict[str, torch.Tensor]] = {i: {} for i in range(len(clients))}
+        self.client_states = ClientStates(len(clients), state_budget, device)
         self.traffic = Traffic()
         self.use_transport(transport or InProcessTransport())
 
@@ -130,6 +135,7 @@ class StarSimulator:
 
     def _call(self, phase: str, requests: dict[int, ClientRequest], round_index: int):
         replies = self.transport.call(phase, requests, round_index)
+        self.client_states.settle()  # the phase is over: fit the states in memory to the budget
         self._count_down(requests, replies.sent)
         return replies
 
@@ -192,13 +198,17 @@ class StarSimulator:
         out = {f"global/{k}": v for k, v in self.server.weights.items()}
         out.update({f"server/{k}": v for k, v in self.server.state.items()})
         if self.transport.holds_client_state:
-            out.update(client_state_tensors(self.client_states))
+            out.update(self.client_states.checkpoint_tensors())
         return out
+
+    def checkpoint_saved(self) -> None:
+        """The checkpoint of :meth:`state_tensors` is in place (the store drops files no checkpoint needs)."""
+        self.client_states.checkpoint_saved()
 
     def load_state_tensors(self, tensors: dict[str, torch.Tensor]) -> None:
         self.server.weights = {k[7:]: v for k, v in tensors.items() if k.startswith("global/")}
         self.server.state = {k[7:]: v for k, v in tensors.items() if k.startswith("server/")}
-        self.client_states = load_client_states(tensors, self.num_clients)
+        self.client_states.restore(tensors)
 
     def meta(self) -> dict:
         return {"traffic": self.traffic.as_dict()}

@@ -13,10 +13,18 @@ then shuffled with the seeded generator and sliced sequentially in client order.
 * ``lambda``: domain-based heterogeneity lambda of Bai et al. (ICLR'24), used by PARDON.
 * ``label_dirichlet``: one source domain, per class proportions ~ Dirichlet(alpha) (FedGCA:
   10 clients, alpha = 0.3).
+
+``copies`` = K > 1 (``--data-copies``) deals K copies of every training index instead of one: each
+source domain's indices are repeated K times before the partitioner counts and the shuffle deals
+them, so every partitioner works unchanged on K times the samples. Each index then lands in
+exactly K client slots — in up to K clients, possibly twice in one — which is resampling with
+replacement across clients (for thousands of clients on a small dataset); K = 1 is the disjoint
+partition above, bit for bit.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -127,8 +135,8 @@ def dirichlet_counts(
     """
     sizes = np.asarray(group_sizes, dtype=np.int64)
     fix = (
-        f"raise --alpha (now {alpha}), lower --clients (now {num_clients}) "
-        f"or lower --min-client-size (now {min_size})"
+        f"raise --alpha (now {alpha}), lower --clients (now {num_clients}), "
+        f"lower --min-client-size (now {min_size}) or deal copies of the samples with --data-copies"
     )
     if sizes.sum() < num_clients * min_size:
         raise ConfigError(
@@ -252,6 +260,7 @@ def make_partition(
     lam: float = 0.1,
     min_size: int = DEFAULT_MIN_SIZE,
     seed: int = 0,
+    copies: int = 1,
 ) -> list[ClientSpec]:
     """Deal ``split.train`` to clients with the partitioner ``name`` (see :data:`PARTITIONERS`).
 
@@ -262,6 +271,7 @@ def make_partition(
         min_size: smallest allowed client for the Dirichlet partitioners (redrawn otherwise);
             every partitioner rejects empty clients.
         seed: seed of the Dirichlet draws and of the shuffles.
+        copies: how many copies of every training index are dealt (see the module docstring).
 
     Raises:
         ConfigError: unknown name, invalid option, or a partition that would leave a client empty.
@@ -275,6 +285,10 @@ def make_partition(
     for d in split.sources:
         if d not in split.train or split.train[d].numel() == 0:
             raise ConfigError(f"source domain {d!r} has no training samples; lower --val-fraction or drop the domain")
+    if isinstance(copies, bool) or int(copies) != copies or copies < 1:
+        raise ConfigError(f"--data-copies must be a positive integer, got {copies}")
+    if copies > 1:
+        split = dataclasses.replace(split, train={d: idx.repeat(int(copies)) for d, idx in split.train.items()})
     params = PartitionParams(None if num_clients is None else int(num_clients), float(alpha), float(lam), int(min_size))
     rng = np.random.default_rng(seed)
     groups, counts = partitioner(split, dataset, params, rng)
@@ -283,7 +297,7 @@ def make_partition(
         empty = np.flatnonzero(sizes == 0).tolist()
         raise ConfigError(
             f"partitioner {name!r} leaves client(s) {brief(empty)} of {len(sizes)} without samples "
-            f"({int(sizes.sum())} training samples); use fewer --clients"
+            f"({int(sizes.sum())} training samples); use fewer --clients or more --data-copies"
             + (" or a larger --lam" if name == "lambda" else "")
         )
     return _deal(groups, counts, rng)
