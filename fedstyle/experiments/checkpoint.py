@@ -14,7 +14,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from fedstyle.errors import FedstyleError
-from fedstyle.io import atomic_write
+from fedstyle.io import aligned, atomic_write
 
 CHECKPOINT = "checkpoint.safetensors"
 _META_KEY = "fedstyle"
@@ -35,6 +35,6 @@ def load_checkpoint(run_dir: Path) -> tuple[dict[str, torch.Tensor], dict[str, A
 
         with safe_open(str(path), framework="pt") as f:
             meta = json.loads(f.metadata()[_META_KEY])
-        return load_file(str(path)), meta
+        return {k: aligned(v) for k, v in load_file(str(path)).items()}, meta
     except Exception as err:  # a foreign or damaged file
         raise FedstyleError(f"cannot read checkpoint {path}: {err}; delete it to restart the run from scratch") from None

@@ -40,6 +40,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -69,6 +70,8 @@ from fedstyle.payload import Payload, payload_to
 
 #: how often the ServerApp polls the SuperLink for replies (Flower's own loop sleeps 3 s)
 PULL_INTERVAL = 0.1
+#: how often the ServerApp looks for newly registered sites while it waits for them
+WAIT_INTERVAL = 0.2
 #: Flower error codes meaning the ClientApp's code raised (a bug or a bad setting, not a lost site):
 #: LOAD_CLIENT_APP_EXCEPTION, CLIENT_APP_RAISED_EXCEPTION, INVALID_FAB
 _CLIENT_CODE_FAILED = (1, 2, 7)
@@ -117,7 +120,11 @@ class FlowerTransport(Transport):
         self.events: list[dict[str, Any]] = []
         self.seen_clients: set[int] = set()  # clients identified at least once (a second time: a rejoin)
         self.needed = 1  # replies a round needs (the minimum-available policy)
-        self.durable_round = 0  # the round of the run's last checkpoint (sites prune older state with it)
+        # what the sites' state stores need (fedstyle.runtimes.site_state.Session): a random id per start
+        # of the round loop, the checkpoint round it resumed from, the round of the last checkpoint
+        self.session_id = uuid.uuid4().hex[:12]
+        self.session_start = 0
+        self.durable_round = 0
         self._records: tuple[Any, Any] | None = None  # (weights dict, its ArrayRecord): serialised once
 
     @property
@@ -157,9 +164,12 @@ class FlowerTransport(Transport):
         deadline = time.monotonic() + self.policy.wait_timeout
         announced = False
         while True:
-            self.refresh_nodes(round_index)
-            if len(self.node_of) >= needed:
-                return
+            # identify once enough nodes are registered (one batch of identify messages, not one per
+            # node as they trickle in: each costs a ClientApp process on the site)
+            if len(self.grid.get_node_ids()) >= needed or time.monotonic() > deadline:
+                self.refresh_nodes(round_index)
+                if len(self.node_of) >= needed:
+                    return
             if time.monotonic() > deadline and at_least is not None and len(self.node_of) >= at_least:
                 self.log(f"starting with {len(self.node_of)} of {needed} sites (clients {sorted(self.node_of)})")
                 return
@@ -171,12 +181,13 @@ class FlowerTransport(Transport):
             if not announced:
                 self.log(f"waiting for sites: {len(self.node_of)} of {needed} connected")
                 announced = True
-            time.sleep(1.0)
+            time.sleep(WAIT_INTERVAL)
 
     # -- messaging ----------------------------------------------------------------------
     def _content(self, cid: int | None, round_index: int, **pieces) -> RecordDict:
         meta = meta_record(config=self.config_json, client_id=-1 if cid is None else cid, round=round_index,
-                           durable_round=self.durable_round)
+                           num_clients=self.num_clients, session=self.session_id,
+                           session_start=self.session_start, durable_round=self.durable_round)
         return build_content(meta, **pieces)
 
     def _weights_record(self, weights):
@@ -331,7 +342,7 @@ def serve(grid: Grid, out: Path, policy: FaultPolicy, *, quiet: bool = True, log
     checkpoint = load_checkpoint(out)
     transport = FlowerTransport(grid, config_json, policy, quiet=not log_events)
     if checkpoint is not None:
-        transport.durable_round = int(checkpoint[1]["round"])
+        transport.session_start = transport.durable_round = int(checkpoint[1]["round"])
     experiment.simulator.use_transport(transport)
     return train_experiment(experiment, out, quiet=quiet, checkpoint=checkpoint,
                             on_checkpoint=lambda done_round: setattr(transport, "durable_round", done_round))

@@ -7,6 +7,11 @@ here, and writes the same run directory as the in-process simulator.
 
 Ray starts one actor per CPU (``client_resources.num_cpus = 1``), each with one torch thread;
 for bitwise-identical results with ``--backend sim`` run both with one torch thread.
+
+Per-client state is kept where a deployment's sites keep it — in a state folder, here
+``<run dir>/flower/state`` — so ``fedstyle run --resume`` of a flower-sim run continues every
+client's state (FedDyn, FedBN's local layers) exactly as the in-process simulator does from its
+checkpoint.
 """
 
 from __future__ import annotations
@@ -17,6 +22,10 @@ from pathlib import Path
 from typing import Any
 
 from fedstyle.runtimes.flower import require_ray
+from fedstyle.runtimes.site_state import STATE_DIR_ENV
+
+#: the clients' state folder inside the run directory (as a local `fedstyle deploy` keeps it)
+SITE_STATE = "flower/state"
 
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
 
@@ -55,8 +64,10 @@ def train_on_flower_sim(exp, out: Path, *, quiet: bool, checkpoint) -> dict[str,
         flwr_logger.setLevel(logging.ERROR)
     # Ray's workers inherit this environment: one torch thread per 1-CPU actor, whatever the caller's
     # OMP_NUM_THREADS says, so results match a 1-thread --backend sim (this process's torch is unaffected)
-    saved_env = {k: os.environ.get(k) for k in THREAD_VARIABLES}
+    # ... and keep the clients' state in the run directory (read by the ClientApp in the actors)
+    saved_env = {k: os.environ.get(k) for k in (*THREAD_VARIABLES, STATE_DIR_ENV)}
     os.environ.update({k: "1" for k in THREAD_VARIABLES})
+    os.environ[STATE_DIR_ENV] = str((Path(out) / SITE_STATE).resolve())
     try:
         run_simulation(server_app=server_app, client_app=client_app, num_supernodes=exp.simulator.num_clients,
                        backend_config=backend_config)
