@@ -226,7 +226,7 @@ def _cmd_certs(args: argparse.Namespace) -> int:
 def _cmd_site(args: argparse.Namespace) -> int:
     from fedstyle.errors import ConfigError
     from fedstyle.runtimes.flower import require_flower
-    from fedstyle.runtimes.flower.deployment import flower_bin, free_port
+    from fedstyle.runtimes.flower.deployment import fedstyle_path, flower_bin, free_port
 
     require_flower("fedstyle deploy site")
     if args.insecure == bool(args.root_certificates):
@@ -245,5 +245,6 @@ def _cmd_site(args: argparse.Namespace) -> int:
     print(f"site {args.partition_id}: per-client state in {state_dir}", file=sys.stderr)
     sys.stdout.flush()
     sys.stderr.flush()
+    os.environ["PYTHONPATH"] = fedstyle_path(os.environ.get("PYTHONPATH"))  # its ClientApps run this fedstyle
     os.execv(argv[0], argv)  # the SuperNode replaces this process: Ctrl-C and signals reach it directly
     return 0  # not reached

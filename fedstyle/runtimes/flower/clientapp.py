@@ -9,6 +9,8 @@ state from the site's state folder and runs the simulator's client procedure (se
 
 from __future__ import annotations
 
+import time
+
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 
@@ -42,27 +44,31 @@ def identify(message: Message, context: Context) -> Message:
 
 @app.query("setup_upload")
 def setup_upload(message: Message, context: Context) -> Message:
+    started = time.perf_counter()
     from fedstyle.runtimes.flower import site
 
-    return site.setup_upload(message, context)
+    return site.setup_upload(message, context, started)
 
 
 @app.query("setup_download")
 def setup_download(message: Message, context: Context) -> Message:
+    started = time.perf_counter()
     from fedstyle.runtimes.flower import site
 
-    return site.setup_download(message, context)
+    return site.setup_download(message, context, started)
 
 
 @app.query("round_query")
 def round_query(message: Message, context: Context) -> Message:
+    started = time.perf_counter()
     from fedstyle.runtimes.flower import site
 
-    return site.round_query(message, context)
+    return site.round_query(message, context, started)
 
 
 @app.train()
 def train(message: Message, context: Context) -> Message:
+    started = time.perf_counter()
     from fedstyle.runtimes.flower import site
 
-    return site.train(message, context)
+    return site.train(message, context, started)

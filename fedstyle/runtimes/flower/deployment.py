@@ -81,6 +81,16 @@ SUPEREXEC_POLL_INTERVAL = 0.25
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
 
 
+def fedstyle_path(pythonpath: str | None) -> str:
+    """PYTHONPATH with the folder of the running fedstyle first: Flower's processes (ServerApp, ClientApps)
+    import the same fedstyle as the process that starts them, also from a source checkout or a git
+    worktree that the environment's installed (or editable) fedstyle does not point to."""
+    import fedstyle
+
+    root = str(Path(fedstyle.__file__).resolve().parent.parent)
+    return os.pathsep.join([root, *([pythonpath] if pythonpath else [])])
+
+
 def _cpu_count() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
@@ -317,6 +327,7 @@ class Federation:
         # Flower starts its helpers (flower-superexec, flwr-serverapp, flwr-clientapp) by name from PATH
         env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
         env.setdefault("PYTHONUNBUFFERED", "1")
+        env["PYTHONPATH"] = fedstyle_path(env.get("PYTHONPATH"))
         env[MARKER_ENV] = self.marker  # inherited by every process Flower starts below ours
         # Flower's SuperExec looks for tasks (a ServerApp or ClientApp process to start) every 1 s by default
         env.setdefault(POLL_ENV, str(SUPEREXEC_POLL_INTERVAL))

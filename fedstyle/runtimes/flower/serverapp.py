@@ -38,6 +38,7 @@ metric records are not counted.
 from __future__ import annotations
 
 import json
+import logging
 import sys
 import time
 import uuid
@@ -67,6 +68,8 @@ from fedstyle.runtimes.flower.records import (
 )
 from fedstyle.federation.transport import ClientRequest, PhaseReplies, Transport
 from fedstyle.payload import Payload, payload_to
+
+_LOG = logging.getLogger("flwr")  # Flower's logger (timestamped with FLWR_LOG_LEVEL=DEBUG)
 
 #: how often the ServerApp polls the SuperLink for replies (Flower's own loop sleeps 3 s)
 PULL_INTERVAL = 0.1
@@ -285,7 +288,10 @@ class FlowerTransport(Transport):
                 pieces["payloads"][SETUP] = self.broadcast
             contents[cid] = pieces
         sent = [cid for cid in requests if cid in self.node_of]
+        sent_at = time.perf_counter()
         replies, dropped = self._exchange(MESSAGE_TYPES[phase], contents, round_index, self.policy.round_timeout)
+        _LOG.debug("fedstyle: %s round %d: %d replies, %d dropouts after %.2f s", phase, round_index, len(replies),
+                   len(dropped), time.perf_counter() - sent_at)
         self._drop(dropped, round_index, phase)
         results = {cid: self._result(phase, cid, replies[cid]) for cid in sorted(replies)}
         if phase in ("setup_download", "train"):
@@ -334,8 +340,10 @@ def serve(grid: Grid, out: Path, policy: FaultPolicy, *, quiet: bool = True, log
 
     config_text = (out / CONFIG).read_text()
     if experiment is None:
+        started = time.perf_counter()
         config = RunConfig.from_mapping(json.loads(config_text), where=str(out / CONFIG))
         experiment = build_experiment(config, progress=False)
+        _LOG.debug("fedstyle: the ServerApp built the run in %.2f s", time.perf_counter() - started)
     if experiment.config.topology != "star":
         raise FedstyleError("Flower runs star-topology methods; peer-to-peer runs use the in-process simulator")
     config_json = json.dumps(json.loads(config_text), sort_keys=True)

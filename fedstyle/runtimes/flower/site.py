@@ -31,16 +31,17 @@ its next training message.
 from __future__ import annotations
 
 import json
+import logging
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 from flwr.app import ConfigRecord, Context, Message
 
-from fedstyle.errors import ConfigError
 from fedstyle.federation.client import PHASES, run_client_phase
 from fedstyle.payload import Payload, payload_to
-from fedstyle.runtimes.flower.clientapp import PARTITION_KEY, client_id_of  # noqa: F401
+from fedstyle.runtimes.flower.clientapp import client_id_of
 from fedstyle.runtimes.flower.records import (
     META,
     PAYLOAD,
@@ -54,6 +55,8 @@ from fedstyle.runtimes.flower.records import (
     records_to_payload,
 )
 from fedstyle.runtimes.site_state import ClientStateStore, Session, default_state_root, same_state, step_of
+
+_LOG = logging.getLogger("flwr")  # Flower's logger: the SuperNode's log, timestamped at DEBUG level
 
 #: Flower context.state record holding the setup broadcast (for fresh processes of the same run)
 SETUP_STORED = "fedstyle.setup"
@@ -103,7 +106,9 @@ def state_store(context: Context, config_json: str, client_id: int) -> ClientSta
 class Call:
     """One message on this site: the rebuilt run, its client id, the client's state at this step."""
 
-    def __init__(self, message: Message, context: Context, phase: str, allowed: list[str]):
+    def __init__(self, message: Message, context: Context, phase: str, allowed: list[str],
+                 started: float | None = None):
+        self.times = {"start": started if started is not None else time.perf_counter(), "imported": time.perf_counter()}
         content = message.content
         check_records(content, [META, WEIGHTS, *payload_names(PAYLOAD), *allowed],
                       f"message {message.metadata.message_type}")
@@ -114,13 +119,16 @@ class Call:
         self.session = Session(str(meta["session"]), int(meta["session_start"]), int(meta["durable_round"]))
         self.config_json = str(meta["config"])
         self._bind(self.config_json)
+        self.times["built"] = time.perf_counter()
         self.store = state_store(context, self.config_json, self.cid)
         # the setup exchange reruns at every start: it never prunes what the rounds will need
         self.store.prune(self.session, durable=self.round >= 0)
         state, self.snapshot = self.store.load(self.step, self.session.id, self.device)
         self.loaded = {k: v.clone() for k, v in state.items()}  # hooks may change tensors in place
         self.sim.client_states[self.cid] = state
+        self.times["state"] = time.perf_counter()
         self._restore_setup()
+        self.times["setup"] = time.perf_counter()
 
     def _bind(self, config_json: str, fresh: bool = False) -> None:
         data_root = self.context.node_config.get(DATA_ROOT_KEY)
@@ -173,9 +181,17 @@ class Call:
             self.loaded = {k: v.clone() for k, v in state.items()}
 
     def reply(self, **pieces) -> Message:
+        ran = time.perf_counter()
         self.save_state()
         meta = meta_record(client_id=self.cid, round=self.round)
-        return Message(build_content(meta, **pieces), reply_to=self.message)
+        message = Message(build_content(meta, **pieces), reply_to=self.message)
+        t = self.times
+        # one line per message in the SuperNode's log with FLWR_LOG_LEVEL=DEBUG (benchmarks/deploy_timeline.py)
+        _LOG.debug("fedstyle: client %d %s round %d: import %.2f s, build %.2f s, state load %.2f s, setup redo %.2f s, "
+                   "hook %.2f s, state save + reply %.2f s", self.cid, self.phase, self.round,
+                   t["imported"] - t["start"], t["built"] - t["imported"], t["state"] - t["built"],
+                   t["setup"] - t["state"], ran - t["setup"], time.perf_counter() - ran)
+        return message
 
     def apply_setup(self, broadcast: Payload, global_weights, scratch: bool = False) -> dict[str, float]:
         """Hand the setup broadcast to the client and remember it for later messages of this run.
@@ -216,25 +232,25 @@ class Call:
         self.site.setup_applied.add(self.cid)
 
 
-def setup_upload(message: Message, context: Context) -> Message:
-    call = Call(message, context, "setup_upload", [])
+def setup_upload(message: Message, context: Context, started: float | None = None) -> Message:
+    call = Call(message, context, "setup_upload", [], started)
     return call.reply(payloads={PAYLOAD: call.run("setup_upload", call.payload() or {})})
 
 
-def setup_download(message: Message, context: Context) -> Message:
-    call = Call(message, context, "setup_download", [])
+def setup_download(message: Message, context: Context, started: float | None = None) -> Message:
+    call = Call(message, context, "setup_download", [], started)
     metrics = call.apply_setup(call.payload() or {}, call.weights())
     return call.reply(metrics=metrics)
 
 
-def round_query(message: Message, context: Context) -> Message:
-    call = Call(message, context, "round_query", [])
+def round_query(message: Message, context: Context, started: float | None = None) -> Message:
+    call = Call(message, context, "round_query", [], started)
     return call.reply(payloads={PAYLOAD: call.run("round_query", call.payload() or {})})
 
 
-def train(message: Message, context: Context) -> Message:
+def train(message: Message, context: Context, started: float | None = None) -> Message:
     """Local training on the downloaded weights; a late joiner first applies the setup broadcast sent along."""
-    call = Call(message, context, "train", payload_names(SETUP))
+    call = Call(message, context, "train", payload_names(SETUP), started)
     if SETUP in message.content.array_records and not call.has_setup():
         call.join_late(call.payload(SETUP) or {})
     update = call.run("train", call.payload() or {})
