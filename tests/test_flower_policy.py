@@ -297,3 +297,25 @@ def test_resumed_coordinator_and_restarted_sites_continue_exactly(config, tmp_pa
         assert snapshot_names(out, cid) == ["r000001-train", "r000002-train", "r000003-train"]
         first, redone, last = snapshot_sessions(out, cid)
         assert first != redone == last
+
+
+def test_deploy_site_passes_its_state_folder(tmp_path, monkeypatch, site_state):
+    """`fedstyle deploy site` starts the SuperNode with the partition, the state folder (--state-dir, else
+    $FEDSTYLE_SITE_STATE / the per-user one) and the data root in its node config, running this fedstyle."""
+    import os
+    from pathlib import Path
+
+    import fedstyle
+    from fedstyle.cli.main import main
+
+    started = []
+    monkeypatch.setattr(os, "execv", lambda path, argv: started.append((argv, os.environ["PYTHONPATH"])))
+    monkeypatch.setenv("PYTHONPATH", "/elsewhere")  # restored after the test (the command sets it)
+    assert main(["deploy", "site", "--superlink", "coord:9093", "--insecure", "--partition-id", "2",
+                 "--state-dir", str(tmp_path / "st"), "--data-root", str(tmp_path / "data")]) == 0
+    assert main(["deploy", "site", "--superlink", "coord:9093", "--insecure", "--partition-id", "0"]) == 0
+    (first, pythonpath), (second, _) = started
+    config = first[first.index("--node-config") + 1]
+    assert config == f'partition-id=2 state-dir="{tmp_path / "st"}" data-root="{tmp_path / "data"}"'
+    assert second[second.index("--node-config") + 1] == f'partition-id=0 state-dir="{site_state}"'
+    assert pythonpath == os.pathsep.join([str(Path(fedstyle.__file__).resolve().parent.parent), "/elsewhere"])

@@ -227,16 +227,14 @@ def _cmd_site(args: argparse.Namespace) -> int:
     from fedstyle.errors import ConfigError
     from fedstyle.runtimes.flower import require_flower
     from fedstyle.runtimes.flower.deployment import fedstyle_path, flower_bin, free_port
+    from fedstyle.runtimes.flower.node_config import node_config as make_node_config
+    from fedstyle.runtimes.site_state import default_state_root
 
     require_flower("fedstyle deploy site")
     if args.insecure == bool(args.root_certificates):
         raise ConfigError("give --root-certificates CA.crt (the coordinator's CA) or, without TLS, --insecure")
-    from fedstyle.runtimes.site_state import default_state_root
-
     state_dir = Path(args.state_dir).expanduser().resolve() if args.state_dir else default_state_root()
-    node_config = f'partition-id={args.partition_id} state-dir="{state_dir}"'
-    if args.data_root:
-        node_config += f' data-root="{Path(args.data_root).resolve()}"'
+    node_config = make_node_config(args.partition_id, state_dir, args.data_root)
     argv = [flower_bin("flower-supernode"), "--superlink", args.superlink, "--port", str(args.port or free_port()),
             "--node-config", node_config]
     argv += ["--insecure"] if args.insecure else ["--root-certificates", str(Path(args.root_certificates).resolve())]

@@ -14,23 +14,11 @@ import time
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 
-from fedstyle.errors import ConfigError
+from fedstyle.runtimes.flower.node_config import client_id_of
 
-#: node-config key naming the client (partition) a SuperNode holds
-PARTITION_KEY = "partition-id"
 _META = "fedstyle"  # = records.META (records imports torch)
 
 app = ClientApp()
-
-
-def client_id_of(context: Context, num_clients: int) -> int:
-    if PARTITION_KEY not in context.node_config:
-        raise ConfigError(f"this SuperNode has no {PARTITION_KEY!r} in its node config; start it with "
-                          f"--node-config '{PARTITION_KEY}=K' (K = 0..{num_clients - 1})")
-    cid = int(context.node_config[PARTITION_KEY])
-    if not 0 <= cid < num_clients:
-        raise ConfigError(f"node config {PARTITION_KEY}={cid} but the run has clients 0..{num_clients - 1}")
-    return cid
 
 
 @app.query("identify")

@@ -88,7 +88,8 @@ def fedstyle_path(pythonpath: str | None) -> str:
     import fedstyle
 
     root = str(Path(fedstyle.__file__).resolve().parent.parent)
-    return os.pathsep.join([root, *([pythonpath] if pythonpath else [])])
+    rest = [p for p in (pythonpath or "").split(os.pathsep) if p and p != root]
+    return os.pathsep.join([root, *rest])
 
 
 def _cpu_count() -> int:
@@ -415,10 +416,10 @@ class Federation:
 
     def site_argv(self, site: int) -> list[str]:
         port = self.site_ports.setdefault(site, free_port())
-        node_config = f'partition-id={site} state-dir="{self.state_dir}"'
+        from fedstyle.runtimes.flower.node_config import node_config as make_node_config
+
         roots = self.settings.site_data_roots
-        if site < len(roots) and roots[site]:
-            node_config += f' data-root="{Path(roots[site]).resolve()}"'
+        node_config = make_node_config(site, self.state_dir, roots[site] if site < len(roots) and roots[site] else None)
         argv = [flower_bin("flower-supernode"), "--superlink", f"{self.client_host()}:{self.port}",
                 "--port", str(port), "--node-config", node_config]
         if self.settings.insecure:

@@ -28,9 +28,12 @@ at the next round, gets the setup broadcast with its first training message, and
 (``{"event": "rejoin", ...}``). Flower marks a killed SuperNode unavailable after missing two
 heartbeats (30 s each in Flower 1.41), so a round with a dead site lasts at most about a minute longer.
 
-What differs from the simulator, by design: per-client state lives on the sites (in memory and
-in each site's state folder, see :mod:`.clientapp`), so the server's checkpoint holds the global
-model and server state only. Byte counts in metrics.jsonl are those of the driver, the same under
+What differs from the simulator, by design: per-client state lives on the sites (in each site's
+state folder, versioned by round, see :mod:`.site`), so the server's checkpoint holds the global
+model and server state only. Every message carries the coordinator's session — a random id per start
+of the round loop, the checkpoint round it resumed from, the round of the last checkpoint — with
+which a site finds the state a (re)done round starts from and prunes the rest
+(:mod:`fedstyle.runtimes.site_state`). Byte counts in metrics.jsonl are those of the driver, the same under
 every runtime: the weights and payloads each message carries; Flower's own control traffic and
 metric records are not counted.
 """

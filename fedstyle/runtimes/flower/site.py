@@ -41,7 +41,7 @@ from flwr.app import ConfigRecord, Context, Message
 
 from fedstyle.federation.client import PHASES, run_client_phase
 from fedstyle.payload import Payload, payload_to
-from fedstyle.runtimes.flower.clientapp import client_id_of
+from fedstyle.runtimes.flower.node_config import DATA_ROOT_KEY, STATE_DIR_KEY, client_id_of
 from fedstyle.runtimes.flower.records import (
     META,
     PAYLOAD,
@@ -60,10 +60,6 @@ _LOG = logging.getLogger("flwr")  # Flower's logger: the SuperNode's log, timest
 
 #: Flower context.state record holding the setup broadcast (for fresh processes of the same run)
 SETUP_STORED = "fedstyle.setup"
-#: node-config key of a site's own copy of the dataset (replaces the run's --data-root on that site)
-DATA_ROOT_KEY = "data-root"
-#: node-config key of the site's state folder (per-client persistent state)
-STATE_DIR_KEY = "state-dir"
 
 
 @dataclass
