@@ -460,7 +460,9 @@ class Federation:
         shown, seen_events = 0, 0
         try:
             while True:
-                finished = submitted.poll() is not None
+                # `done` is the run directory's last write: the run is complete even while Flower is still
+                # winding down (`flwr run --stream` notices the end of the run a few seconds later)
+                finished = submitted.poll() is not None or (self.run_dir / DONE).exists()
                 records = _read_lines(self.run_dir / METRICS)
                 evals = [r for r in records if "event" not in r and "round" in r]
                 events = [r for r in records if r.get("event") in ("dropout", "rejoin")]
@@ -483,7 +485,8 @@ class Federation:
         finally:
             if bar is not None:
                 bar.close()
-        self.procs.pop("serverapp", None)
+        if submitted.poll() is not None:
+            self.procs.pop("serverapp", None)  # ended by itself; otherwise stop_all stops it with the sites
         if not (self.run_dir / DONE).exists():
             raise DeployError(
                 f"the run did not finish; see {self.flower_dir / 'serverapp.log'}:\n{tail(self.flower_dir / 'serverapp.log', 30)}\n"
