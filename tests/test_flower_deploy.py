@@ -10,6 +10,7 @@ deployment returns.
 from __future__ import annotations
 
 import json
+import os
 import signal
 import time
 
@@ -68,9 +69,10 @@ def assert_same_run(a, b):
     assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
 
 
-def processes_of(run_dir) -> list[str]:
-    """Live processes anywhere on the machine started for ``run_dir`` (their FLWR_HOME lies inside it),
-    also those that left this test's process tree (Flower's SuperExec, ServerApp, ClientApp processes)."""
+def pids_of(run_dir) -> list[tuple[int, str]]:
+    """(pid, command line) of the live processes anywhere on the machine started for ``run_dir`` (their
+    FLWR_HOME lies inside it), also those that left this test's process tree (Flower's SuperExec, ServerApp,
+    ClientApp processes)."""
     from pathlib import Path
 
     found = []
@@ -78,10 +80,25 @@ def processes_of(run_dir) -> list[str]:
         try:
             if str(run_dir).encode() in (entry / "environ").read_bytes() and \
                     (entry / "stat").read_text().split(")")[-1].split()[0] != "Z":
-                found.append((entry / "cmdline").read_bytes().replace(b"\0", b" ").decode())
+                found.append((int(entry.name), (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()))
         except OSError:
             continue
     return found
+
+
+def processes_of(run_dir) -> list[str]:
+    return [cmd for _, cmd in pids_of(run_dir)]
+
+
+def received_trains(run_dir) -> list[int]:
+    """Per site: training messages its SuperNode received in full (Flower's log)."""
+    counts = []
+    for site in (0, 1):
+        log = run_dir / "flower" / f"site-{site}.log"
+        text = log.read_text(errors="replace") if log.exists() else ""
+        counts.append(sum(1 for part in text.split("Receiving: ")[1:]
+                          if part.startswith("train") and "Received successfully" in part))
+    return counts
 
 
 def snapshots(run_dir, step_name: str) -> int:
@@ -105,28 +122,35 @@ def test_deploy_matches_simulator_with_tls_and_resumes(two_sites, tmp_path, one_
     make_certificates(certs, sites=2)
     settings = DeploySettings(sites=2, certs=str(certs), wait_timeout=120, round_timeout=300)
 
-    # FedDyn (a gradient term per client, kept on the sites), 4 rounds, a checkpoint every 2. Every process is
-    # stopped once both sites trained round 3 — the checkpoint is still round 2's — then everything restarts:
-    # new SuperNodes (nothing in memory) and a resumed coordinator that redoes round 3. The sites take the
-    # state they had before round 3 from their state folders; the run ends as an uninterrupted one, bitwise.
-    config = two_sites.updated(method="feddyn", rounds=4, eval_every=2)
+    # FedDyn (a gradient term per client, kept on the sites), 3 rounds, a checkpoint every 2. The ServerApp is
+    # frozen once both sites received round 3 (the checkpoint is round 2's) and killed once both trained it
+    # and saved its state; then every process stops and everything restarts: new SuperNodes (nothing in
+    # memory) and a resumed coordinator that redoes round 3. The sites take the state they had before round 3
+    # from their state folders; the run ends as an uninterrupted one, bitwise.
+    config = two_sites.updated(method="feddyn", rounds=3, eval_every=2)
     run_experiment(config, tmp_path / "sim-feddyn", quiet=True)
     out = tmp_path / "dep-feddyn"
     start_run_dir(config, out, quiet=True)
     with Federation(out, settings, quiet=True) as federation:
         federation.start()
         federation.submit()
+        wait_for(lambda: received_trains(out) == [3, 3], 300, "both sites to receive round 3")
+        server = [pid for pid, cmd in pids_of(out) if "flwr-serverapp" in cmd]
+        assert server, "no ServerApp process"
+        for pid in server:  # it cannot take the sites' replies: no checkpoint of round 3
+            os.kill(pid, signal.SIGSTOP)
         wait_for(lambda: snapshots(out, "r000002-train") == 2, 300, "both sites to train round 3")
+        for pid in server:
+            os.kill(pid, signal.SIGKILL)
     assert not processes_of(out)  # stopped mid-run: every process gone when the federation returns
     assert load_checkpoint(out)[1]["round"] == 2 and not (out / "done").exists()
-    deploy_run(out, load_settings(out), quiet=True, rounds=4)  # = fedstyle deploy --resume OUT
+    deploy_run(out, load_settings(out), quiet=True, rounds=3)  # = fedstyle deploy --resume OUT
     assert not processes_of(out)
     for name in RUN_FILES:
         assert (out / name).exists(), name
     for log in ("superlink.log", "site-0.log", "site-1.log", "serverapp.log"):
         assert (out / "flower" / log).stat().st_size > 0
     assert_same_run(out, tmp_path / "sim-feddyn")
-    assert snapshots(out, "r000003-train") == 2
 
     # CCST: the setup exchange (style upload, bank broadcast, local augmentation) as message round trips
     config = two_sites.updated(method="ccst", hparams={"style_backend": "fft", "k": 2}, rounds=2)

@@ -211,6 +211,7 @@ def stop_processes(procs: list[subprocess.Popen], sig: int = signal.SIGTERM, gra
         pids.update(marked_processes(marker))
     for s in (sig, signal.SIGKILL):
         _signal_all(groups, pids, s)
+        signalled = set(pids)  # each process gets each signal once (a second SIGTERM cuts Flower's clean exit short)
         deadline = time.monotonic() + (grace if s != signal.SIGKILL else 5.0)
         while True:
             for proc in procs:
@@ -222,7 +223,8 @@ def stop_processes(procs: list[subprocess.Popen], sig: int = signal.SIGTERM, gra
                 pids.update(marked_processes(marker))
             if not pids or time.monotonic() > deadline:
                 break
-            _signal_all((), pids, s)  # the late ones
+            _signal_all((), pids - signalled, s)  # the late ones
+            signalled |= pids
             time.sleep(0.05)
         if not pids:
             break
