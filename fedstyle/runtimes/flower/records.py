@@ -2,7 +2,8 @@
 
 A message's :class:`flwr.app.RecordDict` holds named records; fedstyle uses these names::
 
-    "fedstyle"            ConfigRecord  run facts: config JSON, client id, round, phase
+    "fedstyle"            ConfigRecord  run facts: config JSON, client id, round, number of clients, the
+                                        coordinator's session (id, start round, durable round; see site_state)
     "weights"             ArrayRecord   model weights (global down, client's update up)
     "payload"             ArrayRecord   the tensor entries of a payload ...
     "payload.scalars"     ConfigRecord  ... and its int / float / bool / str entries, plus the key order
