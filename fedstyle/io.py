@@ -222,3 +222,15 @@ class DirectoryLock:
 
     def __exit__(self, *exc: Any) -> None:
         self.release()
+
+def aligned(tensor):
+    """``tensor`` in memory from torch's own allocator (64-byte aligned on the CPU), copied if it is not.
+
+    Tensors read from a file (safetensors) or a message (NumPy) may start at any 8-byte boundary;
+    CPU reductions — a BLAS dot product such as FedDyn's ``<grad, w>`` — peel a different number of
+    leading elements at another alignment and round differently. Aligned as the simulator's own
+    tensors are, a resumed run and a Flower run stay bitwise equal to an uninterrupted in-process one.
+    """
+    if tensor.device.type == "cpu" and tensor.data_ptr() % 64:
+        return tensor.clone()
+    return tensor

@@ -28,6 +28,20 @@ def isolated_cache(tmp_path_factory):
         os.environ["FEDSTYLE_CACHE"] = old
 
 
+@pytest.fixture(scope="session", autouse=True)
+def isolated_site_state(tmp_path_factory):
+    """Flower sites started without a state folder (the in-process ClientApp tests) keep their clients'
+    state in a temporary folder, never the user's state folder."""
+    path = tmp_path_factory.mktemp("fedstyle-site-state")
+    old = os.environ.get("FEDSTYLE_SITE_STATE")
+    os.environ["FEDSTYLE_SITE_STATE"] = str(path)
+    yield path
+    if old is None:
+        os.environ.pop("FEDSTYLE_SITE_STATE", None)
+    else:
+        os.environ["FEDSTYLE_SITE_STATE"] = old
+
+
 def _draw(shape: str, tint: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     img = np.full((TINY_SIZE, TINY_SIZE, 3), 30, dtype=np.float32)
     c = TINY_SIZE // 2 + rng.integers(-2, 3)

@@ -1,8 +1,10 @@
 """A real Flower federation on loopback: SuperLink + 2 SuperNodes as processes (free ports, TLS).
 
-Checks: FedAvg and CCST (a setup-phase method) give the simulator's metrics bitwise; a coordinator
-stopped mid-run resumes from its checkpoint; a SuperNode killed mid-run drops out (logged), the
-run finishes, the restarted site rejoins; every process started is gone afterwards.
+Checks: FedDyn (per-client state on the sites) and CCST (a setup-phase method) give the simulator's
+metrics bitwise; a federation stopped mid-run — coordinator and sites — while the sites are a round
+ahead of the checkpoint resumes and ends exactly as an uninterrupted run; a SuperNode killed mid-run
+drops out (logged), the run finishes, the restarted site rejoins; no process started is left when a
+deployment returns.
 """
 
 from __future__ import annotations
@@ -25,7 +27,6 @@ from fedstyle.runtimes.flower.deployment import (  # noqa: E402
     DeploySettings,
     Federation,
     deploy_run,
-    descendants,
     load_settings,
 )
 
@@ -68,19 +69,41 @@ def assert_same_run(a, b):
     assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
 
 
-def flower_processes():
-    """Flower processes below this test process (there must be none once a federation is stopped)."""
-    names = ("flower-superlink", "flower-supernode", "flower-superexec", "flwr-serverapp", "flwr-clientapp", "flwr")
-    left = []
-    for pid in descendants(os.getpid()):
+def pids_of(run_dir) -> list[tuple[int, str]]:
+    """(pid, command line) of the live processes anywhere on the machine started for ``run_dir`` (their
+    FLWR_HOME lies inside it), also those that left this test's process tree (Flower's SuperExec, ServerApp,
+    ClientApp processes)."""
+    from pathlib import Path
+
+    found = []
+    for entry in Path("/proc").glob("[0-9]*"):
         try:
-            cmd = open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\0", b" ").decode()
-            state = open(f"/proc/{pid}/stat").read().split(")")[-1].split()[0]
+            if str(run_dir).encode() in (entry / "environ").read_bytes() and \
+                    (entry / "stat").read_text().split(")")[-1].split()[0] != "Z":
+                found.append((int(entry.name), (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()))
         except OSError:
             continue
-        if state != "Z" and any(n in cmd for n in names):
-            left.append(cmd)
-    return left
+    return found
+
+
+def processes_of(run_dir) -> list[str]:
+    return [cmd for _, cmd in pids_of(run_dir)]
+
+
+def received_trains(run_dir) -> list[int]:
+    """Per site: training messages its SuperNode received in full (Flower's log)."""
+    counts = []
+    for site in (0, 1):
+        log = run_dir / "flower" / f"site-{site}.log"
+        text = log.read_text(errors="replace") if log.exists() else ""
+        counts.append(sum(1 for part in text.split("Receiving: ")[1:]
+                          if part.startswith("train") and "Received successfully" in part))
+    return counts
+
+
+def snapshots(run_dir, step_name: str) -> int:
+    """How many clients' state folders (local sites: <run>/flower/state) hold a snapshot named ``step_name``."""
+    return len(list((run_dir / "flower" / "state").glob(f"run-*/client-*/{step_name}.*.safetensors")))
 
 
 def wait_for(predicate, timeout, what):
@@ -93,27 +116,41 @@ def wait_for(predicate, timeout, what):
 
 
 def test_deploy_matches_simulator_with_tls_and_resumes(two_sites, tmp_path, one_thread):
+    from fedstyle.experiments.checkpoint import load_checkpoint
+
     certs = tmp_path / "certs"
     make_certificates(certs, sites=2)
     settings = DeploySettings(sites=2, certs=str(certs), wait_timeout=120, round_timeout=300)
 
-    # FedAvg, 2 rounds; the coordinator is stopped (all processes) after round 1, then resumed
-    config = two_sites.updated(rounds=2)
-    run_experiment(config, tmp_path / "sim-fedavg", quiet=True)
-    out = tmp_path / "dep-fedavg"
+    # FedDyn (a gradient term per client, kept on the sites), 3 rounds, a checkpoint every 2. The ServerApp is
+    # frozen once both sites received round 3 (the checkpoint is round 2's) and killed once both trained it
+    # and saved its state; then every process stops and everything restarts: new SuperNodes (nothing in
+    # memory) and a resumed coordinator that redoes round 3. The sites take the state they had before round 3
+    # from their state folders; the run ends as an uninterrupted one, bitwise.
+    config = two_sites.updated(method="feddyn", rounds=3, eval_every=2)
+    run_experiment(config, tmp_path / "sim-feddyn", quiet=True)
+    out = tmp_path / "dep-feddyn"
     start_run_dir(config, out, quiet=True)
     with Federation(out, settings, quiet=True) as federation:
         federation.start()
         federation.submit()
-        wait_for(lambda: any(r.get("round") == 1 and "event" not in r for r in records(out))
-                 if (out / "metrics.jsonl").exists() else False, 300, "round 1")
-    assert not (out / "done").exists() and not flower_processes()  # stopped mid-run, every process gone
-    deploy_run(out, load_settings(out), quiet=True, rounds=2)  # = fedstyle deploy --resume OUT
+        wait_for(lambda: received_trains(out) == [3, 3], 300, "both sites to receive round 3")
+        server = [pid for pid, cmd in pids_of(out) if "flwr-serverapp" in cmd]
+        assert server, "no ServerApp process"
+        for pid in server:  # it cannot take the sites' replies: no checkpoint of round 3
+            os.kill(pid, signal.SIGSTOP)
+        wait_for(lambda: snapshots(out, "r000002-train") == 2, 300, "both sites to train round 3")
+        for pid in server:
+            os.kill(pid, signal.SIGKILL)
+    assert not processes_of(out)  # stopped mid-run: every process gone when the federation returns
+    assert load_checkpoint(out)[1]["round"] == 2 and not (out / "done").exists()
+    deploy_run(out, load_settings(out), quiet=True, rounds=3)  # = fedstyle deploy --resume OUT
+    assert not processes_of(out)
     for name in RUN_FILES:
         assert (out / name).exists(), name
     for log in ("superlink.log", "site-0.log", "site-1.log", "serverapp.log"):
         assert (out / "flower" / log).stat().st_size > 0
-    assert_same_run(out, tmp_path / "sim-fedavg")
+    assert_same_run(out, tmp_path / "sim-feddyn")
 
     # CCST: the setup exchange (style upload, bank broadcast, local augmentation) as message round trips
     config = two_sites.updated(method="ccst", hparams={"style_backend": "fft", "k": 2}, rounds=2)
@@ -126,7 +163,7 @@ def test_deploy_matches_simulator_with_tls_and_resumes(two_sites, tmp_path, one_
     assert_same_run(out, tmp_path / "sim-ccst")
     setup = [r for r in records(out) if r.get("event") == "setup"]
     assert setup and setup[0]["setup_bytes_up"] > 0
-    assert not flower_processes()
+    assert not processes_of(out)
 
 
 def test_killed_site_drops_out_and_rejoins(two_sites, tmp_path, one_thread):
@@ -147,28 +184,13 @@ def test_killed_site_drops_out_and_rejoins(two_sites, tmp_path, one_thread):
         federation.start_site(1)  # restarted at once: a new Flower node while the old one is not yet declared dead
         # Flower declares the old node unavailable after two missed heartbeats (<= 60 s): round 2 goes on without it
         federation.wait(submitted, rounds=3)
-    assert not flower_processes()
+    assert not processes_of(out)
     assert (out / "done").exists()
     events = [r for r in records(out) if "event" in r]
     assert events == [{"event": "dropout", "round": 2, "phase": "train", "clients": [1]},
                       {"event": "rejoin", "round": 3, "phase": "identify", "clients": [1]}]
     assert [r["round"] for r in records(out) if "event" not in r] == [1, 2, 3]
     assert json.loads((out / "summary.json").read_text())["rounds"] == 3
-
-
-def processes_of(run_dir) -> list[str]:
-    """Live processes anywhere on the machine started for ``run_dir`` (their FLWR_HOME lies inside it)."""
-    from pathlib import Path
-
-    found = []
-    for entry in Path("/proc").glob("[0-9]*"):
-        try:
-            if str(run_dir).encode() in (entry / "environ").read_bytes() and \
-                    (entry / "stat").read_text().split(")")[-1].split()[0] != "Z":
-                found.append((entry / "cmdline").read_bytes().replace(b"\0", b" ").decode())
-        except OSError:
-            continue
-    return found
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
@@ -192,4 +214,4 @@ def test_ctrl_c_or_sigterm_stops_every_process(two_sites, tmp_path, sig):
             proc.kill()
     assert proc.returncode == 130
     assert f"fedstyle deploy --resume {out}" in err
-    wait_for(lambda: not processes_of(out), 30, "every Flower process to end")
+    assert not processes_of(out)  # gone when `fedstyle deploy` returns, not some time later

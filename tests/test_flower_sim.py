@@ -31,7 +31,7 @@ def one_thread():
     torch.set_num_threads(before)
 
 
-def test_flower_sim_equals_simulator(tiny_config, tmp_path, one_thread):
+def test_flower_sim_equals_simulator(tiny_config, tmp_path, one_thread, isolated_site_state):
     config = tiny_config.updated(partition="per_domain", clients=6, clients_per_round=4, lr_schedule="constant")
     sim = run_experiment(config, tmp_path / "sim", quiet=True)
     flower = run_experiment(config.updated(backend="flower-sim"), tmp_path / "flower", quiet=True)
@@ -44,6 +44,12 @@ def test_flower_sim_equals_simulator(tiny_config, tmp_path, one_thread):
     globals_a = {k: v for k, v in a.items() if k.startswith("global/")}
     assert globals_a and all(torch.equal(v, b[k]) for k, v in globals_a.items())  # bitwise
     assert flower["targets"] == sim["targets"]
+    # the actors kept the clients' state in the run directory (so --resume continues it), not elsewhere
+    from fedstyle.runtimes.site_state import run_key
+
+    key = run_key(json.dumps(json.loads((tmp_path / "flower" / "config.json").read_text()), sort_keys=True))
+    assert list((tmp_path / "flower" / "flower" / "state" / key).glob("client-*/r000000-train.*.safetensors"))
+    assert not (isolated_site_state / key).exists()
 
 
 def test_flower_sim_refuses_peer_to_peer(tiny_config, tmp_path):

@@ -20,6 +20,8 @@ Fault policy: a round starts once --min-sites sites are connected (default 1); s
 are gone, fail or do not reply drop out of that round, which is aggregated from the others; every
 dropout is logged in metrics.jsonl ({"event": "dropout", ...}). A restarted site rejoins at the
 next round. If the coordinator stops, `fedstyle deploy --resume OUT` continues from the last checkpoint.
+Each site keeps its client's persistent state (FedDyn's, FedBN's local layers) on disk, versioned by
+round, so a restarted site and a resumed coordinator continue exactly.
 """
 
 DEPLOY_EPILOG = """\
@@ -103,6 +105,10 @@ def add_deploy_command(sub) -> None:
     site.add_argument("--auth-key", metavar="site-K.key", help="this site's private key (coordinator runs --node-auth)")
     site.add_argument("--data-root", metavar="DIR", help="this site's copy of the dataset (default: the run's --data-root)")
     site.add_argument("--port", type=int, default=0, help="local port of the SuperNode's runtime API (default: free)")
+    site.add_argument("--state-dir", metavar="DIR",
+                      help="where this site keeps its client's persistent state between messages, restarts and "
+                      "resumed runs (FedDyn's, FedBN's local layers; a folder per run and client, removable once "
+                      "the run is done); default: $FEDSTYLE_SITE_STATE or the per-user state folder")
     site.set_defaults(func=_cmd_site)
 
 
@@ -220,19 +226,23 @@ def _cmd_certs(args: argparse.Namespace) -> int:
 def _cmd_site(args: argparse.Namespace) -> int:
     from fedstyle.errors import ConfigError
     from fedstyle.runtimes.flower import require_flower
-    from fedstyle.runtimes.flower.deployment import flower_bin, free_port
+    from fedstyle.runtimes.flower.deployment import fedstyle_path, flower_bin, free_port
+    from fedstyle.runtimes.flower.node_config import node_config as make_node_config
+    from fedstyle.runtimes.site_state import default_state_root
 
     require_flower("fedstyle deploy site")
     if args.insecure == bool(args.root_certificates):
         raise ConfigError("give --root-certificates CA.crt (the coordinator's CA) or, without TLS, --insecure")
-    node_config = f"partition-id={args.partition_id}"
-    if args.data_root:
-        node_config += f' data-root="{Path(args.data_root).resolve()}"'
+    state_dir = Path(args.state_dir).expanduser().resolve() if args.state_dir else default_state_root()
+    node_config = make_node_config(args.partition_id, state_dir, args.data_root)
     argv = [flower_bin("flower-supernode"), "--superlink", args.superlink, "--port", str(args.port or free_port()),
             "--node-config", node_config]
     argv += ["--insecure"] if args.insecure else ["--root-certificates", str(Path(args.root_certificates).resolve())]
     if args.auth_key:
         argv += ["--auth-supernode-private-key", str(Path(args.auth_key).resolve())]
+    print(f"site {args.partition_id}: per-client state in {state_dir}", file=sys.stderr)
     sys.stdout.flush()
+    sys.stderr.flush()
+    os.environ["PYTHONPATH"] = fedstyle_path(os.environ.get("PYTHONPATH"))  # its ClientApps run this fedstyle
     os.execv(argv[0], argv)  # the SuperNode replaces this process: Ctrl-C and signals reach it directly
     return 0  # not reached

@@ -18,7 +18,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from fedstyle.errors import FedstyleError
-from fedstyle.io import atomic_write
+from fedstyle.io import aligned, atomic_write
 
 CHECKPOINT = "checkpoint.safetensors"
 _META_KEY = "fedstyle"
@@ -61,7 +61,7 @@ def load_checkpoint(run_dir: Path) -> tuple[dict[str, torch.Tensor], dict[str, A
 
         with safe_open(str(path), framework="pt") as f:
             metadata = f.metadata() or {}
-        tensors = load_file(str(path))
+        tensors = {k: aligned(v) for k, v in load_file(str(path)).items()}  # see fedstyle.io.aligned
         meta_json = metadata[_META_KEY]
         meta = json.loads(meta_json)
     except Exception as err:  # a foreign, truncated or damaged file

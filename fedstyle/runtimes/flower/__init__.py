@@ -4,7 +4,9 @@ Nothing here is imported by fedstyle unless a Flower runtime is asked for (``fed
 ``fedstyle run --backend flower-sim``), so fedstyle works without ``flwr`` installed.
 
 - :mod:`.records`: payloads and weights <-> Flower array / config / metric records (no pickle);
-- :mod:`.clientapp`: the ClientApp — the simulator's client procedures, state in ``context.state``;
+- :mod:`.clientapp`: the ClientApp (thin: identify without torch) and :mod:`.site`, what a site does
+  with a message — the simulator's client procedures, per-client state in the site's state folder
+  (:mod:`fedstyle.runtimes.site_state`);
 - :mod:`.serverapp`: the ServerApp — the simulator's server side over Flower messages, the same
   run directory (config.json, metrics.jsonl, checkpoint, summary.json, done);
 - :mod:`.simulation`: ``--backend flower-sim`` (Flower's simulation engine, Ray);

@@ -2,14 +2,21 @@
 
 :class:`Federation` starts each process in its own session (process group) with its log in
 ``<run dir>/flower/`` and stops every process it started — and everything those started (Flower's
-SuperExec, ServerApp and ClientApp processes) — on success, on error, on Ctrl-C / SIGTERM and at
-interpreter exit. Ports are chosen free at run time on 127.0.0.1 unless given.
+SuperExec, ServerApp and ClientApp processes, found also after they left the process tree by the
+``FEDSTYLE_DEPLOY`` marker in their environment) — on success, on error, on Ctrl-C / SIGTERM and at
+interpreter exit; it returns only once all of them have exited. Ports are chosen free at run time on
+127.0.0.1 unless given.
+
+The local sites share the machine: each gets ``cores / sites`` torch threads (``OMP_NUM_THREADS``,
+unless set), and keeps its clients' persistent state in ``<run dir>/flower/state``
+(:mod:`fedstyle.runtimes.site_state`), so ``fedstyle deploy --resume`` continues it.
 
 Flower layout under ``<run dir>/flower/``::
 
     app/pyproject.toml    the Flower App (FAB) naming fedstyle's ServerApp and ClientApp
     home/                 FLWR_HOME: the `flwr` CLI's SuperLink connection, installed apps
     deploy.json           how the federation was started (for --resume)
+    state/                the sites' per-client state (run-<config digest>/client-K/)
     superlink.log, site-K.log, serverapp.log
 
 Runtime dependency installation is disabled everywhere (sites may be offline): SuperLink and
@@ -27,6 +34,7 @@ import socket
 import subprocess
 import sys
 import time
+import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -63,6 +71,29 @@ min-sites = 1
 wait-timeout = 600.0
 round-timeout = 1800.0
 """
+
+
+#: environment variable marking every process a Federation started (and their descendants)
+MARKER_ENV = "FEDSTYLE_DEPLOY"
+#: Flower's SuperExec task polling interval (its default is 1 s per ServerApp / ClientApp process start)
+POLL_ENV = "FLWR_SUPEREXEC_TASK_POLL_INTERVAL"
+SUPEREXEC_POLL_INTERVAL = 0.25
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
+
+
+def fedstyle_path(pythonpath: str | None) -> str:
+    """PYTHONPATH with the folder of the running fedstyle first: Flower's processes (ServerApp, ClientApps)
+    import the same fedstyle as the process that starts them, also from a source checkout or a git
+    worktree that the environment's installed (or editable) fedstyle does not point to."""
+    import fedstyle
+
+    root = str(Path(fedstyle.__file__).resolve().parent.parent)
+    rest = [p for p in (pythonpath or "").split(os.pathsep) if p and p != root]
+    return os.pathsep.join([root, *rest])
+
+
+def _cpu_count() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 class DeployError(FedstyleError):
@@ -141,35 +172,73 @@ def _alive(pid: int) -> bool:
         return True
 
 
-def stop_tree(proc: subprocess.Popen, sig: int = signal.SIGTERM, grace: float = 10.0) -> None:
-    """Stop ``proc``, its process group and every descendant (SIGTERM, then SIGKILL after ``grace`` s)."""
-    pids = [proc.pid, *descendants(proc.pid)]
-    groups = {proc.pid}  # started with start_new_session: its pgid is its pid
+def _signal_all(groups, pids, sig: int) -> None:
+    for pgid in groups:
+        try:
+            os.killpg(pgid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def marked_processes(marker: str) -> list[int]:
+    """Live processes (zombies excluded) started with ``FEDSTYLE_DEPLOY=marker`` in their environment:
+    everything a :class:`Federation` started and everything those started, also once reparented
+    (Linux /proc; empty elsewhere)."""
+    needle = f"{MARKER_ENV}={marker}".encode()
+    found = []
+    for entry in Path("/proc").glob("[0-9]*") if Path("/proc").is_dir() else ():
+        try:
+            if needle in (entry / "environ").read_bytes().split(b"\0") and _alive(int(entry.name)):
+                found.append(int(entry.name))
+        except (OSError, ValueError):
+            continue
+    return found
+
+
+def stop_processes(procs: list[subprocess.Popen], sig: int = signal.SIGTERM, grace: float = 10.0,
+                   marker: str | None = None) -> list[int]:
+    """Stop ``procs`` together: each one's process group and descendants (and, with ``marker``, every
+    process carrying it) get ``sig``; whatever is alive after ``grace`` s gets SIGKILL. Returns once
+    all of them have exited; the pids still alive 5 s after SIGKILL (none in practice)."""
+    groups = {p.pid for p in procs}  # started with start_new_session: a pgid is its leader's pid
+    pids = {pid for p in procs for pid in (p.pid, *descendants(p.pid))}
+    if marker is not None:
+        pids.update(marked_processes(marker))
     for s in (sig, signal.SIGKILL):
-        for pgid in groups:
-            try:
-                os.killpg(pgid, s)
-            except (ProcessLookupError, PermissionError):
-                pass
-        for pid in pids:
-            try:
-                os.kill(pid, s)
-            except (ProcessLookupError, PermissionError):
-                pass
+        _signal_all(groups, pids, s)
+        signalled = set(pids)  # each process gets each signal once (a second SIGTERM cuts Flower's clean exit short)
         deadline = time.monotonic() + (grace if s != signal.SIGKILL else 5.0)
-        while time.monotonic() < deadline:
-            proc.poll()
-            pids = [p for p in pids if _alive(p)]
-            if not pids:
+        while True:
+            for proc in procs:
+                proc.poll()  # reap our own children (a zombie counts as gone)
+            # children started meanwhile, and orphans handed to init, are found again
+            pids = {p for p in pids if _alive(p)}
+            pids.update(d for p in list(pids) for d in descendants(p))
+            if marker is not None:
+                pids.update(marked_processes(marker))
+            if not pids or time.monotonic() > deadline:
                 break
-            time.sleep(0.1)
+            _signal_all((), pids - signalled, s)  # the late ones
+            signalled |= pids
+            time.sleep(0.05)
         if not pids:
             break
-        pids = list(dict.fromkeys(pids + [d for p in pids for d in descendants(p)]))
-    try:
-        proc.wait(timeout=1.0)
-    except subprocess.TimeoutExpired:
-        pass
+    for proc in procs:
+        try:
+            proc.wait(timeout=1.0)
+        except subprocess.TimeoutExpired:
+            pass
+    return sorted(pids)
+
+
+def stop_tree(proc: subprocess.Popen, sig: int = signal.SIGTERM, grace: float = 10.0) -> None:
+    """Stop ``proc``, its process group and every descendant (SIGTERM, then SIGKILL after ``grace`` s)."""
+    stop_processes([proc], sig, grace)
 
 
 @dataclass
@@ -226,6 +295,7 @@ class Federation:
         self.settings = settings
         self.quiet = quiet
         self.flower_dir = self.run_dir / "flower"
+        self.state_dir = self.flower_dir / "state"  # the local sites' per-client state (see .site)
         self.home = self.flower_dir / "home"
         self.app_dir = self.flower_dir / "app"
         self.procs: dict[str, subprocess.Popen] = {}
@@ -233,6 +303,7 @@ class Federation:
         self.site_ports: dict[int, int] = {}
         self.certs = Path(settings.certs).resolve() if settings.certs else None
         self._previous_handlers: dict[int, Any] = {}
+        self.marker = uuid.uuid4().hex  # in the environment of every process started for this federation
 
     # -- lifecycle ----------------------------------------------------------------------
     def __enter__(self) -> "Federation":
@@ -253,19 +324,29 @@ class Federation:
     def _on_signal(self, signum, frame) -> None:
         raise KeyboardInterrupt(f"signal {signum}")
 
-    def env(self) -> dict[str, str]:
+    def env(self, site: bool = False) -> dict[str, str]:
         env = dict(os.environ)
         env["FLWR_HOME"] = str(self.home)
         # Flower starts its helpers (flower-superexec, flwr-serverapp, flwr-clientapp) by name from PATH
         env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
         env.setdefault("PYTHONUNBUFFERED", "1")
+        env["PYTHONPATH"] = fedstyle_path(env.get("PYTHONPATH"))
+        env[MARKER_ENV] = self.marker  # inherited by every process Flower starts below ours
+        # Flower's SuperExec looks for tasks (a ServerApp or ClientApp process to start) every 1 s by default
+        env.setdefault(POLL_ENV, str(SUPEREXEC_POLL_INTERVAL))
+        if site:
+            # the sites share this machine's cores: one torch thread pool each of cores / sites threads
+            # (torch's default, one thread per core in every site, oversubscribes the machine)
+            threads = str(max(1, _cpu_count() // max(1, self.settings.sites)))
+            for name in THREAD_VARIABLES:
+                env.setdefault(name, threads)
         return env
 
-    def _start(self, name: str, argv: list[str]) -> subprocess.Popen:
+    def _start(self, name: str, argv: list[str], site: bool = False) -> subprocess.Popen:
         log = self.flower_dir / f"{name}.log"
         with open(log, "ab") as handle:
             proc = subprocess.Popen(argv, stdout=handle, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    env=self.env(), cwd=self.flower_dir, start_new_session=True)
+                                    env=self.env(site), cwd=self.flower_dir, start_new_session=True)
         self.procs[name] = proc
         return proc
 
@@ -275,8 +356,18 @@ class Federation:
             stop_tree(proc, sig)
 
     def stop_all(self) -> None:
-        for name in sorted(self.procs, key=lambda n: n == "superlink"):  # sites first, then the SuperLink
-            self.stop(name)
+        """Stop every process this federation started and everything they started; return when all have exited.
+
+        The sites and the run first (together), then the SuperLink with whatever is left; processes
+        that left their parent's tree (Flower's SuperExec, ServerApp and ClientApp processes) are found
+        by the marker in their environment.
+        """
+        first = [self.procs.pop(n) for n in sorted(self.procs) if n != "superlink"]
+        last = [self.procs.pop(n) for n in list(self.procs)]
+        stop_processes(first)
+        left = stop_processes(last, marker=self.marker)
+        if left:
+            print(f"fedstyle deploy: processes {left} did not exit after SIGKILL", file=sys.stderr)
 
     # -- setup --------------------------------------------------------------------------
     def prepare(self) -> None:
@@ -327,10 +418,10 @@ class Federation:
 
     def site_argv(self, site: int) -> list[str]:
         port = self.site_ports.setdefault(site, free_port())
-        node_config = f"partition-id={site}"
+        from fedstyle.runtimes.flower.node_config import node_config as make_node_config
+
         roots = self.settings.site_data_roots
-        if site < len(roots) and roots[site]:
-            node_config += f' data-root="{Path(roots[site]).resolve()}"'
+        node_config = make_node_config(site, self.state_dir, roots[site] if site < len(roots) and roots[site] else None)
         argv = [flower_bin("flower-supernode"), "--superlink", f"{self.client_host()}:{self.port}",
                 "--port", str(port), "--node-config", node_config]
         if self.settings.insecure:
@@ -344,7 +435,7 @@ class Federation:
         return argv
 
     def start_site(self, site: int) -> subprocess.Popen:
-        return self._start(f"site-{site}", self.site_argv(site))
+        return self._start(f"site-{site}", self.site_argv(site), site=True)
 
     def start(self) -> None:
         self.prepare()
@@ -371,7 +462,9 @@ class Federation:
         shown, seen_events = 0, 0
         try:
             while True:
-                finished = submitted.poll() is not None
+                # `done` is the run directory's last write: the run is complete even while Flower is still
+                # winding down (`flwr run --stream` notices the end of the run a few seconds later)
+                finished = submitted.poll() is not None or (self.run_dir / DONE).exists()
                 records = _read_lines(self.run_dir / METRICS)
                 evals = [r for r in records if "event" not in r and "round" in r]
                 events = [r for r in records if r.get("event") in ("dropout", "rejoin")]
@@ -390,11 +483,12 @@ class Federation:
                 if "superlink" in self.procs and self.procs["superlink"].poll() is not None:
                     raise DeployError(f"the SuperLink exited (code {self.procs['superlink'].returncode}); "
                                       f"see {self.flower_dir / 'superlink.log'}:\n{tail(self.flower_dir / 'superlink.log')}")
-                time.sleep(0.5)
+                time.sleep(0.2)
         finally:
             if bar is not None:
                 bar.close()
-        self.procs.pop("serverapp", None)
+        if submitted.poll() is not None:
+            self.procs.pop("serverapp", None)  # ended by itself; otherwise stop_all stops it with the sites
         if not (self.run_dir / DONE).exists():
             raise DeployError(
                 f"the run did not finish; see {self.flower_dir / 'serverapp.log'}:\n{tail(self.flower_dir / 'serverapp.log', 30)}\n"

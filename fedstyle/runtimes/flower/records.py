@@ -2,7 +2,8 @@
 
 A message's :class:`flwr.app.RecordDict` holds named records; fedstyle uses these names::
 
-    "fedstyle"            ConfigRecord  run facts: config JSON, client id, round, phase
+    "fedstyle"            ConfigRecord  run facts: config JSON, client id, round, number of clients, the
+                                        coordinator's session (id, start round, durable round; see site_state)
     "weights"             ArrayRecord   model weights (global down, client's update up)
     "payload"             ArrayRecord   the tensor entries of a payload ...
     "payload.scalars"     ConfigRecord  ... and its int / float / bool / str entries, plus the key order
@@ -26,6 +27,7 @@ import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 
 from fedstyle.errors import FedstyleError
+from fedstyle.io import aligned
 from fedstyle.payload import Payload, check_payload
 
 META, WEIGHTS, RESULT, METRICS = "fedstyle", "weights", "result", "metrics"
@@ -45,8 +47,9 @@ def tensor_to_array(name: str, tensor: torch.Tensor) -> Array:
 
 
 def array_to_tensor(array: Array) -> torch.Tensor:
-    # np.load returns a fresh, writable array: torch.from_numpy shares it without a copy
-    return torch.from_numpy(array.numpy())
+    # np.load returns a fresh, writable array: torch.from_numpy shares it without a copy, unless its memory
+    # is less aligned than torch's own (BLAS reductions round differently then; see fedstyle.io.aligned)
+    return aligned(torch.from_numpy(array.numpy()))
 
 
 def weights_to_record(weights: Mapping[str, torch.Tensor]) -> ArrayRecord:

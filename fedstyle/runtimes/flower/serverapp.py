@@ -28,9 +28,12 @@ at the next round, gets the setup broadcast with its first training message, and
 (``{"event": "rejoin", ...}``). Flower marks a killed SuperNode unavailable after missing two
 heartbeats (30 s each in Flower 1.41), so a round with a dead site lasts at most about a minute longer.
 
-What differs from the simulator, by design: per-client state lives on the sites (in memory and
-in each site's state folder, see :mod:`.clientapp`), so the server's checkpoint holds the global
-model and server state only. Byte counts in metrics.jsonl are those of the driver, the same under
+What differs from the simulator, by design: per-client state lives on the sites (in each site's
+state folder, versioned by round, see :mod:`.site`), so the server's checkpoint holds the global
+model and server state only. Every message carries the coordinator's session — a random id per start
+of the round loop, the checkpoint round it resumed from, the round of the last checkpoint — with
+which a site finds the state a (re)done round starts from and prunes the rest
+(:mod:`fedstyle.runtimes.site_state`). Byte counts in metrics.jsonl are those of the driver, the same under
 every runtime: the weights and payloads each message carries; Flower's own control traffic and
 metric records are not counted.
 """
@@ -38,8 +41,10 @@ metric records are not counted.
 from __future__ import annotations
 
 import json
+import logging
 import sys
 import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -67,8 +72,12 @@ from fedstyle.runtimes.flower.records import (
 from fedstyle.federation.transport import ClientRequest, PhaseReplies, Transport
 from fedstyle.payload import Payload, payload_to
 
+_LOG = logging.getLogger("flwr")  # Flower's logger (timestamped with FLWR_LOG_LEVEL=DEBUG)
+
 #: how often the ServerApp polls the SuperLink for replies (Flower's own loop sleeps 3 s)
 PULL_INTERVAL = 0.1
+#: how often the ServerApp looks for newly registered sites while it waits for them
+WAIT_INTERVAL = 0.2
 #: Flower error codes meaning the ClientApp's code raised (a bug or a bad setting, not a lost site):
 #: LOAD_CLIENT_APP_EXCEPTION, CLIENT_APP_RAISED_EXCEPTION, INVALID_FAB
 _CLIENT_CODE_FAILED = (1, 2, 7)
@@ -117,7 +126,11 @@ class FlowerTransport(Transport):
         self.events: list[dict[str, Any]] = []
         self.seen_clients: set[int] = set()  # clients identified at least once (a second time: a rejoin)
         self.needed = 1  # replies a round needs (the minimum-available policy)
-        self.durable_round = 0  # the round of the run's last checkpoint (sites prune older state with it)
+        # what the sites' state stores need (fedstyle.runtimes.site_state.Session): a random id per start
+        # of the round loop, the checkpoint round it resumed from, the round of the last checkpoint
+        self.session_id = uuid.uuid4().hex[:12]
+        self.session_start = 0
+        self.durable_round = 0
         self._records: tuple[Any, Any] | None = None  # (weights dict, its ArrayRecord): serialised once
 
     @property
@@ -157,9 +170,12 @@ class FlowerTransport(Transport):
         deadline = time.monotonic() + self.policy.wait_timeout
         announced = False
         while True:
-            self.refresh_nodes(round_index)
-            if len(self.node_of) >= needed:
-                return
+            # identify once enough nodes are registered (one batch of identify messages, not one per
+            # node as they trickle in: each costs a ClientApp process on the site)
+            if len(self.grid.get_node_ids()) >= needed or time.monotonic() > deadline:
+                self.refresh_nodes(round_index)
+                if len(self.node_of) >= needed:
+                    return
             if time.monotonic() > deadline and at_least is not None and len(self.node_of) >= at_least:
                 self.log(f"starting with {len(self.node_of)} of {needed} sites (clients {sorted(self.node_of)})")
                 return
@@ -171,12 +187,13 @@ class FlowerTransport(Transport):
             if not announced:
                 self.log(f"waiting for sites: {len(self.node_of)} of {needed} connected")
                 announced = True
-            time.sleep(1.0)
+            time.sleep(WAIT_INTERVAL)
 
     # -- messaging ----------------------------------------------------------------------
     def _content(self, cid: int | None, round_index: int, **pieces) -> RecordDict:
         meta = meta_record(config=self.config_json, client_id=-1 if cid is None else cid, round=round_index,
-                           durable_round=self.durable_round)
+                           num_clients=self.num_clients, session=self.session_id,
+                           session_start=self.session_start, durable_round=self.durable_round)
         return build_content(meta, **pieces)
 
     def _weights_record(self, weights):
@@ -274,7 +291,10 @@ class FlowerTransport(Transport):
                 pieces["payloads"][SETUP] = self.broadcast
             contents[cid] = pieces
         sent = [cid for cid in requests if cid in self.node_of]
+        sent_at = time.perf_counter()
         replies, dropped = self._exchange(MESSAGE_TYPES[phase], contents, round_index, self.policy.round_timeout)
+        _LOG.debug("fedstyle: %s round %d: %d replies, %d dropouts after %.2f s", phase, round_index, len(replies),
+                   len(dropped), time.perf_counter() - sent_at)
         self._drop(dropped, round_index, phase)
         results = {cid: self._result(phase, cid, replies[cid]) for cid in sorted(replies)}
         if phase in ("setup_download", "train"):
@@ -323,15 +343,17 @@ def serve(grid: Grid, out: Path, policy: FaultPolicy, *, quiet: bool = True, log
 
     config_text = (out / CONFIG).read_text()
     if experiment is None:
+        started = time.perf_counter()
         config = RunConfig.from_mapping(json.loads(config_text), where=str(out / CONFIG))
         experiment = build_experiment(config, progress=False)
+        _LOG.debug("fedstyle: the ServerApp built the run in %.2f s", time.perf_counter() - started)
     if experiment.config.topology != "star":
         raise FedstyleError("Flower runs star-topology methods; peer-to-peer runs use the in-process simulator")
     config_json = json.dumps(json.loads(config_text), sort_keys=True)
     checkpoint = load_checkpoint(out)
     transport = FlowerTransport(grid, config_json, policy, quiet=not log_events)
     if checkpoint is not None:
-        transport.durable_round = int(checkpoint[1]["round"])
+        transport.session_start = transport.durable_round = int(checkpoint[1]["round"])
     experiment.simulator.use_transport(transport)
     return train_experiment(experiment, out, quiet=quiet, checkpoint=checkpoint,
                             on_checkpoint=lambda done_round: setattr(transport, "durable_round", done_round))

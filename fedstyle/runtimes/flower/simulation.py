@@ -25,6 +25,14 @@ Resources per actor (Ray's ``client_resources``): ``--client-cpus`` CPUs (defaul
 torch threads too) and ``--client-gpus`` GPUs (default: 0 with ``--device cpu``; on CUDA the GPUs
 shared evenly by the actors the CPUs allow, at most one each). For bitwise-identical results with
 ``--backend sim``, run both with the same torch thread count (one for 1-CPU actors).
+
+Ray starts one actor per CPU (``client_resources.num_cpus = 1``), each with one torch thread;
+for bitwise-identical results with ``--backend sim`` run both with one torch thread.
+
+Per-client state is kept where a deployment's sites keep it — in a state folder, here
+``<run dir>/flower/state`` — so ``fedstyle run --resume`` of a flower-sim run continues every
+client's state (FedDyn, FedBN's local layers) exactly as the in-process simulator does from its
+checkpoint.
 """
 
 from __future__ import annotations
@@ -38,6 +46,10 @@ from typing import Any
 
 from fedstyle.errors import ConfigError
 from fedstyle.runtimes.flower import require_ray
+from fedstyle.runtimes.site_state import STATE_DIR_ENV
+
+#: the clients' state folder inside the run directory (as a local `fedstyle deploy` keeps it)
+SITE_STATE = "flower/state"
 
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
 
@@ -62,7 +74,7 @@ def actor_gpus(config, device_type: str, total_cpus: float, total_gpus: float) -
     return min(1.0, total_gpus * config.client_cpus / max(total_cpus, config.client_cpus))
 
 
-def join_cluster(address: str, threads: int, quiet: bool) -> dict[str, float]:
+def join_cluster(address: str, threads: int, quiet: bool, extra_env: dict[str, str] | None = None) -> dict[str, float]:
     """Connect this process to the Ray cluster at ``address`` as a driver; its total resources."""
     import ray
 
@@ -77,7 +89,7 @@ def join_cluster(address: str, threads: int, quiet: bool) -> dict[str, float]:
                               f"{err.strerror or err}); start one with `ray start --head` (README: Many clients), "
                               "or leave --ray-address out for a private Ray instance") from None
     pythonpath = os.pathsep.join(sys.path)
-    env = {"PYTHONPATH": pythonpath, **{k: str(threads) for k in THREAD_VARIABLES}}
+    env = {"PYTHONPATH": pythonpath, **{k: str(threads) for k in THREAD_VARIABLES}, **(extra_env or {})}
     try:
         ray.init(address=address, runtime_env={"env_vars": env}, logging_level=logging.ERROR,
                  log_to_driver=not quiet)
@@ -112,6 +124,9 @@ def train_on_flower_sim(exp, out: Path, *, quiet: bool, checkpoint) -> dict[str,
 
     config = exp.config
     threads = actor_threads(config.client_cpus)
+    # the clients' state lives where a deployment's sites keep it, in a state folder (here in the run
+    # directory), so a resumed flower-sim run continues every client's state
+    state_dir = str((Path(out) / SITE_STATE).resolve())
     address = config.ray_address if config.ray_address not in (None, "local") else None
     if address is None:
         import torch
@@ -120,7 +135,7 @@ def train_on_flower_sim(exp, out: Path, *, quiet: bool, checkpoint) -> dict[str,
         gpus = actor_gpus(config, exp.device.type, cpus, torch.cuda.device_count() if exp.device.type == "cuda" else 0)
         init_args = {"num_cpus": cpus, "logging_level": "ERROR", "log_to_driver": not quiet}
     else:
-        resources = join_cluster(address, threads, quiet)
+        resources = join_cluster(address, threads, quiet, {STATE_DIR_ENV: state_dir})
         gpus = actor_gpus(config, exp.device.type, resources.get("CPU", 0.0), resources.get("GPU", 0.0))
         init_args = {}  # Ray is initialised: Flower's engine uses the cluster as it is
     backend_config = {"client_resources": {"num_cpus": config.client_cpus, "num_gpus": gpus},
@@ -132,8 +147,9 @@ def train_on_flower_sim(exp, out: Path, *, quiet: bool, checkpoint) -> dict[str,
     # A private instance's workers inherit this environment: the actors' torch threads, whatever the
     # caller's OMP_NUM_THREADS says, so results match --backend sim at that thread count (this
     # process's torch is unaffected). A cluster's workers get them from the runtime_env instead.
-    saved_env = {k: os.environ.get(k) for k in THREAD_VARIABLES}
+    saved_env = {k: os.environ.get(k) for k in (*THREAD_VARIABLES, STATE_DIR_ENV)}
     os.environ.update({k: str(threads) for k in THREAD_VARIABLES})
+    os.environ[STATE_DIR_ENV] = state_dir
     try:
         run_simulation(server_app=server_app, client_app=client_app, num_supernodes=exp.simulator.num_clients,
                        backend_config=backend_config)
