@@ -431,3 +431,19 @@ def test_files_follow_the_umask_and_private_keys_stay_private(tmp_path):
         assert (tmp_path / "private.md").stat().st_mode & 0o777 == 0o600
     finally:
         os.umask(old)
+
+
+def test_deployments_lock_their_run_directory_and_resume_takes_no_settings(tiny_config, tmp_path, monkeypatch, capsys):
+    out = tmp_path / "run"
+    interrupted_run(tiny_config.updated(rounds=3), out, monkeypatch, after_round=1)
+    with DirectoryLock(out):
+        assert main(["deploy", "--resume", str(out), "--quiet"]) == 2
+        assert "in use by process" in capsys.readouterr().err
+        assert main(["deploy", "coordinator", "--resume", str(out), "--quiet"]) == 2
+        assert "in use by process" in capsys.readouterr().err
+    fresh = tmp_path / "fresh"
+    with DirectoryLock(fresh):
+        assert main(["deploy", "--sites", "3", "--insecure", "--out", str(fresh), "--quiet"]) == 2
+        assert "in use by process" in capsys.readouterr().err
+    assert main(["deploy", "--resume", str(out), "--lr", "0.5"]) == 2
+    assert "accepts only --quiet; drop --lr" in capsys.readouterr().err

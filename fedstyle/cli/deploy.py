@@ -8,7 +8,7 @@ import os
 import sys
 from pathlib import Path
 
-from fedstyle.cli.flags import add_run_flags, config_from_args, print_summary
+from fedstyle.cli.flags import add_run_flags, check_resume_flags, config_from_args, print_summary
 
 DEPLOY_DESCRIPTION = """\
 Run a star-topology method on a real Flower federation: a SuperLink (the coordinator) and one
@@ -75,7 +75,8 @@ def add_deploy_command(sub) -> None:
                             description=DEPLOY_DESCRIPTION, epilog=DEPLOY_EPILOG,
                             formatter_class=argparse.RawDescriptionHelpFormatter)
     _settings_flags(deploy, local=True)
-    add_run_flags(deploy, resume_help="restart the federation of DIR and continue from its checkpoint")
+    add_run_flags(deploy, resume_help="restart the federation of DIR and continue from its checkpoint",
+                  resume_accepts=())
     deploy.set_defaults(func=_cmd_deploy)
     actions = deploy.add_subparsers(dest="deploy_command", metavar="ACTION")
 
@@ -92,7 +93,7 @@ def add_deploy_command(sub) -> None:
                                "join with `fedstyle deploy site`. Stops the SuperLink at the end.",
                                epilog=DEPLOY_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     _settings_flags(coord, local=False)
-    add_run_flags(coord, resume_help="continue the run in DIR")
+    add_run_flags(coord, resume_help="continue the run in DIR", resume_accepts=())
     coord.set_defaults(func=_cmd_coordinator)
 
     site = actions.add_parser("site", help="one site: a SuperNode holding one client, in the foreground",
@@ -152,7 +153,45 @@ def _new_run(args, settings):
     return exp.config
 
 
+def _resuming(args) -> Path:
+    """The run directory a --resume names, after refusing flags that would change the run."""
+    from fedstyle.errors import ConfigError
+    from fedstyle.experiments.rundir import read_run_config
+
+    if args.restart:
+        raise ConfigError("--restart is `fedstyle run`'s; a deployment resumes from its checkpoint")
+    check_resume_flags(args, accepted=())
+    out = Path(args.resume)
+    read_run_config(out)  # a clear error for a folder that holds no run
+    return out
+
+
+def _lock_new(args):
+    """Lock --out for a new deployment (refused when it holds anything, or another process holds it)."""
+    from fedstyle.errors import ConfigError
+    from fedstyle.experiments.rundir import check_new_run_dir
+    from fedstyle.io import DirectoryLock
+
+    if not args.out:
+        raise ConfigError("give --out DIR for the run directory (or --resume DIR to continue one)")
+    check_new_run_dir(Path(args.out))
+    return DirectoryLock(Path(args.out)).acquire()
+
+
 def _cmd_deploy(args: argparse.Namespace) -> int:
+    from fedstyle.io import DirectoryLock
+
+    if args.resume:
+        with DirectoryLock(_resuming(args)):
+            return _deploy(args)
+    lock = _lock_new(args)
+    try:
+        return _deploy(args)
+    finally:
+        lock.release()
+
+
+def _deploy(args: argparse.Namespace) -> int:
     from fedstyle.errors import ConfigError
     from fedstyle.experiments.runner import CONFIG, DONE, SUMMARY
     from fedstyle.runtimes.flower.deployment import deploy_run, load_settings
@@ -187,6 +226,19 @@ def _cmd_deploy(args: argparse.Namespace) -> int:
 
 
 def _cmd_coordinator(args: argparse.Namespace) -> int:
+    from fedstyle.io import DirectoryLock
+
+    if args.resume:
+        with DirectoryLock(_resuming(args)):
+            return _coordinate(args)
+    lock = _lock_new(args)
+    try:
+        return _coordinate(args)
+    finally:
+        lock.release()
+
+
+def _coordinate(args: argparse.Namespace) -> int:
     from fedstyle.errors import ConfigError
     from fedstyle.experiments.runner import CONFIG, SUMMARY
     from fedstyle.runtimes.flower.deployment import Federation, load_settings

@@ -33,37 +33,47 @@ def _add_config_flags(parser: argparse.ArgumentParser) -> None:
         group.add_argument(_flag(f), **kwargs)
 
 
-def add_run_flags(parser: argparse.ArgumentParser, resume_help: str) -> None:
-    """The options of every command that makes a run directory: --config, --out, --resume, --quiet, run settings."""
+def add_run_flags(parser: argparse.ArgumentParser, resume_help: str, resume_accepts: tuple[str, ...] | None = None
+                  ) -> None:
+    """The options of every command that makes a run directory: --config, --out, --resume, --quiet, run settings.
+
+    ``resume_accepts``: the run settings the command's --resume takes (default: ``fedstyle run``'s).
+    """
+    from fedstyle.experiments.rundir import RESUME_OPTIONS
+
     parser.add_argument("--config", metavar="FILE.toml", help="read settings from a TOML file ([hparams] table for --hp)")
     parser.add_argument("--out", metavar="DIR", help="run directory to create")
     parser.add_argument("--resume", metavar="DIR", help=resume_help + f"; besides DIR it accepts only "
-                        f"{_resume_flags()}, which cannot change the result")
+                        f"{_resume_flags(RESUME_OPTIONS if resume_accepts is None else resume_accepts)}, which cannot change "
+                        "the result")
     parser.add_argument("--restart", action="store_true",
                         help="with --resume: discard the run's progress and start it over from round 0 (same config)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar or messages (for CI and scripts)")
     _add_config_flags(parser)
 
 
-def check_resume_flags(args: argparse.Namespace) -> None:
-    """--resume continues a run as configured: refuse every flag that would change it."""
+def check_resume_flags(args: argparse.Namespace, accepted: tuple[str, ...] | None = None) -> None:
+    """--resume continues a run as configured: refuse every flag that would change it.
+
+    ``accepted``: the run settings this command's resume takes (default: ``fedstyle run``'s,
+    :data:`~fedstyle.experiments.rundir.RESUME_OPTIONS`); --quiet is always accepted.
+    """
     from fedstyle.errors import ConfigError
     from fedstyle.experiments.config import RunConfig
     from fedstyle.experiments.rundir import RESUME_OPTIONS
 
-    given = [_flag(f) for f in dataclasses.fields(RunConfig) if hasattr(args, f.name) and f.name not in RESUME_OPTIONS]
+    accepted = RESUME_OPTIONS if accepted is None else accepted
+    given = [_flag(f) for f in dataclasses.fields(RunConfig) if hasattr(args, f.name) and f.name not in accepted]
     given += [f"--{name}" for name in ("config", "out") if getattr(args, name, None)]
     if given:
         flags = ", ".join(given)
-        raise ConfigError(f"--resume continues a run exactly as configured and accepts only {_resume_flags()}; "
+        raise ConfigError(f"--resume continues a run exactly as configured and accepts only {_resume_flags(accepted)}; "
                           f"drop {flags} (or start a new run with --out)")
 
 
-def _resume_flags() -> str:
-    from fedstyle.experiments.rundir import RESUME_OPTIONS
-
-    names = ["--" + name.replace("_", "-") for name in RESUME_OPTIONS]
-    return ", ".join(names[:-1]) + " and " + names[-1]
+def _resume_flags(accepted) -> str:
+    names = ["--" + name.replace("_", "-") for name in accepted if name != "quiet"] + ["--quiet"]
+    return ", ".join(names[:-1]) + " and " + names[-1] if len(names) > 1 else names[0]
 
 
 def resume_settings(args: argparse.Namespace) -> dict:
