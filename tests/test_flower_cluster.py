@@ -85,8 +85,8 @@ def test_flower_sim_on_a_running_cluster_equals_simulator(ray_head, tiny_config,
     joined = {}
     original = simulation.join_cluster
 
-    def spy(address, threads, quiet):
-        joined["resources"] = original(address, threads, quiet)
+    def spy(address, threads, quiet, extra_env=None):
+        joined["resources"] = original(address, threads, quiet, extra_env)
         return joined["resources"]
 
     monkeypatch.setattr(simulation, "join_cluster", spy)
