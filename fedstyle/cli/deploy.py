@@ -166,16 +166,29 @@ def _resuming(args) -> Path:
     return out
 
 
-def _lock_new(args):
-    """Lock --out for a new deployment (refused when it holds anything, or another process holds it)."""
+def _new_locked(args, command) -> int:
+    """Run ``command(args)`` for a new deployment holding --out's lock; a failure before the run
+    directory got its config.json leaves nothing behind (not even the folder, if it made it)."""
+    import shutil
+
     from fedstyle.errors import ConfigError
-    from fedstyle.experiments.rundir import check_new_run_dir
+    from fedstyle.experiments.rundir import CONFIG, check_new_run_dir
     from fedstyle.io import DirectoryLock
 
     if not args.out:
         raise ConfigError("give --out DIR for the run directory (or --resume DIR to continue one)")
-    check_new_run_dir(Path(args.out))
-    return DirectoryLock(Path(args.out)).acquire()
+    out = Path(args.out)
+    check_new_run_dir(out)
+    created = not out.exists()
+    lock = DirectoryLock(out).acquire()
+    try:
+        return command(args)
+    except BaseException:
+        if created and not (out / CONFIG).exists():
+            shutil.rmtree(out, ignore_errors=True)
+        raise
+    finally:
+        lock.release()
 
 
 def _cmd_deploy(args: argparse.Namespace) -> int:
@@ -184,11 +197,7 @@ def _cmd_deploy(args: argparse.Namespace) -> int:
     if args.resume:
         with DirectoryLock(_resuming(args)):
             return _deploy(args)
-    lock = _lock_new(args)
-    try:
-        return _deploy(args)
-    finally:
-        lock.release()
+    return _new_locked(args, _deploy)
 
 
 def _deploy(args: argparse.Namespace) -> int:
@@ -231,11 +240,7 @@ def _cmd_coordinator(args: argparse.Namespace) -> int:
     if args.resume:
         with DirectoryLock(_resuming(args)):
             return _coordinate(args)
-    lock = _lock_new(args)
-    try:
-        return _coordinate(args)
-    finally:
-        lock.release()
+    return _new_locked(args, _coordinate)
 
 
 def _coordinate(args: argparse.Namespace) -> int:
