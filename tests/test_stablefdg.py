@@ -227,6 +227,8 @@ def test_oversampled_features_carry_their_labels():
         source = [i for i in range(6) if torch.equal(x[i], row)]
         assert source and all(y[i] == label for i in source)
     assert algo({"oversample_ratio": 0.5}).oversample(x, y)[0].shape[0] == 9
+    nhwc = algo().oversample(x.contiguous(memory_format=torch.channels_last), y)[0]
+    assert nhwc.is_contiguous(memory_format=torch.channels_last)  # the layout the convolutions run fastest in
 
 
 def test_exploration_alpha_zero_is_identity_and_alpha_three_moves_three_times():
@@ -240,12 +242,31 @@ def test_exploration_alpha_zero_is_identity_and_alpha_three_moves_three_times():
     new_mu, new_sigma = channel_stats(out)
     assert torch.equal(out[:3], x[:3])
     assert torch.allclose(new_mu[3:] - mu[3:], 3 * (mu[3:] - center_mu), atol=1e-4)
-    expected_sigma = (sigma[3:] + 3 * (sigma[3:] - center_sigma)).clamp_min(1e-6)
-    assert torch.allclose(new_sigma[3:], expected_sigma, atol=1e-3)
+    expected_sigma = sigma[3:] + 3 * (sigma[3:] - center_sigma)
+    assert (expected_sigma < 0).any()  # Eq. 5 crosses zero here: kept, a mirrored map of std |sigma_new|
+    assert torch.allclose(new_sigma[3:], expected_sigma.abs(), atol=1e-3)
+    flat = channel_stats(algo({"negative_sigma": "clamp"}).explore_part(x, 3, 3))[1]
+    assert torch.allclose(flat[3:], expected_sigma.clamp_min(1e-6), atol=2e-3)
     # the reference code extrapolates from the original batch's mean
     ref = algo({"alpha": 3.0, "reference_code": True}).explore_part(x, 3, 3)
     ref_mu = channel_stats(ref)[0]
     assert torch.allclose(ref_mu[3:] - mu[3:], 3 * (mu[3:] - mu[:3].mean(0, keepdim=True)), atol=1e-4)
+
+
+def test_exploration_and_mixstyle_as_one_adain_equal_the_two_in_sequence():
+    torch.manual_seed(0)
+    x = torch.randn(8, 3, 5, 5) * torch.rand(8, 3, 1, 1).add(0.5) + torch.randn(8, 3, 1, 1)
+    method = algo()
+    torch.manual_seed(1)
+    fused = method.restyle_stage(x, 4, 4, explore=True, mix=True)
+    torch.manual_seed(1)
+    sequential = method.mix(method.explore_part(x, 4, 4))  # MixStyle draws the same lambda and permutation
+    assert (channel_stats(x)[1][4:] < 0.75 * channel_stats(x)[1].mean(0)).any()  # negative sigmas included
+    assert torch.allclose(fused, sequential, atol=1e-4)
+    torch.manual_seed(1)
+    mix_only = method.restyle_stage(x, None, 8, explore=True, mix=True)  # nothing oversampled: MixStyle alone
+    torch.manual_seed(1)
+    assert torch.allclose(mix_only, method.mix(x), atol=1e-5)
 
 
 # -- the attention highlighter --------------------------------------------------------------------
@@ -324,7 +345,7 @@ def test_any_batch_size_and_single_class_batches_train_without_nan(batch, labels
     for hp in (ALWAYS, dict(ALWAYS, reference_code=True), dict(ALWAYS, local_bn=True)):
         _, metrics = train_step(hp, x, y, RECEIVED)
         assert metrics["shift_fired"] == 1.0 and metrics["explore_fired"] == 1.0
-        assert {"kmeans_seconds", "oversample_seconds", "explore_seconds", "mixstyle_seconds",
+        assert {"kmeans_seconds", "shift_seconds", "oversample_seconds", "explore_mixstyle_seconds",
                 "attention_seconds"} <= set(metrics)
 
 

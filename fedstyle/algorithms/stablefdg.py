@@ -29,9 +29,13 @@ and down as payload bytes.
    exploration stage; their labels follow.
 3. *Style exploration* (step 4, Eq. 4-5) at each stage of ``explore_stages`` (layer1-3),
    independently with probability ``explore_p``: mu_new = mu + alpha (mu - mean mu), sigma_new likewise,
-   means over the enlarged batch [s, s~], applied by AdaIN to s~ only; alpha = 3.
+   means over the enlarged batch [s, s~], applied by AdaIN to s~ only; alpha = 3. With alpha = 3 a
+   sigma below 3/4 of the mean turns negative; the paper does not say what then, and Eq. 5 is kept
+   as written (``negative_sigma=keep``: AdaIN's negative scale mirrors the normalised map);
+   ``negative_sigma=clamp`` floors it at 1e-6 (the channel becomes flat).
 4. *MixStyle* (step 5) over the enlarged batch at the same firing (lambda ~ Beta(0.1, 0.1), random
-   partner, statistics detached).
+   partner, statistics detached). Exploration and MixStyle are applied as one AdaIN: the statistics
+   MixStyle would measure after exploration are the explored ones (up to the 1e-6 inside sigma).
 5. *Attention-based feature highlighter* (Section 3.2, Eq. 6-8) on the last stage's output, as the
    model's neck (:class:`fedstyle.models.attention.AttentionNeck`): 1 x 1 convolutions to d = 30,
    each sample's query mixed with a random same-class partner in training (itself when its class
@@ -40,8 +44,8 @@ and down as payload bytes.
    C x h x w = 256).
 
 The loss is the cross-entropy over the enlarged batch. ``ctx.log``: ``ce``, ``shift_fired``,
-``explore_fired``; ``ctx.timed``: ``kmeans``, ``shift``, ``oversample``, ``explore``,
-``mixstyle``, ``attention`` (forward passes of each part) and ``style_query`` (the round's Phi).
+``explore_fired``; ``ctx.timed``: ``kmeans``, ``shift``, ``oversample``, ``explore_mixstyle``,
+``attention`` (forward passes of each part) and ``style_query`` (the round's Phi).
 
 **Switches** (the paper's ablation, Table 3): ``share``, ``shift``, ``oversample``, ``explore``,
 ``mixstyle``, ``attention``. Style only = ``attention=false``; attention only = ``share=false
@@ -83,7 +87,7 @@ from fedstyle.style import MixStyle, StyleAccumulator, StyleSummary, channel_sta
 from fedstyle.style.mixstyle import fires
 from fedstyle.style.oversample import oversample_indices
 from fedstyle.style.selection import select_by_kmeans
-from fedstyle.style.shift import explore
+from fedstyle.style.shift import explore_styles
 
 #: images per forward pass when a client computes its style information (no gradients)
 QUERY_BATCH = 256
@@ -153,6 +157,8 @@ class StableFDG(Algorithm):
         HParam("explore_stages", "layer1,layer2,layer3", "stages where exploration + MixStyle may fire"),
         HParam("explore_p", 0.5, "probability that exploration + MixStyle fire at a stage", low=0.0, high=1.0),
         HParam("alpha", 3.0, "exploration level alpha of Eq. 4-5 (0: no extrapolation)"),
+        HParam("negative_sigma", "keep", "an extrapolated sigma below 0 (Eq. 5): keep it as the equation gives it "
+               "(AdaIN's negative scale mirrors the map) or clamp it at 1e-6 (a flat map)", choices=("keep", "clamp")),
         HParam("mix_alpha", 0.1, "MixStyle's Beta(a, a) concentration", low=1e-6),
         HParam("attention_dim", 30, "embedding size d of the attention queries and keys", low=1),
         HParam("reference_code", False, "the public code's choices (see the method's docstring)"),
@@ -318,16 +324,48 @@ class StableFDG(Algorithm):
         """[s, s~] and its labels: M = round(oversample_ratio * B) extra samples (step 3)."""
         count = int(round(self.hp["oversample_ratio"] * labels.shape[0]))
         idx = oversample_indices(labels, count, self.num_classes, self.hp["oversample_balanced"])
-        return torch.cat([x, x.index_select(0, idx)]), torch.cat([labels, labels.index_select(0, idx)])
+        extra = x.index_select(0, idx)  # not x[idx]: its backward adds duplicates atomically (not reproducible)
+        if x.is_contiguous(memory_format=torch.channels_last):
+            extra = extra.contiguous(memory_format=torch.channels_last)  # keep the layout convolutions run fastest in
+        return torch.cat([x, extra]), torch.cat([labels, labels.index_select(0, idx)])
 
     def explore_part(self, x: torch.Tensor, start: int, original: int) -> torch.Tensor:
         """Eq. 4-5 on the samples from ``start`` on, around the mean over the whole batch (reference
         code: over the first ``original`` samples), applied by AdaIN."""
-        if start >= x.shape[0]:
+        return self.restyle_stage(x, start, original, explore=True, mix=False)
+
+    def restyle_stage(self, x: torch.Tensor, start: int | None, original: int, explore: bool, mix: bool
+                      ) -> torch.Tensor:
+        """What a firing stage does: exploration of the oversampled part (from ``start`` on, Eq. 4-5),
+        then MixStyle over the whole batch (step 5), as ONE AdaIN.
+
+        In sequence, MixStyle would measure an explored sample's statistics as (mu_e, |sigma_e|) (up
+        to the 1e-6 inside sigma) and its normalised map as sign(sigma_e) times the original's; so
+        the two ops are the single map sign(sigma_e) (x - mu) / sigma * mix(|sigma_e|) + mix(mu_e),
+        one pass over the features instead of two (statistics detached, as in both ops).
+        """
+        explore = explore and start is not None and start < x.shape[0]
+        if not explore and not mix:
             return x
-        mu, sigma = channel_stats(x[:original] if self.hp["reference_code"] else x)
-        center = (mu.detach().mean(0, keepdim=True), sigma.detach().mean(0, keepdim=True))
-        return torch.cat([x[:start], explore(x[start:], self.hp["alpha"], center=center)])
+        mu, sigma = channel_stats(x)
+        mu, sigma = mu.detach(), sigma.detach()
+        if explore:
+            ref = self.hp["reference_code"]
+            centre_mu, centre_sigma = (mu[:original], sigma[:original]) if ref else (mu, sigma)
+            center = (centre_mu.mean(0, keepdim=True), centre_sigma.mean(0, keepdim=True))
+            floor = 1e-6 if self.hp["negative_sigma"] == "clamp" else None
+            mu_e, sigma_e = explore_styles(mu[start:], sigma[start:], self.hp["alpha"], center, floor=floor)
+            if not mix:  # the original part stays bit for bit
+                return torch.cat([x[:start], restyle(x[start:], mu[start:], sigma[start:], mu_e, sigma_e)])
+            mu_t, sigma_t = torch.cat([mu[:start], mu_e]), torch.cat([sigma[:start], sigma_e])
+        else:
+            mu_t, sigma_t = mu, sigma
+        sign = torch.where(sigma_t < 0, -1.0, 1.0).to(sigma.dtype)
+        sigma_t = sigma_t.abs()
+        lam = self.mix.sample_mix_weights(x.shape[0], x)
+        perm = torch.randperm(x.shape[0], device=x.device)
+        mu_t, sigma_t = lam * mu_t + (1 - lam) * mu_t[perm], lam * sigma_t + (1 - lam) * sigma_t[perm]
+        return restyle(x, mu, sigma * sign, mu_t, sigma_t)
 
 
 class _untimed:
@@ -374,11 +412,10 @@ class _Step:
             self.fired_before = True
             if reference and first and hp["oversample"]:
                 x = self._oversample(x)
-            if hp["explore"] and self.extra_start is not None and (first or not reference):
-                with self.ctx.timed("explore"):
-                    x = self.algo.explore_part(x, self.extra_start, self.original)
-                self.explored = True
-            if hp["mixstyle"]:
-                with self.ctx.timed("mixstyle"):
-                    x = self.algo.mix(x)
+            explore = (hp["explore"] and self.extra_start is not None and self.extra_start < x.shape[0]
+                       and (first or not reference))
+            if explore or hp["mixstyle"]:
+                with self.ctx.timed("explore_mixstyle"):
+                    x = self.algo.restyle_stage(x, self.extra_start, self.original, explore, hp["mixstyle"])
+                self.explored = self.explored or explore
         return x

@@ -28,28 +28,32 @@ from fedstyle.errors import ConfigError
 
 
 def kmeans_pp_seeds(points: torch.Tensor, k: int) -> torch.Tensor:
-    """Indices (k,) of k distinct rows of ``points`` (N, D) chosen by k-means++ seeding."""
+    """Indices (k,) of k distinct rows of ``points`` (N, D) chosen by k-means++ seeding.
+
+    The pairwise squared distances and the k exponential draws are computed up front, so each of
+    the k - 1 sequential picks is a handful of small kernels (the loop is launch-bound on a GPU).
+    """
     n = points.shape[0]
     if not 0 <= k <= n:
         raise ConfigError(f"k-means++ needs 0 <= k <= number of points, got k={k} for {n} points")
     device = points.device
-    chosen = torch.empty(k, dtype=torch.long, device=device)
     if k == 0:
-        return chosen
+        return torch.empty(0, dtype=torch.long, device=device)
+    pairwise = torch.cdist(points, points).pow_(2)
+    pairwise.fill_diagonal_(0.0)  # a chosen point's D is exactly 0: it is never drawn again
+    race = torch.empty(k, n, dtype=points.dtype, device=device).exponential_().clamp_min_(1e-20)
     available = torch.ones(n, dtype=points.dtype, device=device)
-    first = torch.randint(n, (1,), device=device)
-    chosen[:1] = first
-    available.index_fill_(0, first, 0.0)
-    d2 = (points - points.index_select(0, first)).pow(2).sum(1)
+    nxt = torch.randint(n, (1,), device=device)
+    picks = [nxt]
+    available.index_fill_(0, nxt, 0.0)
+    d2 = pairwise.index_select(0, nxt).squeeze(0)
     for j in range(1, k):
-        weight = d2 * available
-        weight = torch.where(weight.sum() > 0, weight, available)  # all remaining D = 0: uniform among them
-        race = torch.empty_like(weight).exponential_().clamp_min(1e-20)
-        nxt = (weight / race).argmax().view(1)
-        chosen[j : j + 1] = nxt
+        weight = torch.where(d2.sum() > 0, d2, available)  # all remaining D = 0: uniform among them
+        nxt = (weight / race[j]).argmax().view(1)
+        picks.append(nxt)
         available.index_fill_(0, nxt, 0.0)
-        d2 = torch.minimum(d2, (points - points.index_select(0, nxt)).pow(2).sum(1))
-    return chosen
+        d2 = torch.minimum(d2, pairwise.index_select(0, nxt).squeeze(0))
+    return torch.cat(picks)
 
 
 def lloyd_step(points: torch.Tensor, centres: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -133,14 +133,16 @@ def shift_to_style(x: torch.Tensor, summary: StyleSummary, noise: bool = True, e
 
 
 def explore_styles(mu: torch.Tensor, sigma: torch.Tensor, alpha: float,
-                   center: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                   center: tuple[torch.Tensor, torch.Tensor] | None = None, floor: float | None = 1e-6
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
     """Extrapolate styles away from their batch mean (StableFDG step 3, StyleDDG Eq. 18):
 
         mu_new = mu + alpha (mu - mean_b mu),  sigma_new = sigma + alpha (sigma - mean_b sigma)
 
     ``center`` = (mean mu, mean sigma) to extrapolate from instead of the batch's own means (the
     public StableFDG code uses the original batch's). alpha = 0 is the identity; sigma_new is
-    clamped at 1e-6 (extrapolating a small sigma can cross zero).
+    clamped at ``floor`` (extrapolating a small sigma can cross zero); ``floor=None`` keeps the
+    equation's value, negative or not (AdaIN with a negative scale mirrors the normalised map).
     """
     if alpha < 0:
         raise ConfigError(f"the exploration alpha must be >= 0, got {alpha}")
@@ -148,7 +150,7 @@ def explore_styles(mu: torch.Tensor, sigma: torch.Tensor, alpha: float,
         center = (mu.mean(0, keepdim=True), sigma.mean(0, keepdim=True))
     mu_new = mu + alpha * (mu - center[0])
     sigma_new = sigma + alpha * (sigma - center[1])
-    return mu_new, sigma_new.clamp_min(1e-6)
+    return mu_new, (sigma_new if floor is None else sigma_new.clamp_min(floor))
 
 
 def explore(x: torch.Tensor, alpha: float, eps: float = 1e-6,
