@@ -6,7 +6,9 @@ load drifts slows every method alike. Reported per method: the median seconds pe
 simulator's round (query phase, local training, aggregation — no evaluation), per client, the
 ratio to the first method (FedAvg by default), and the split the method itself records with
 ``ctx.timed`` (``train_metrics``: k-means, oversampling, attention, ...) as seconds per round and
-share of the round. A one-time setup exchange (CCST's stylization) is timed apart.
+share of the round. Beside wall time, the process's CPU time per round (all its threads): on a
+machine shared with other jobs its ratio is the steadier figure (on a GPU, read the wall time).
+A one-time setup exchange (CCST's stylization) is timed apart.
 
     python benchmarks/method_cost.py --methods fedavg,stablefdg [--backbone resnet18] [--device cuda]
     python benchmarks/method_cost.py --methods fedavg,stablefdg,stablefdg:oversample_ratio=0.25
@@ -53,7 +55,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--resolution", type=int, default=None, help="image side (default: the dataset's)")
     parser.add_argument("--clients", type=int, default=30)
     parser.add_argument("--clients-per-round", type=int, default=10)
-    parser.add_argument("--local-steps", type=int, default=10)
+    parser.add_argument("--local-epochs", type=int, default=1)
+    parser.add_argument("--local-steps", type=int, default=0, help="local steps per round (> 0 overrides epochs)")
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=3, help="timed rounds per method")
     parser.add_argument("--warmup", type=int, default=1, help="untimed rounds first (allocator, kernels)")
@@ -71,7 +74,8 @@ def main(argv: list[str] | None = None) -> dict:
     target = load_dataset(args.dataset, data_root=args.data_root, progress=False).domains[0]
     base = RunConfig(dataset=args.dataset, data_root=args.data_root, resolution=args.resolution, targets=[target],
                      partition="per_domain", clients=args.clients, clients_per_round=args.clients_per_round,
-                     backbone=args.backbone, batch_size=args.batch_size, local_steps=args.local_steps,
+                     backbone=args.backbone, batch_size=args.batch_size, local_epochs=args.local_epochs,
+                     local_steps=args.local_steps,
                      rounds=args.warmup + args.rounds, lr_schedule="constant", device=args.device, seed=args.seed)
     runs = {}
     for token in tokens:
@@ -80,35 +84,43 @@ def main(argv: list[str] | None = None) -> dict:
         start = time.perf_counter()
         setup = exp.simulator.setup()
         runs[token] = {"sim": exp.simulator, "setup_s": time.perf_counter() - start if setup else 0.0,
-                       "seconds": [], "parts": {}, "device": str(exp.device)}
+                       "seconds": [], "cpu": [], "parts": {}, "device": str(exp.device)}
     for r in range(args.warmup + args.rounds):
         for token, run in runs.items():  # interleaved: load drift hits every method alike
+            cpu = time.process_time()
             result = run["sim"].run_round(r)
+            cpu = time.process_time() - cpu
             print(f"round {r} {token}: {result.seconds:.2f} s{' (warm-up)' if r < args.warmup else ''}",
                   file=sys.stderr, flush=True)
             if r < args.warmup:
                 continue
             run["seconds"].append(result.seconds)
+            run["cpu"].append(cpu)
             for key, value in result.metrics.items():
                 if key.endswith("_seconds"):  # a mean over the round's clients: x clients = per round
                     run["parts"].setdefault(key[: -len("_seconds")], []).append(value * len(result.clients))
 
     baseline = statistics.median(runs[tokens[0]]["seconds"])
+    baseline_cpu = statistics.median(runs[tokens[0]]["cpu"])
     report = {"settings": {k: v for k, v in vars(args).items()}, "device": runs[tokens[0]]["device"],
               "torch_threads": torch.get_num_threads(), "methods": {}}
-    print(f"{args.dataset}, {args.backbone}, {args.clients} clients ({args.clients_per_round} per round), "
-          f"{args.local_steps} local steps of batch {args.batch_size}, {args.rounds} timed rounds, "
-          f"device {report['device']}, {torch.get_num_threads()} torch threads\n")
-    print("| method | s/round | s/client/round | ratio | setup s | time split (s/round, share of the round) |")
-    print("|---|--:|--:|--:|--:|---|")
+    local = f"{args.local_steps} local steps" if args.local_steps else f"{args.local_epochs} local epoch(s)"
+    print(f"{args.dataset}, {args.backbone}, {args.clients} clients ({args.clients_per_round} per round), {local} "
+          f"of batch {args.batch_size}, {args.rounds} timed rounds, device {report['device']}, "
+          f"{torch.get_num_threads()} torch threads\n")
+    print("| method | s/round | s/client/round | ratio | CPU s/round | CPU ratio | setup s | "
+          "time split (s/round, share of the round) |")
+    print("|---|--:|--:|--:|--:|--:|--:|---|")
     for token, run in runs.items():
         median = statistics.median(run["seconds"])
+        cpu = statistics.median(run["cpu"])
         parts = {name: statistics.fmean(v) for name, v in sorted(run["parts"].items())}
         split = ", ".join(f"{n} {s:.3f} ({100 * s / median:.0f}%)" for n, s in parts.items()) or "-"
         print(f"| {token} | {median:.3f} | {median / args.clients_per_round:.3f} | {median / baseline:.2f}x | "
-              f"{run['setup_s']:.1f} | {split} |")
-        report["methods"][token] = {"seconds_per_round": median, "rounds": run["seconds"],
-                                    "ratio": median / baseline, "setup_seconds": run["setup_s"], "parts": parts}
+              f"{cpu:.3f} | {cpu / baseline_cpu:.2f}x | {run['setup_s']:.1f} | {split} |")
+        report["methods"][token] = {"seconds_per_round": median, "rounds": run["seconds"], "ratio": median / baseline,
+                                    "cpu_seconds_per_round": cpu, "cpu_ratio": cpu / baseline_cpu,
+                                    "setup_seconds": run["setup_s"], "parts": parts}
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(report, indent=2))

@@ -69,6 +69,11 @@ def test_phi_of_a_tiny_client_by_hand(monkeypatch):
     assert torch.allclose(phi, expected, atol=1e-6)
     monkeypatch.setattr(sfdg, "QUERY_BATCH", 1)  # the whole dataset, one image per pass: same Phi
     assert torch.allclose(method.round_query(context(data, phase="query"), model)["style"], expected, atol=1e-6)
+    # style_images=1: Phi of one of the two images, the same one for the same seed
+    one = algo({"attention": False, "style_images": 1}).round_query(context(data, phase="query"), model)["style"]
+    assert torch.allclose(one[2:], torch.zeros(2, 3)) and one[0, 0] in (0.0, 1.0)
+    again = algo({"attention": False, "style_images": 1}).round_query(context(data, phase="query"), model)["style"]
+    assert torch.equal(one, again)
 
 
 def test_phi_is_computed_in_eval_mode_on_the_downloaded_weights():

@@ -8,7 +8,9 @@ dataset (un-augmented: the eval transform) to ``share_stage`` and sends
     Phi_n = [mu_n, sigma_n, Sigma_n(mu), Sigma_n(sigma)]      (4 x C; means and 1/N variances of the
                                                                per-sample channel statistics, Eq. 2)
 
-(``round_query``). The server gives each participant another participant's Phi by a seeded random
+(``round_query``; ``style_images=N`` estimates it from a seeded random N images instead, a cost
+knob: the pass over all local data costs about 40% of a local epoch on the ConvNet, whose
+full-resolution first stage is its most expensive forward). The server gives each participant another participant's Phi by a seeded random
 derangement (``round_payloads``: uniform over derangements by rejection — a few permutations
 expected — with a bounded number of tries and Sattolo's cycle as the fallback, so it ends for
 every count; one participant: nothing is shared and it trains without shifting). Phi travels up
@@ -21,7 +23,8 @@ and down as payload bytes.
    (:mod:`fedstyle.style.selection`: seeding, one Lloyd step, each cluster's member nearest its
    centre) and keep their style; the other B - k are AdaIN-ed to the received style with noise,
    sigma' = sigma_n' + eps_sigma, mu' = mu_n' + eps_mu, eps ~ N(0, Sigma_n') (source statistics
-   detached, as MixStyle's). B = 1: nothing to select, the sample is shifted.
+   detached, as MixStyle's; a draw of sigma' below 1e-6 is floored there). B = 1: nothing to
+   select, the sample is shifted.
 2. *Feature-level oversampling* (step 3): M = round(``oversample_ratio`` B) extra samples (paper: B),
    class-balanced with minority classes first (:mod:`fedstyle.style.oversample`), appended to the
    batch right after ``share_stage`` — on every mini-batch, after steps 1-2 ("a mini-batch of
@@ -34,8 +37,9 @@ and down as payload bytes.
    as written (``negative_sigma=keep``: AdaIN's negative scale mirrors the normalised map);
    ``negative_sigma=clamp`` floors it at 1e-6 (the channel becomes flat).
 4. *MixStyle* (step 5) over the enlarged batch at the same firing (lambda ~ Beta(0.1, 0.1), random
-   partner, statistics detached). Exploration and MixStyle are applied as one AdaIN: the statistics
-   MixStyle would measure after exploration are the explored ones (up to the 1e-6 inside sigma).
+   partner, statistics detached). Exploration and MixStyle are applied as one AdaIN: after
+   exploration MixStyle would measure (mu_new, |sigma_new|) and a normalised map sign(sigma_new)
+   times the original's, so one restyle gives the same features (up to the 1e-6 inside sigma).
 5. *Attention-based feature highlighter* (Section 3.2, Eq. 6-8) on the last stage's output, as the
    model's neck (:class:`fedstyle.models.attention.AttentionNeck`): 1 x 1 convolutions to d = 30,
    each sample's query mixed with a random same-class partner in training (itself when its class
@@ -149,6 +153,8 @@ class StableFDG(Algorithm):
         HParam("mixstyle", True, "MixStyle over the enlarged batch at each firing exploration stage (step 5)"),
         HParam("attention", True, "attention-based feature highlighter neck (Section 3.2, Eq. 8); classifier input 2C"),
         HParam("share_stage", "layer1", "backbone stage whose output gives Phi_n, is shifted and oversampled"),
+        HParam("style_images", 0, "images per client for Phi_n (0: all of them, the paper; N: a random N drawn "
+               "with the round's seed, a cheaper estimate)", low=0),
         HParam("shift_p", 0.5, "probability of style shifting per mini-batch", low=0.0, high=1.0),
         HParam("select", "kmeans", "which B/2 samples keep their style: k-means++ (paper) or random (Table 11)",
                choices=("kmeans", "random")),
@@ -244,9 +250,12 @@ class StableFDG(Algorithm):
             return {}  # the public code shares nothing in round 0
         start = time.perf_counter()
         acc = StyleAccumulator()
-        data, stage = ctx.data, self.hp["share_stage"]
-        for s in range(0, len(data), QUERY_BATCH):
-            x = data.transform(data.images[s : s + QUERY_BATCH].to(ctx.device, non_blocking=True), train=False)
+        data, stage, images = ctx.data, self.hp["share_stage"], ctx.data.images
+        if 0 < self.hp["style_images"] < len(data):
+            chosen = torch.randperm(len(data), generator=ctx.generator)[: self.hp["style_images"]].sort().values
+            images = images[chosen.to(images.device)]
+        for s in range(0, len(images), QUERY_BATCH):
+            x = data.transform(images[s : s + QUERY_BATCH].to(ctx.device, non_blocking=True), train=False)
             acc.add(model.backbone.forward_until(x, stage))
         phi = acc.summary().as_tensor()
         if ctx.device.type == "cuda":
