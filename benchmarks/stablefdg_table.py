@@ -16,11 +16,13 @@ multi-domain: 83.75 / 80.78 / 80.31 / 77.02); the script prints whether it holds
 
 Scales (local steps of batch 32 per round; SGD lr 0.05, momentum 0.9, wd 5e-4, cosine):
 
-* ``smoke``: 1 round of 2 steps, target = each dataset's first domain, seed 0, CCST with K = 1 —
-  checks the grid end to end (about 2 minutes on a 2-core CPU for digits4).
-* ``full``: 8 rounds of 5 local steps (400 steps of batch 32 per run, the scale of
-  benchmarks/ccst_table.py), every target, seeds 0 1 2, evaluation every 4 rounds (the final model
-  is the paper's; both are in the report).
+* ``smoke``: digits4, 6 clients (3 per round), 1 round of 1 step, target = the first domain, seed 0,
+  CCST with K = 1 and the fft backend — checks the grid end to end (18 runs; a few seconds each
+  on an idle 2-core CPU, mostly start-up and evaluation).
+* ``full``: 30 clients, 10 per round, 8 rounds of 5 local steps (400 steps of batch 32 per run,
+  the scale of benchmarks/ccst_table.py), every target, seeds 0 1 2, evaluation every 4 rounds
+  (the paper reports the final model; the source-validation selection is reported too), CCST with
+  K = 3 and the lite backend: 9 rows x 4 targets x 3 seeds x 2 distributions = 216 runs per dataset.
 
 Runs land in ``OUT/<dataset>/<single|multi>/<variant>/seed<k>/<target>``; finished runs are reused,
 interrupted ones resumed. ``--workers`` runs several at once (a GPU holds many ConvNet runs).
@@ -45,20 +47,22 @@ DATASETS = ("digits4", "fashion4")
 #: distribution name -> partition settings (Section 4.1)
 DISTRIBUTIONS = {"single": {"partition": "per_domain"}, "multi": {"partition": "dirichlet", "alpha": 0.5}}
 SCALES = {
-    "smoke": {"rounds": 1, "local_steps": 2, "eval_every": 1, "seeds": [0], "all_targets": False, "ccst_k": 1},
-    "full": {"rounds": 8, "local_steps": 5, "eval_every": 4, "seeds": [0, 1, 2], "all_targets": True, "ccst_k": 3},
+    "smoke": {"clients": 6, "per_round": 3, "rounds": 1, "local_steps": 1, "eval_every": 1, "seeds": [0],
+              "all_targets": False, "ccst": {"k": 1, "style_backend": "fft"}, "datasets": ("digits4",)},
+    "full": {"clients": 30, "per_round": 10, "rounds": 8, "local_steps": 5, "eval_every": 4, "seeds": [0, 1, 2],
+             "all_targets": True, "ccst": {"k": 3}, "datasets": DATASETS},
 }
 #: the claim's rows, in the order StableFDG > DSU >= MixStyle > FedAvg
 CLAIM = ("stablefdg", "dsu", "mixstyle", "fedavg")
 
 
-def variants(ccst_k: int) -> list[Variant]:
+def variants(ccst: dict) -> list[Variant]:
     return [
         Variant("fedavg", "fedavg"),
         Variant("fedbn", "fedbn"),
         Variant("mixstyle", "mixstyle"),
         Variant("dsu", "dsu"),
-        Variant("ccst", "ccst", {"style_type": "overall", "k": ccst_k}),
+        Variant("ccst", "ccst", {"style_type": "overall", **ccst}),
         Variant("feddg_fft", "feddg_fft"),
         Variant("stablefdg", "stablefdg"),
         Variant("stablefdg_style_only", "stablefdg", {"attention": False}),
@@ -67,7 +71,8 @@ def variants(ccst_k: int) -> list[Variant]:
 
 
 def base_config(dataset: str, distribution: str, scale: dict, device: str, data_root: str | None) -> RunConfig:
-    return RunConfig(dataset=dataset, data_root=data_root, protocol="lodo", clients=30, clients_per_round=10,
+    return RunConfig(dataset=dataset, data_root=data_root, protocol="lodo", clients=scale["clients"],
+                     clients_per_round=scale["per_round"],
                      backbone="convnet", rounds=scale["rounds"], local_steps=scale["local_steps"], batch_size=32,
                      lr=0.05, lr_schedule="cosine", eval_every=scale["eval_every"], device=device,
                      **DISTRIBUTIONS[distribution])
@@ -92,7 +97,8 @@ def claim_lines(table) -> list[str]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--scale", choices=tuple(SCALES), default="smoke")
-    parser.add_argument("--dataset", choices=(*DATASETS, "both"), default="both")
+    parser.add_argument("--dataset", choices=(*DATASETS, "both"), default=None,
+                        help="default: digits4 for smoke, both for full")
     parser.add_argument("--distribution", choices=(*DISTRIBUTIONS, "both"), default="both")
     parser.add_argument("--out", default="runs/stablefdg")
     parser.add_argument("--device", default="auto")
@@ -104,9 +110,9 @@ def main() -> None:
 
     scale = SCALES[args.scale]
     seeds = args.seeds or scale["seeds"]
-    datasets = DATASETS if args.dataset == "both" else (args.dataset,)
+    datasets = scale["datasets"] if args.dataset is None else DATASETS if args.dataset == "both" else (args.dataset,)
     distributions = tuple(DISTRIBUTIONS) if args.distribution == "both" else (args.distribution,)
-    rows = variants(scale["ccst_k"])
+    rows = variants(scale["ccst"])
     out = Path(args.out)
     jobs, tables = [], []
     for dataset in datasets:
