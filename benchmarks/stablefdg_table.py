@@ -56,7 +56,8 @@ SCALES = {
 CLAIM = ("stablefdg", "dsu", "mixstyle", "fedavg")
 
 
-def variants(ccst: dict) -> list[Variant]:
+def variants(ccst: dict, reference: bool = False) -> list[Variant]:
+    extra = [Variant("stablefdg_reference", "stablefdg", {"reference_code": True})] if reference else []
     return [
         Variant("fedavg", "fedavg"),
         Variant("fedbn", "fedbn"),
@@ -67,7 +68,7 @@ def variants(ccst: dict) -> list[Variant]:
         Variant("stablefdg", "stablefdg"),
         Variant("stablefdg_style_only", "stablefdg", {"attention": False}),
         Variant("stablefdg_attention_only", "stablefdg", {"share": False, "oversample": False, "mixstyle": False}),
-    ]
+    ] + extra
 
 
 def base_config(dataset: str, distribution: str, scale: dict, device: str, data_root: str | None) -> RunConfig:
@@ -105,6 +106,8 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=1, help="runs at once (worker processes)")
     parser.add_argument("--seeds", type=int, nargs="+", default=None, help="default: the scale's")
     parser.add_argument("--fashion-root", default=None, help="folder of fashion4's idx files (default: Debian's)")
+    parser.add_argument("--with-reference", action="store_true",
+                        help="add a row StableFDG (reference code): exploration once per batch, as the public code")
     parser.add_argument("--report-only", action="store_true", help="tabulate the finished runs, run nothing")
     args = parser.parse_args()
 
@@ -112,7 +115,7 @@ def main() -> None:
     seeds = args.seeds or scale["seeds"]
     datasets = scale["datasets"] if args.dataset is None else DATASETS if args.dataset == "both" else (args.dataset,)
     distributions = tuple(DISTRIBUTIONS) if args.distribution == "both" else (args.distribution,)
-    rows = variants(scale["ccst"])
+    rows = variants(scale["ccst"], args.with_reference)
     out = Path(args.out)
     jobs, tables = [], []
     for dataset in datasets:
