@@ -89,7 +89,8 @@ def claim_lines(table) -> list[str]:
     if any(by_name.get(n) is None for n in CLAIM):
         return ["claim: not all of StableFDG, DSU, MixStyle, FedAvg have results"]
     s, d, m, f = (by_name[n] for n in CLAIM)
-    checks = [("StableFDG > DSU", s - d, s > d), ("DSU >= MixStyle", d - m, d >= m), ("MixStyle > FedAvg", m - f, m > f)]
+    checks = [("StableFDG > DSU", s - d, s > d), ("DSU >= MixStyle", d - m, d >= m),
+              ("MixStyle > FedAvg", m - f, m > f)]
     parts = [f"{text}: {'yes' if ok else 'NO'} ({gap:+.1f} points)" for text, gap, ok in checks]
     verdict = "holds" if all(ok for _, _, ok in checks) else "does NOT hold"
     return [f"claim StableFDG > DSU >= MixStyle > FedAvg {verdict}: " + "; ".join(parts)]

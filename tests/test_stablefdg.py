@@ -8,7 +8,6 @@ import math
 
 import pytest
 import torch
-from torch import nn
 
 from fedstyle.algorithms import METHODS
 from fedstyle.algorithms import stablefdg as sfdg
@@ -18,10 +17,8 @@ from fedstyle.data.client import ClientData
 from fedstyle.errors import ConfigError
 from fedstyle.experiments.runner import resume_experiment, run_experiment
 from fedstyle.federation.star import StarSimulator
-from fedstyle.models import build_model
 from fedstyle.models.attention import AttentionNeck, same_class_partners
 from fedstyle.models.base import Backbone, Classifier, PooledNeck
-from fedstyle.seeding import seed_everything
 from fedstyle.style import StyleSummary, channel_stats
 from fedstyle.style.oversample import balanced_extra_counts, oversample_indices
 from fedstyle.style.selection import kmeans_pp_seeds, select_by_kmeans
@@ -342,7 +339,8 @@ RECEIVED = {"style": torch.stack([torch.zeros(64), torch.ones(64), torch.full((6
 ALWAYS = {"shift_p": 1.0, "explore_p": 1.0}
 
 
-@pytest.mark.parametrize("batch,labels", [(1, [2]), (2, [1, 1]), (3, [0, 1, 2]), (8, [3] * 8), (7, [0, 0, 1, 1, 2, 3, 3])])
+@pytest.mark.parametrize("batch,labels", [(1, [2]), (2, [1, 1]), (3, [0, 1, 2]), (8, [3] * 8),
+                                          (7, [0, 0, 1, 1, 2, 3, 3])])
 def test_any_batch_size_and_single_class_batches_train_without_nan(batch, labels):
     torch.manual_seed(0)
     x = torch.randn(batch, 3, 16, 16)

@@ -10,11 +10,11 @@ dataset (un-augmented: the eval transform) to ``share_stage`` and sends
 
 (``round_query``; ``style_images=N`` estimates it from a seeded random N images instead, a cost
 knob: the pass over all local data costs about 40% of a local epoch on the ConvNet, whose
-full-resolution first stage is its most expensive forward). The server gives each participant another participant's Phi by a seeded random
-derangement (``round_payloads``: uniform over derangements by rejection — a few permutations
-expected — with a bounded number of tries and Sattolo's cycle as the fallback, so it ends for
-every count; one participant: nothing is shared and it trains without shifting). Phi travels up
-and down as payload bytes.
+full-resolution first stage is its most expensive forward). The server gives each participant
+another participant's Phi by a seeded random derangement (``round_payloads``: uniform over
+derangements by rejection — a few permutations expected — with a bounded number of tries and
+Sattolo's cycle as the fallback, so it ends for every count; one participant: nothing is shared
+and it trains without shifting). Phi travels up and down as payload bytes.
 
 **Per mini-batch of B samples** (``model.backbone.forward_stages`` with a hook):
 
