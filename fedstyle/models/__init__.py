@@ -1,6 +1,7 @@
 """Backbones with named stages (see :mod:`fedstyle.models.base`) and the backbone registry."""
 
-from fedstyle.models.base import Backbone, Classifier
+from fedstyle.models.attention import AttentionNeck, same_class_partners
+from fedstyle.models.base import Backbone, Classifier, Neck, PooledNeck
 from fedstyle.models.convnet import ConvNet
 from fedstyle.models.efficientnet import EfficientNetLite0, efficientnet_lite0
 from fedstyle.models.necks import GaussianNeck, ProjectionNeck, gaussian_kl
@@ -15,6 +16,7 @@ from fedstyle.models.registry import (
 from fedstyle.models.resnet import ResNet, load_torchvision_weights, resnet18, resnet50
 
 __all__ = [
+    "AttentionNeck",
     "BACKBONES",
     "Backbone",
     "BackboneSpec",
@@ -23,6 +25,8 @@ __all__ = [
     "EfficientNetLite0",
     "GaussianNeck",
     "ProjectionNeck",
+    "Neck",
+    "PooledNeck",
     "ResNet",
     "build_backbone",
     "build_model",
@@ -32,5 +36,6 @@ __all__ = [
     "load_torchvision_weights",
     "resnet18",
     "resnet50",
+    "same_class_partners",
     "style_stages",
 ]

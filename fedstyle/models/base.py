@@ -37,6 +37,12 @@ class Backbone(nn.Module):
     stage_names: tuple[str, ...] = ()
     feature_dim: int = 0
 
+    @property
+    def out_channels(self) -> int:
+        """Channels of the last stage's maps (a neck that pools them has this width): ``feature_dim`` for
+        backbones that pool; the ConvNet, which flattens, overrides it."""
+        return self.feature_dim
+
     def __init__(self) -> None:
         super().__init__()
         # ModuleDict so that ops move with .to(device); ops without parameters add no state keys.

@@ -54,6 +54,11 @@ class ConvNet(Backbone):
                 nn.init.ones_(module.weight)
                 nn.init.zeros_(module.bias)
 
+    @property
+    def out_channels(self) -> int:
+        """Channels of the last map (64), not the flattened ``feature_dim`` (C x h x w)."""
+        return int(self.layer4[0].out_channels)
+
     def run_stage(self, name: str, x: torch.Tensor) -> torch.Tensor:
         if name == "layer1" and x.shape[-2:] != (self.input_size, self.input_size):
             raise ConfigError(

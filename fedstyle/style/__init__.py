@@ -13,6 +13,8 @@ from torch import nn
 from fedstyle.registry import Registry
 from fedstyle.style.dsu import DSU
 from fedstyle.style.mixstyle import MixStyle
+from fedstyle.style.oversample import balanced_extra_counts, oversample_indices
+from fedstyle.style.selection import kmeans_pp_seeds, lloyd_step, select_by_kmeans
 from fedstyle.style.shift import (
     StyleAccumulator,
     StyleSummary,
@@ -29,5 +31,6 @@ STYLE_OPS: Registry[Callable[..., nn.Module]] = Registry("style op")
 STYLE_OPS.add("mixstyle", MixStyle)
 STYLE_OPS.add("dsu", DSU)
 
-__all__ = ["DSU", "MixStyle", "STYLE_OPS", "StyleAccumulator", "StyleSummary", "adain", "batch_style", "channel_stats",
-           "explore", "explore_styles", "restyle", "sample_styles", "shift_to_style", "summarize_styles"]
+__all__ = ["DSU", "MixStyle", "STYLE_OPS", "StyleAccumulator", "StyleSummary", "adain", "balanced_extra_counts",
+           "batch_style", "channel_stats", "explore", "explore_styles", "kmeans_pp_seeds", "lloyd_step",
+           "oversample_indices", "restyle", "sample_styles", "select_by_kmeans", "shift_to_style", "summarize_styles"]

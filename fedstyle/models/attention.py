@@ -1,0 +1,107 @@
+"""StableFDG's attention-based feature highlighter as a neck (Park et al., NeurIPS'23, Section 3.2).
+
+For the last stage's feature map z_i (C x H x W), flattened to X_i (C x HW), and a partner X_j of
+the same class, Eq. 8 scores the key positions of X_i against the mixed query::
+
+    S = ((W_q X_j + W_q X_i) / 2)^T (W_k X_i)            (HW x HW; W_q, W_k in R^{d x C}, d = 30)
+    a_s = softmax_n( mean_m S[m, n] )                     (attention over the H x W key positions)
+    A(z_i)_c = sum_n a_s[n] z_i[c, n]                     (Eq. 7)
+
+and the classifier sees [avgpool(z_i), A(z_i)] (2C features). At test time the query is the
+sample itself (j = i: self-attention). W_q and W_k are 1 x 1 convolutions without bias (the
+paper's matrices W in R^{d x C}), stored as ``query.weight`` / ``key.weight`` and aggregated like
+every other weight.
+
+Computed without the HW x HW matrix: the mean over query positions m commutes with the linear
+maps, so mean_m S[m, n] = q^T W_k X_i[:, n] with q = W_q (pool(X_i) + pool(X_j)) / 2, i.e. the
+score of position n is (W_k^T q) . X_i[:, n] — O(C d + C HW) per sample instead of O(d C HW + HW^2 d).
+:meth:`AttentionNeck.weights_by_definition` keeps the literal formula for the tests.
+
+On the ConvNet, which flattens its last map (C x h x w = 256 features at 32 px), this neck gives
+2C = 128 features instead: pooled plus attention-pooled, as on every pooling backbone.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from fedstyle.errors import ConfigError
+from fedstyle.models.base import Backbone, Neck
+
+PARTNER_MODES = ("random", "next")
+
+
+class AttentionNeck(Neck):
+    """[avgpool(z), A(z)]: the pooled feature next to its attention-pooled feature (2C outputs)."""
+
+    def __init__(self, channels: int, dim: int = 30):
+        super().__init__()
+        if channels < 1 or dim < 1:
+            raise ConfigError(f"the attention neck needs channels >= 1 and dim >= 1, got {channels} and {dim}")
+        self.channels, self.dim = int(channels), int(dim)
+        self.query = nn.Conv2d(self.channels, self.dim, 1, bias=False)
+        self.key = nn.Conv2d(self.channels, self.dim, 1, bias=False)
+
+    def extra_repr(self) -> str:
+        return f"channels={self.channels}, dim={self.dim}"
+
+    def out_dim(self, backbone: Backbone) -> int:
+        if backbone.out_channels != self.channels:
+            raise ConfigError(f"the attention neck was built for {self.channels} channels but the backbone's last "
+                              f"stage has {backbone.out_channels}")
+        return 2 * self.channels
+
+    def _scores(self, maps: torch.Tensor, pooled: torch.Tensor, partner: torch.Tensor | None) -> torch.Tensor:
+        """mean_m S[m, n] of Eq. 8 for every sample, shape (B, H, W)."""
+        mixed = pooled if partner is None else (pooled + pooled.index_select(0, partner)) * 0.5
+        q = F.linear(mixed, self.query.weight.flatten(1))          # (B, d): mean over m of the mixed query
+        v = F.linear(q, self.key.weight.flatten(1).t())            # (B, C): W_k^T q
+        return torch.einsum("bc,bchw->bhw", v, maps)
+
+    def weights(self, maps: torch.Tensor, partner: torch.Tensor | None = None) -> torch.Tensor:
+        """The attention a_s of each sample over the H x W positions, shape (B, H, W); sums to 1."""
+        scores = self._scores(maps, maps.mean((2, 3)), partner)
+        return scores.flatten(1).softmax(1).view_as(scores)
+
+    def weights_by_definition(self, maps: torch.Tensor, partner: torch.Tensor | None = None) -> torch.Tensor:
+        """Eq. 8 literally: the HW x HW similarity, its mean over query positions, softmax (tests only)."""
+        b, c, h, w = maps.shape
+        x = maps.reshape(b, c, h * w)
+        xj = x if partner is None else x[partner]
+        wq, wk = self.query.weight.flatten(1), self.key.weight.flatten(1)
+        queries = (wq @ xj + wq @ x) / 2                           # (B, d, HW)
+        keys = wk @ x                                              # (B, d, HW)
+        s = queries.transpose(1, 2) @ keys                         # (B, HW_m, HW_n)
+        return s.mean(1).softmax(1).view(b, h, w)
+
+    def forward(self, maps: torch.Tensor, partner: torch.Tensor | None = None) -> torch.Tensor:
+        """``partner``: index (B,) of each sample's same-class partner in training (None: self-attention)."""
+        pooled = maps.mean((2, 3))
+        scores = self._scores(maps, pooled, partner)
+        attention = scores.flatten(1).softmax(1).view_as(scores)
+        highlighted = torch.einsum("bhw,bchw->bc", attention, maps)
+        return torch.cat([pooled, highlighted], 1)
+
+
+def same_class_partners(labels: torch.Tensor, mode: str = "random") -> torch.Tensor:
+    """For each sample, the index of another sample of its class (the partner X_j of Eq. 8).
+
+    ``random``: uniformly among the other same-class samples of the batch (torch's generator of
+    the labels' device); ``next``: the next one in batch order, cyclically (the public code). A
+    sample whose class has no other member in the batch is its own partner (self-attention, the
+    test-time rule). Batched on the labels' device, no host synchronisation.
+    """
+    if mode not in PARTNER_MODES:
+        raise ConfigError(f"partner mode {mode!r} is not one of {', '.join(PARTNER_MODES)}")
+    n = labels.shape[0]
+    index = torch.arange(n, device=labels.device)
+    candidate = (labels[:, None] == labels[None, :]) & (index[:, None] != index[None, :])
+    if mode == "random":
+        score = torch.rand(n, n, device=labels.device)
+    else:
+        score = -((index[None, :] - index[:, None]) % max(n, 1)).float()
+    score = score.masked_fill(~candidate, float("-inf"))
+    best = score.argmax(1) if n else index
+    return torch.where(candidate.any(1), best, index)

@@ -1,0 +1,89 @@
+"""Which samples of a batch keep their style: k-means++ on the styles (StableFDG Section 3.1, step 2).
+
+StableFDG runs "k-means++ with k = B/2 in the style space for one iteration" on the batch's
+per-sample styles [mu, sigma] and keeps the B/2 selected samples' styles, shifting the others.
+Here that is, in torch on the batch's device (no scikit-learn, no host synchronisation):
+
+1. **k-means++ seeding** (Arthur & Vassilvitskii, SODA'07): the first centre uniformly, each next
+   one with probability proportional to D(x)^2, the squared distance to the nearest centre chosen
+   so far. Chosen points have D = 0 and are never drawn again, so the k centres are k distinct
+   samples; if every remaining D is 0 (duplicate styles) the next centre is uniform among the
+   samples not chosen yet. Draws use the exponential race argmax_i w_i / E_i, E_i ~ Exp(1)
+   (P(i) = w_i / sum w), which needs no host synchronisation (torch.multinomial checks its input
+   on the host).
+2. **one Lloyd iteration**: every sample joins its nearest centre, each centre moves to its
+   cluster's mean (a cluster left empty keeps its seed).
+3. **selected samples**: in every non-empty cluster, the member nearest the moved centre (ties:
+   the lower batch index). Exactly k samples are kept: if duplicates left clusters empty, the
+   unselected samples nearest their centres fill up. With k = B/2 clusters most clusters have one
+   or two members; a two-member cluster's members are equidistant from its mean, so the lower
+   batch index (batches are shuffled: a random one) is kept.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from fedstyle.errors import ConfigError
+
+
+def kmeans_pp_seeds(points: torch.Tensor, k: int) -> torch.Tensor:
+    """Indices (k,) of k distinct rows of ``points`` (N, D) chosen by k-means++ seeding.
+
+    The pairwise squared distances and the k exponential draws are computed up front, so each of
+    the k - 1 sequential picks is a handful of small kernels (the loop is launch-bound on a GPU).
+    """
+    n = points.shape[0]
+    if not 0 <= k <= n:
+        raise ConfigError(f"k-means++ needs 0 <= k <= number of points, got k={k} for {n} points")
+    device = points.device
+    if k == 0:
+        return torch.empty(0, dtype=torch.long, device=device)
+    pairwise = torch.cdist(points, points).pow_(2)
+    pairwise.fill_diagonal_(0.0)  # a chosen point's D is exactly 0: it is never drawn again
+    race = torch.empty(k, n, dtype=points.dtype, device=device).exponential_().clamp_min_(1e-20)
+    available = torch.ones(n, dtype=points.dtype, device=device)
+    nxt = torch.randint(n, (1,), device=device)
+    picks = [nxt]
+    available.index_fill_(0, nxt, 0.0)
+    d2 = pairwise.index_select(0, nxt).squeeze(0)
+    for j in range(1, k):
+        weight = torch.where(d2.sum() > 0, d2, available)  # all remaining D = 0: uniform among them
+        nxt = (weight / race[j]).argmax().view(1)
+        picks.append(nxt)
+        available.index_fill_(0, nxt, 0.0)
+        d2 = torch.minimum(d2, pairwise.index_select(0, nxt).squeeze(0))
+    return torch.cat(picks)
+
+
+def lloyd_step(points: torch.Tensor, centres: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """One Lloyd iteration: (assignment (N,), moved centres (k, D)); an empty cluster keeps its centre."""
+    k = centres.shape[0]
+    assign = torch.cdist(points, centres).argmin(1)
+    sums = torch.zeros_like(centres).index_add_(0, assign, points)
+    counts = torch.zeros(k, dtype=points.dtype, device=points.device).index_add_(
+        0, assign, torch.ones_like(assign, dtype=points.dtype))
+    moved = torch.where(counts[:, None] > 0, sums / counts.clamp_min(1)[:, None], centres)
+    return assign, moved
+
+
+def select_by_kmeans(points: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(keep mask (N,) with exactly k True, the k moved centres) — see the module docstring."""
+    n = points.shape[0]
+    keep = torch.zeros(n, dtype=torch.bool, device=points.device)
+    if k == 0:
+        return keep, points[:0]
+    centres = points.index_select(0, kmeans_pp_seeds(points, k))
+    assign, moved = lloyd_step(points, centres)
+    dist = (points - moved.index_select(0, assign)).pow(2).sum(1)
+    # nearest member of each cluster: order by distance, then (stably) by cluster; first of each run
+    order = torch.argsort(dist, stable=True)
+    order = order[torch.argsort(assign[order], stable=True)]
+    grouped = assign[order]
+    first = torch.ones_like(grouped, dtype=torch.bool)
+    first[1:] = grouped[1:] != grouped[:-1]
+    representative = torch.zeros_like(keep).scatter(0, order, first)
+    # representatives first (by distance), then the others by distance; keep the first k
+    order = torch.argsort(dist, stable=True)
+    order = order[torch.argsort((~representative[order]).to(torch.uint8), stable=True)]
+    return keep.scatter(0, order[:k], True), moved
