@@ -264,7 +264,10 @@ def test_exploration_and_mixstyle_as_one_adain_equal_the_two_in_sequence():
     torch.manual_seed(1)
     sequential = method.mix(method.explore_part(x, 4, 4))  # MixStyle draws the same lambda and permutation
     assert (channel_stats(x)[1][4:] < 0.75 * channel_stats(x)[1].mean(0)).any()  # negative sigmas included
-    assert torch.allclose(fused, sequential, atol=1e-4)
+    # equal up to the 1e-6 inside sequential MixStyle's sigma, which matters most where |sigma_e| is small
+    assert torch.allclose(fused, sequential, rtol=1e-3, atol=1e-3)
+    torch.manual_seed(1)
+    assert not torch.allclose(fused, method.mix(x), atol=1e-2)  # the exploration did happen
     torch.manual_seed(1)
     mix_only = method.restyle_stage(x, None, 8, explore=True, mix=True)  # nothing oversampled: MixStyle alone
     torch.manual_seed(1)
