@@ -8,6 +8,7 @@ parametrized test matrix pick it up from the registry.
 # registry entries: importing a module registers its method
 from fedstyle.algorithms import dsgd, dsu, fedavg, fedbn, feddyn, fedprox, mixstyle  # noqa: E402,F401
 from fedstyle.algorithms import ccst, feddg_fft  # noqa: E402,F401  (setup-phase style exchanges, issue 3)
+from fedstyle.algorithms import fedgca  # noqa: E402,F401  (single-source FedDG, issue 12)
 from fedstyle.algorithms.base import PEER_TO_PEER, STAR, Algorithm, ClientResult
 from fedstyle.algorithms.hparams import HParam
 from fedstyle.algorithms.registry import METHODS, register_method

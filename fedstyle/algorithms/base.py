@@ -33,8 +33,10 @@ a frozen copy of the round's global weights; ``ctx.log(name, value)`` and ``ctx.
 record loss terms and timings that reach metrics.jsonl (see :class:`ClientContext`).
 
 Composition: every method carries the local options below (a feature-level style op inside each
-client — MixStyle or DSU at chosen stages — and FedBN's local BatchNorm), so "FedBN + MixStyle" or
-"CCST + MixStyle" are hyperparameters, not new classes.
+client — MixStyle or DSU at chosen stages —, FedBN's local BatchNorm, and an image augmentation of
+each training batch — RandConv, AugMix, texture corruption or FedGCA's style complement, see
+``fedstyle.data.augment``), so "FedBN + MixStyle", "CCST + MixStyle" or "FedDyn + RC" are
+hyperparameters, not new classes.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ from torch import nn
 
 from fedstyle.algorithms.context import ClientContext, ClientUpdate, ServerContext
 from fedstyle.algorithms.hparams import HParam, resolve_hparams
+from fedstyle.data.augment import BATCH_AUGMENTATIONS, Augmentation, augmentation_label, build_augmentation, parse_options
 from fedstyle.errors import ConfigError, FedstyleError
 from fedstyle.payload import Payload
 from fedstyle.style import STYLE_OPS
@@ -102,6 +105,15 @@ class Algorithm:
         HParam("local_bn", False, "keep BatchNorm layers local to each client (FedBN, Li et al. ICLR'21)"),
         HParam("aggregation", "size", "weight client models by sample count (size) or equally (uniform)",
                choices=("size", "uniform")),
+        HParam("augment", "none", "image augmentation of every training batch, on the device (a name of "
+               "fedstyle.data.augment.BATCH_AUGMENTATIONS; randconv gives the '+ RC' rows)",
+               choices=("none", *BATCH_AUGMENTATIONS.names())),
+        HParam("augment_p", 1.0, "probability that a sample is augmented (per sample and view; else it stays clean)",
+               low=0.0, high=1.0),
+        HParam("augment_views", 0, "0: augment the batch in place; V >= 1: train on the clean batch plus V augmented "
+               "copies, labels repeated", low=0),
+        HParam("augment_args", "", "the augmentation's options NAME=VALUE,... (lists with /), e.g. "
+               "kernel_sizes=1/3,per_sample=true"),
     )
     #: subclasses change defaults of inherited hyperparameters here (e.g. MixStyle sets style=mixstyle)
     DEFAULTS: ClassVar[dict[str, Any]] = {}
@@ -110,6 +122,9 @@ class Algorithm:
         self.hp = self.resolve(hparams or {})
         self.num_classes = num_classes
         self.num_clients = num_clients
+        if self.hp["augment"] != "none":  # bad augment_args fail here, before anything is written
+            parse_options(self.hp["augment"], self.hp["augment_args"])
+        self._augmentations: dict[tuple, Augmentation] = {}
 
     # -- hyperparameters ----------------------------------------------------------------
     @classmethod
@@ -138,6 +153,13 @@ class Algorithm:
         if hp.get("style", "none") != defaults["style"] and hp.get("style") != "none":
             op = STYLE_OPS.get(hp["style"])
             parts.append(getattr(op, "label", hp["style"]))
+        augment = hp.get("augment", "none")
+        if augment != defaults["augment"] or hp.get("augment_views", 0) != defaults["augment_views"]:
+            if augment == "none":
+                parts.append("no augmentation")
+            else:
+                views = hp.get("augment_views", 0)
+                parts.append(augmentation_label(augment) + (f" ({views} views)" if views else ""))
         return " + ".join(parts)
 
     # -- model --------------------------------------------------------------------------
@@ -220,6 +242,7 @@ class Algorithm:
         total = torch.zeros((), device=ctx.device)
         steps = 0
         for x, y, _ in ctx.batches():
+            x, y = self.augment_batch(ctx, x, y)
             loss = self.training_loss(ctx, model, x, y, payload)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
@@ -231,6 +254,43 @@ class Algorithm:
         self.after_local_train(ctx, model)
         return ClientResult(train_loss=mean_loss, payload=self.upload_payload(ctx, model),
                             metrics=ctx.logged_metrics())
+
+    def augment_batch(self, ctx: ClientContext, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The ``augment`` option, applied to each training batch before ``training_loss`` (also in
+        peer-to-peer runs): each sample is replaced by its augmented version with probability
+        ``augment_p`` (``augment_views`` = 0), or the batch becomes ``[x, view_1, ..., view_V]`` with
+        labels repeated (V = ``augment_views`` >= 1; each view augmented independently, per sample with
+        probability ``augment_p``). Random numbers come from torch's generators, which the runtime seeds
+        per client, round and phase. The time spent is logged as ``augment_seconds``.
+        """
+        name = self.hp["augment"]
+        if name == "none":
+            return x, y
+        transform = ctx.data.transform
+        if not hasattr(transform, "mean") or not hasattr(transform, "std"):
+            raise ConfigError(f"augment={name} needs the data's normalisation (a transform with mean and std), "
+                              f"got {type(transform).__name__}")
+        key = (name, self.hp["augment_args"], tuple(transform.mean), tuple(transform.std))
+        if key not in self._augmentations:
+            self._augmentations[key] = build_augmentation(name, transform.mean, transform.std, self.hp["augment_args"])
+        augmentation = self._augmentations[key]
+        p, views = self.hp["augment_p"], self.hp["augment_views"]
+
+        def maybe(view: torch.Tensor) -> torch.Tensor:
+            if p >= 1.0:
+                return view
+            keep = (torch.rand(x.shape[0]) >= p).to(x.device, non_blocking=True).view(-1, 1, 1, 1)
+            return torch.where(keep, x, view)
+
+        with ctx.timed("augment"):
+            if views == 0:
+                out = maybe(augmentation(x))
+            else:
+                out = torch.cat([x, *(maybe(v) for v in augmentation.views(x, views))])
+                y = y.repeat(views + 1)
+            if x.is_contiguous(memory_format=torch.channels_last):
+                out = out.contiguous(memory_format=torch.channels_last)
+        return out, y
 
     def after_local_train(self, ctx: ClientContext, model: nn.Module) -> None:
         """Update persistent client state after local training (e.g. FedDyn's gradient term)."""
