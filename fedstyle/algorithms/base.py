@@ -159,7 +159,8 @@ class Algorithm:
                 parts.append("no augmentation")
             else:
                 views = hp.get("augment_views", 0)
-                parts.append(augmentation_label(augment) + (f" ({views} views)" if views else ""))
+                note = f" ({views} view{'s' if views > 1 else ''})" if views != defaults["augment_views"] else ""
+                parts.append(augmentation_label(augment) + note)
         return " + ".join(parts)
 
     # -- model --------------------------------------------------------------------------

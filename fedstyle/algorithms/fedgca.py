@@ -64,6 +64,11 @@ EPS = 1e-7
 _ANCHOR = "fedgca/anchor"
 
 
+def _xlogx(t: torch.Tensor) -> torch.Tensor:
+    """t log t with 0 log 0 = 0 and finite gradients at 0 (softmax outputs underflow to exactly 0 or 1)."""
+    return t * t.clamp_min(1e-30).log()
+
+
 def _combine(per_view: torch.Tensor, reduction: str) -> torch.Tensor:
     """(V, B) per-view, per-sample losses -> mean over the batch, then sum (Eq. 2, 3) or mean over views."""
     per_view = per_view.mean(1)
@@ -83,12 +88,12 @@ def prediction_consistency(p_local: torch.Tensor, p_global: torch.Tensor | None 
     mean = _mean_of(p_local, p_global, detach_mean)
     log_mean = mean.clamp_min(EPS).log()
     if form == "js":
-        per = (torch.xlogy(p_local, p_local) - p_local * log_mean).sum(-1)
+        per = (_xlogx(p_local) - p_local * log_mean).sum(-1)
     elif form in ("ce", "bkl"):
         log_rest = (1.0 - mean).clamp_min(EPS).log()
         per = -(p_local * log_mean + (1.0 - p_local) * log_rest).sum(-1)
         if form == "bkl":
-            per = per + (torch.xlogy(p_local, p_local) + torch.xlogy(1.0 - p_local, 1.0 - p_local)).sum(-1)
+            per = per + (_xlogx(p_local) + _xlogx(1.0 - p_local)).sum(-1)
     else:
         raise ConfigError(f"unknown cp_form {form!r}; choose bkl, ce or js")
     return _combine(per, reduction)
@@ -104,7 +109,7 @@ def cam_consistency(m_local: torch.Tensor, m_global: torch.Tensor | None = None,
     """L_CAM (Eq. 3): Σ_j KL(M_j ‖ M̄) of CAM distributions ``m_local`` (V, B, h*w), M̄ the mean of the
     local and (if given) the global model's maps ``m_global`` (V, B, h*w)."""
     mean = _mean_of(m_local, m_global, detach_mean)
-    per = (torch.xlogy(m_local, m_local) - m_local * mean.clamp_min(EPS).log()).sum(-1)
+    per = (_xlogx(m_local) - m_local * mean.clamp_min(EPS).log()).sum(-1)
     return _combine(per, reduction)
 
 
