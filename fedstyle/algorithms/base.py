@@ -50,7 +50,7 @@ from torch import nn
 
 from fedstyle.algorithms.context import ClientContext, ClientUpdate, ServerContext
 from fedstyle.algorithms.hparams import HParam, resolve_hparams
-from fedstyle.data.augment import BATCH_AUGMENTATIONS, Augmentation, augmentation_label, build_augmentation, parse_options
+from fedstyle.data.augment import BATCH_AUGMENTATIONS, augment_labelled, augmentation_label, parse_options
 from fedstyle.errors import ConfigError, FedstyleError
 from fedstyle.payload import Payload
 from fedstyle.style import STYLE_OPS
@@ -124,7 +124,6 @@ class Algorithm:
         self.num_clients = num_clients
         if self.hp["augment"] != "none":  # bad augment_args fail here, before anything is written
             parse_options(self.hp["augment"], self.hp["augment_args"])
-        self._augmentations: dict[tuple, Augmentation] = {}
 
     # -- hyperparameters ----------------------------------------------------------------
     @classmethod
@@ -258,40 +257,15 @@ class Algorithm:
 
     def augment_batch(self, ctx: ClientContext, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The ``augment`` option, applied to each training batch before ``training_loss`` (also in
-        peer-to-peer runs): each sample is replaced by its augmented version with probability
-        ``augment_p`` (``augment_views`` = 0), or the batch becomes ``[x, view_1, ..., view_V]`` with
-        labels repeated (V = ``augment_views`` >= 1; each view augmented independently, per sample with
-        probability ``augment_p``). Random numbers come from torch's generators, which the runtime seeds
-        per client, round and phase. The time spent is logged as ``augment_seconds``.
-        """
-        name = self.hp["augment"]
-        if name == "none":
+        peer-to-peer runs; see ``fedstyle.data.augment.augment_labelled``): ``augment_views`` = 0
+        augments in place, V >= 1 returns ``[x, view_1, ..., view_V]`` with labels repeated. Draws come
+        from torch's generators, seeded by the runtime per client, round and phase; the time spent is
+        logged as ``augment_seconds``."""
+        if self.hp["augment"] == "none":
             return x, y
-        transform = ctx.data.transform
-        if not hasattr(transform, "mean") or not hasattr(transform, "std"):
-            raise ConfigError(f"augment={name} needs the data's normalisation (a transform with mean and std), "
-                              f"got {type(transform).__name__}")
-        key = (name, self.hp["augment_args"], tuple(transform.mean), tuple(transform.std))
-        if key not in self._augmentations:
-            self._augmentations[key] = build_augmentation(name, transform.mean, transform.std, self.hp["augment_args"])
-        augmentation = self._augmentations[key]
-        p, views = self.hp["augment_p"], self.hp["augment_views"]
-
-        def maybe(view: torch.Tensor) -> torch.Tensor:
-            if p >= 1.0:
-                return view
-            keep = (torch.rand(x.shape[0]) >= p).to(x.device, non_blocking=True).view(-1, 1, 1, 1)
-            return torch.where(keep, x, view)
-
         with ctx.timed("augment"):
-            if views == 0:
-                out = maybe(augmentation(x))
-            else:
-                out = torch.cat([x, *(maybe(v) for v in augmentation.views(x, views))])
-                y = y.repeat(views + 1)
-            if x.is_contiguous(memory_format=torch.channels_last):
-                out = out.contiguous(memory_format=torch.channels_last)
-        return out, y
+            return augment_labelled(self.hp["augment"], self.hp["augment_args"], ctx.data.transform, x, y,
+                                    self.hp["augment_p"], self.hp["augment_views"])
 
     def after_local_train(self, ctx: ClientContext, model: nn.Module) -> None:
         """Update persistent client state after local training (e.g. FedDyn's gradient term)."""

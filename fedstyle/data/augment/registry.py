@@ -4,11 +4,15 @@
 Options are written ``NAME=VALUE`` separated by commas; lists use ``/`` (``kernel_sizes=1/3/5``);
 booleans true/false. The complement module takes its generators' options with a dotted prefix
 (``randconv.per_sample=true``). Unknown names or bad values fail with a one-line ConfigError.
+``augment_labelled`` applies one to a labelled training batch (what ``--hp augment=`` does).
 """
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Any, Mapping, Sequence
+
+import torch
 
 from fedstyle.data.augment.augmix import AugMix
 from fedstyle.data.augment.common import Augmentation
@@ -90,3 +94,40 @@ def build_augmentation(name: str, mean: Sequence[float], std: Sequence[float],
 
 def augmentation_label(name: str) -> str:
     return BATCH_AUGMENTATIONS.get(name).label or name
+
+
+@lru_cache(maxsize=32)
+def _cached(name: str, options: str, mean: tuple, std: tuple) -> Augmentation:
+    return build_augmentation(name, mean, std, options)
+
+
+def augment_labelled(name: str, options: str, transform: Any, x: torch.Tensor, y: torch.Tensor, p: float = 1.0,
+                     views: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Augment a labelled training batch with augmentation ``name`` (``options`` as in ``augment_args``),
+    for data normalised by ``transform`` (anything with ``mean`` and ``std``, e.g. a BatchTransform).
+
+    ``views = 0``: each sample is replaced by its augmented version with probability ``p``.
+    ``views = V >= 1``: the batch becomes ``[x, view_1, ..., view_V]`` (each view augmented afresh,
+    per sample with probability ``p``) and the labels are repeated V + 1 times. A channels-last
+    batch stays channels-last. Draws from torch's global generators (see :mod:`.common`).
+    """
+    mean, std = getattr(transform, "mean", None), getattr(transform, "std", None)
+    if mean is None or std is None:
+        raise ConfigError(f"augment={name} needs the data's normalisation (a transform with mean and std), "
+                          f"got {type(transform).__name__}")
+    augmentation = _cached(name, options, tuple(mean), tuple(std))
+
+    def maybe(view: torch.Tensor) -> torch.Tensor:
+        if p >= 1.0:
+            return view
+        keep = (torch.rand(x.shape[0]) >= p).to(x.device, non_blocking=True).view(-1, 1, 1, 1)
+        return torch.where(keep, x, view)
+
+    if views == 0:
+        out = maybe(augmentation(x))
+    else:
+        out = torch.cat([x, *(maybe(v) for v in augmentation.views(x, views))])
+        y = y.repeat(views + 1)
+    if x.is_contiguous(memory_format=torch.channels_last):
+        out = out.contiguous(memory_format=torch.channels_last)
+    return out, y
