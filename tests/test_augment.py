@@ -214,3 +214,9 @@ def test_options_are_parsed_and_bad_ones_are_one_line_errors():
 
 class _NotCPU:
     device = torch.device("cuda")
+
+
+def test_sampling_grid_is_affine_grid():
+    theta = torch.randn(5, 2, 3)
+    torch.testing.assert_close(ops.sampling_grid(theta, 7, 9),
+                               torch.nn.functional.affine_grid(theta, [5, 3, 7, 9], align_corners=False))

@@ -76,10 +76,12 @@ def equalize(v: torch.Tensor, level: torch.Tensor) -> torch.Tensor:
 
 
 def posterize(v: torch.Tensor, level: torch.Tensor) -> torch.Tensor:
+    """Keep the top 4 - int(4 level / 10) bits: floor(q / 2^(8 - bits)) * 2^(8 - bits) on the 8-bit value q
+    (exact in float arithmetic)."""
     bits = 4 - (level * 4 / 10).long()  # per sample, CPU
-    div = (2 ** (8 - bits)).to(v.device).view(-1, 1, 1, 1)
-    q = (v * 255.0).round().clamp(0, 255).long()
-    return ((q // div) * div).to(v.dtype) / 255.0
+    div = (2.0 ** (8 - bits)).to(v.device, v.dtype).view(-1, 1, 1, 1)
+    q = (v * 255.0).round().clamp(0, 255)
+    return torch.floor(q / div) * div / 255.0
 
 
 def solarize(v: torch.Tensor, level: torch.Tensor) -> torch.Tensor:
@@ -142,6 +144,18 @@ def affine_matrices(kind: torch.Tensor, level: torch.Tensor, sign: torch.Tensor,
     return theta
 
 
+def sampling_grid(theta: torch.Tensor, height: int, width: int) -> torch.Tensor:
+    """``F.affine_grid(theta, (n, C, height, width), align_corners=False)`` as three broadcast
+    multiply-adds per coordinate (affine_grid's batched matmul is the slowest part on a CPU)."""
+    xs = (torch.arange(width, device=theta.device, dtype=theta.dtype) * 2 + 1) / width - 1
+    ys = (torch.arange(height, device=theta.device, dtype=theta.dtype) * 2 + 1) / height - 1
+    xs, ys = xs.view(1, 1, width), ys.view(1, height, 1)
+    t = theta.view(-1, 6, 1, 1)
+    gx = t[:, 0] * xs + t[:, 1] * ys + t[:, 2]
+    gy = t[:, 3] * xs + t[:, 4] * ys + t[:, 5]
+    return torch.stack([gx, gy], dim=-1)
+
+
 class AugMix(Augmentation):
     name = "augmix"
     label = "AugMix"
@@ -183,7 +197,7 @@ class AugMix(Augmentation):
         theta = affine_matrices(kind, level, sign, v.shape[2], v.shape[3])
 
         def geometric(sub: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
-            grid = F.affine_grid(draws.to_device(theta[idx]), list(sub.shape), align_corners=False)
+            grid = sampling_grid(draws.to_device(theta[idx]), sub.shape[2], sub.shape[3])
             return F.grid_sample(sub, grid, mode="bilinear", padding_mode="zeros", align_corners=False)
 
         def pointwise(fn):
