@@ -201,7 +201,8 @@ def test_options_are_parsed_and_bad_ones_are_one_line_errors():
            ("randconv", "kernel_sizes=2", "odd"), ("augmix", "severity=20", "severity"),
            ("augmix", "ops=rotate/blur", "unknown 'blur'"), ("texture", "kinds=rain", "unknown 'rain'"),
            ("randconv", "randconv.mix=false", "dotted options"), ("complement", "augmix.mix=false", "no option 'mix'"),
-           ("complement", "ops=randconv,augmix.width=2", "not among the complement ops"), ("randconv", "k", "NAME=VALUE")]
+           ("complement", "ops=randconv,augmix.width=2", "not among the complement ops"),
+           ("randconv", "k", "NAME=VALUE")]
     for name, text, message in bad:
         with pytest.raises(ConfigError, match=message) as err:
             build_augmentation(name, MEAN, STD, text)

@@ -20,7 +20,7 @@ from fedstyle.federation.p2p import P2PSimulator
 from fedstyle.federation.star import StarSimulator
 from fedstyle.models.base import Neck
 
-from tiny import SETTINGS, TRANSFORM, make_clients, make_model
+from tiny import SETTINGS, make_clients, make_model
 
 CPU = torch.device("cpu")
 
@@ -124,7 +124,8 @@ def test_the_total_loss_is_ce_plus_alpha_oc_plus_beta_gc_and_every_term_is_logge
     model.train()
     loss = algo.training_loss(ctx, model, xa, ya, {})
     m = ctx.logged_metrics()
-    assert set(m) >= {"loss_ce", "loss_cp", "loss_cam", "loss_gc", "loss_oc", "augment_seconds", "global_forward_seconds"}
+    assert set(m) >= {"loss_ce", "loss_cp", "loss_cam", "loss_gc", "loss_oc", "augment_seconds",
+                      "global_forward_seconds"}
     assert m["loss_gc"] == pytest.approx(m["loss_cp"] + m["loss_cam"], rel=1e-5)
     assert m["loss_cp"] > 0 and m["loss_cam"] > 0
     assert loss.item() == pytest.approx(m["loss_ce"] + 0.5 * m["loss_oc"] + 2.0 * m["loss_gc"], rel=1e-5)

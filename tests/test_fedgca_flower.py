@@ -13,12 +13,21 @@ from safetensors.torch import load_file  # noqa: E402
 
 from fedstyle.experiments.runner import run_experiment  # noqa: E402
 
-from test_flower_sim import evaluations, one_thread  # noqa: E402,F401  (the fixture)
+from test_flower_sim import evaluations  # noqa: E402
 
 pytestmark = pytest.mark.slow  # Ray starts in ~10 s
 
 
-def test_fedgca_under_flower_sim_equals_the_simulator(tiny_config, tmp_path, one_thread):  # noqa: F811
+@pytest.fixture
+def one_thread():
+    """Ray actors train with one torch thread; the in-process reference must too for bitwise equality."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def test_fedgca_under_flower_sim_equals_the_simulator(tiny_config, tmp_path, one_thread):
     config = tiny_config.updated(method="fedgca", partition="per_domain", clients=6, clients_per_round=4,
                                  lr_schedule="constant", resolution=32, hparams={"augment_views": 2})
     sim = run_experiment(config, tmp_path / "sim", quiet=True)

@@ -127,10 +127,12 @@ def check_cam_support(model: nn.Module) -> None:
         with torch.no_grad():
             maps = model.backbone.forward_maps(torch.zeros(1, 3, size, size, device=param.device, dtype=param.dtype))
             if maps.dim() != 4:
-                raise ConfigError(f"fedgca's L_CAM needs (B, C, h, w) maps from the last stage, got {tuple(maps.shape)}")
+                raise ConfigError(f"fedgca's L_CAM needs (B, C, h, w) maps from the last stage, got "
+                                  f"{tuple(maps.shape)}")
             model.class_activation_maps(maps, torch.zeros(1, dtype=torch.long, device=param.device))
     except ConfigError as err:
-        raise ConfigError(f"fedgca's L_CAM cannot use this model: {err}; pass use_cam=false to train without it") from None
+        raise ConfigError(f"fedgca's L_CAM cannot use this model: {err}; pass use_cam=false to train without it"
+                          ) from None
     finally:
         model.train(was_training)
 
@@ -213,7 +215,8 @@ class FedGCA(Algorithm):
         hp = self.hp
         views = self.num_views()
         if x.shape[0] % views:
-            raise FedstyleError(f"fedgca expects {views} stacked views per batch (augment_batch), got {x.shape[0]} rows")
+            raise FedstyleError(f"fedgca expects {views} stacked views per batch (augment_batch), "
+                                f"got {x.shape[0]} rows")
         batch = x.shape[0] // views
         maps = model.backbone.forward_maps(x)
         logits = model.head(model.neck(maps))

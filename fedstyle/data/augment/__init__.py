@@ -11,9 +11,10 @@ from fedstyle.data.augment.augmix import AugMix
 from fedstyle.data.augment.common import Augmentation, Draws, Normalization, apply_groups
 from fedstyle.data.augment.complement import StyleComplement
 from fedstyle.data.augment.randconv import RandConv
-from fedstyle.data.augment.registry import (BATCH_AUGMENTATIONS, augment_labelled, augmentation_label, build_augmentation,
-                                           parse_options)
+from fedstyle.data.augment.registry import (BATCH_AUGMENTATIONS, augment_labelled, augmentation_label,
+                                           build_augmentation, parse_options)
 from fedstyle.data.augment.texture import TextureCorruption
 
 __all__ = ["AugMix", "Augmentation", "BATCH_AUGMENTATIONS", "Draws", "Normalization", "RandConv", "StyleComplement",
-           "TextureCorruption", "apply_groups", "augment_labelled", "augmentation_label", "build_augmentation", "parse_options"]
+           "TextureCorruption", "apply_groups", "augment_labelled", "augmentation_label", "build_augmentation",
+           "parse_options"]

@@ -164,7 +164,8 @@ class AugMix(Augmentation):
         "depth": (-1, "operations per chain; -1 draws 1..3 per chain and sample"),
         "severity": (3.0, "magnitude levels are drawn from U(0.1, severity), severity in (0.1, 10]"),
         "alpha": (1.0, "concentration of the Dirichlet chain weights and the Beta skip weight"),
-        "ops": (DEFAULT_OPS, "operations to draw from (AugMix's nine; add brightness/contrast/color/sharpness for all-ops)"),
+        "ops": (DEFAULT_OPS, "operations to draw from (AugMix's nine; add brightness/contrast/color/sharpness "
+                             "for all-ops)"),
     }
 
     def __init__(self, mean: Sequence[float], std: Sequence[float], width: int = 3, depth: int = -1,

@@ -119,7 +119,10 @@ class Draws:
         return t.to(device=self.device, dtype=self.dtype if t.is_floating_point() else t.dtype, non_blocking=True)
 
 
-def apply_groups(x: torch.Tensor, choice: torch.Tensor, fns: Sequence[Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None]) -> torch.Tensor:
+GroupFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def apply_groups(x: torch.Tensor, choice: torch.Tensor, fns: Sequence[GroupFn | None]) -> torch.Tensor:
     """Per-sample dispatch: sample ``b`` gets ``fns[choice[b]]`` (``None``: unchanged).
 
     ``choice`` is a CPU (B,) integer tensor, so the groups' sizes are known on the host and no

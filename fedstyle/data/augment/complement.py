@@ -31,8 +31,9 @@ class StyleComplement(Augmentation):
         "pick": ("cycle", "cycle: view j uses ops[j mod n]; sample: each sample of each view draws one"),
     }
 
-    def __init__(self, mean: Sequence[float], std: Sequence[float], ops: Sequence[str] = ("randconv", "augmix", "texture"),
-                 pick: str = "cycle", suboptions: Mapping[str, Mapping[str, Any]] | None = None):
+    def __init__(self, mean: Sequence[float], std: Sequence[float],
+                 ops: Sequence[str] = ("randconv", "augmix", "texture"), pick: str = "cycle",
+                 suboptions: Mapping[str, Mapping[str, Any]] | None = None):
         super().__init__(mean, std)
         self.ops = check_choice("complement ops", ops, sorted(self.MEMBERS))
         if len(set(self.ops)) != len(self.ops):

@@ -78,7 +78,8 @@ class TextureCorruption(Augmentation):
         if noise_std < 0 or blur_sigma <= 0 or not 0 <= texture_strength <= 1:
             raise ConfigError("texture needs noise_std >= 0, blur_sigma > 0 and texture_strength in [0, 1], got "
                               f"{noise_std}, {blur_sigma}, {texture_strength}")
-        self.noise_std, self.blur_sigma, self.texture_strength = float(noise_std), float(blur_sigma), float(texture_strength)
+        self.noise_std, self.blur_sigma = float(noise_std), float(blur_sigma)
+        self.texture_strength = float(texture_strength)
 
     def _corruption(self, kind: str, scale: float, draws: Draws, strength: torch.Tensor):
         def run(u: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
