@@ -12,6 +12,7 @@ from fedstyle.algorithms import styleddg  # noqa: E402,F401  (peer-to-peer style
 from fedstyle.algorithms import fedsam, fedsr, moon  # noqa: E402,F401  (FedGCA's baselines, issue 12)
 from fedstyle.algorithms import feddg_ga, fedgma, pardon  # noqa: E402,F401  (issue 11: PARDON and its baselines)
 from fedstyle.algorithms import stablefdg  # noqa: E402,F401  (per-round style sharing + attention neck, issue 10)
+from fedstyle.algorithms import fedgca  # noqa: E402,F401  (single-source FedDG, issue 12)
 from fedstyle.algorithms.base import PEER_TO_PEER, STAR, Algorithm, ClientResult
 from fedstyle.algorithms.hparams import HParam
 from fedstyle.algorithms.registry import METHODS, register_method

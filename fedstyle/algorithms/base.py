@@ -34,8 +34,10 @@ a frozen copy of the round's global weights; ``ctx.log(name, value)`` and ``ctx.
 record loss terms and timings that reach metrics.jsonl (see :class:`ClientContext`).
 
 Composition: every method carries the local options below (a feature-level style op inside each
-client — MixStyle or DSU at chosen stages — and FedBN's local BatchNorm), so "FedBN + MixStyle" or
-"CCST + MixStyle" are hyperparameters, not new classes.
+client — MixStyle or DSU at chosen stages —, FedBN's local BatchNorm, and an image augmentation of
+each training batch — RandConv, AugMix, texture corruption or FedGCA's style complement, see
+``fedstyle.data.augment``), so "FedBN + MixStyle", "CCST + MixStyle" or "FedDyn + RC" are
+hyperparameters, not new classes.
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ from torch import nn
 
 from fedstyle.algorithms.context import ClientContext, ClientUpdate, ServerContext
 from fedstyle.algorithms.hparams import HParam, resolve_hparams
+from fedstyle.data.augment import BATCH_AUGMENTATIONS, augment_labelled, augmentation_label, parse_options
 from fedstyle.errors import ConfigError, FedstyleError
 from fedstyle.payload import Payload
 from fedstyle.style import STYLE_OPS
@@ -103,6 +106,15 @@ class Algorithm:
         HParam("local_bn", False, "keep BatchNorm layers local to each client (FedBN, Li et al. ICLR'21)"),
         HParam("aggregation", "size", "weight client models by sample count (size) or equally (uniform)",
                choices=("size", "uniform")),
+        HParam("augment", "none", "image augmentation of every training batch, on the device (a name of "
+               "fedstyle.data.augment.BATCH_AUGMENTATIONS; randconv gives the '+ RC' rows)",
+               choices=("none", *BATCH_AUGMENTATIONS.names())),
+        HParam("augment_p", 1.0, "probability that a sample is augmented (per sample and view; else it stays clean)",
+               low=0.0, high=1.0),
+        HParam("augment_views", 0, "0: augment the batch in place; V >= 1: train on the clean batch plus V augmented "
+               "copies, labels repeated", low=0),
+        HParam("augment_args", "", "the augmentation's options NAME=VALUE,... (lists with /), e.g. "
+               "kernel_sizes=1/3,per_sample=true"),
     )
     #: subclasses change defaults of inherited hyperparameters here (e.g. MixStyle sets style=mixstyle)
     DEFAULTS: ClassVar[dict[str, Any]] = {}
@@ -111,6 +123,8 @@ class Algorithm:
         self.hp = self.resolve(hparams or {})
         self.num_classes = num_classes
         self.num_clients = num_clients
+        if self.hp["augment"] != "none":  # bad augment_args fail here, before anything is written
+            parse_options(self.hp["augment"], self.hp["augment_args"])
 
     # -- hyperparameters ----------------------------------------------------------------
     @classmethod
@@ -139,6 +153,14 @@ class Algorithm:
         if hp.get("style", "none") != defaults["style"] and hp.get("style") != "none":
             op = STYLE_OPS.get(hp["style"])
             parts.append(getattr(op, "label", hp["style"]))
+        augment = hp.get("augment", "none")
+        if augment != defaults["augment"] or hp.get("augment_views", 0) != defaults["augment_views"]:
+            if augment == "none":
+                parts.append("no augmentation")
+            else:
+                views = hp.get("augment_views", 0)
+                note = f" ({views} view{'s' if views > 1 else ''})" if views != defaults["augment_views"] else ""
+                parts.append(augmentation_label(augment) + note)
         return " + ".join(parts)
 
     # -- model --------------------------------------------------------------------------
@@ -221,6 +243,7 @@ class Algorithm:
         total = torch.zeros((), device=ctx.device)
         steps = 0
         for x, y, _ in ctx.batches():
+            x, y = self.augment_batch(ctx, x, y)
             total += self.training_step(ctx, model, optimizer, x, y, payload)
             steps += 1
         mean_loss = float(total) / max(1, steps)
@@ -242,6 +265,18 @@ class Algorithm:
         loss.backward()
         optimizer.step()
         return loss.detach()
+
+    def augment_batch(self, ctx: ClientContext, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The ``augment`` option, applied to each training batch before ``training_loss`` (also in
+        peer-to-peer runs; see ``fedstyle.data.augment.augment_labelled``): ``augment_views`` = 0
+        augments in place, V >= 1 returns ``[x, view_1, ..., view_V]`` with labels repeated. Draws come
+        from torch's generators, seeded by the runtime per client, round and phase; the time spent is
+        logged as ``augment_seconds``."""
+        if self.hp["augment"] == "none":
+            return x, y
+        with ctx.timed("augment"):
+            return augment_labelled(self.hp["augment"], self.hp["augment_args"], ctx.data.transform, x, y,
+                                    self.hp["augment_p"], self.hp["augment_views"])
 
     def after_local_train(self, ctx: ClientContext, model: nn.Module) -> None:
         """Update persistent client state after local training (e.g. FedDyn's gradient term)."""

@@ -150,6 +150,7 @@ class P2PSimulator:
                 enter_client(self.algo, self.model, ctx, {k: v[i] for k, v in self.stacked.items()})
                 torch.manual_seed(derive_seed(self.seed, "p2p-step", round_index, step, i))
                 x, y, _ = batches[i]
+                x, y = self.algo.augment_batch(ctx, x, y)  # the local augment= option
                 loss = self.algo.training_loss(ctx, self.model, x, y, received)
                 self.model.zero_grad(set_to_none=True)
                 loss.backward()
