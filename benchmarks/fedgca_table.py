@@ -38,7 +38,7 @@ from fedstyle.algorithms import METHODS
 from fedstyle.experiments.config import RunConfig
 from fedstyle.experiments.report import to_markdown, write_report
 from fedstyle.experiments.runner import DONE
-from fedstyle.experiments.sweep import Job, Variant, run_sweep
+from fedstyle.experiments.sweep import Job, Variant, run_sweep, select
 
 #: dataset -> its single source domain (the paper's MNIST -> and Photo ->)
 SOURCES = {"digits4": "mnist", "fashion4": "photo"}
@@ -117,6 +117,8 @@ def main() -> None:
                         help="SGD momentum of every row (0: FedDyn's setting; see above)")
     parser.add_argument("--pacs-coefficients", action="store_true",
                         help="fashion4: the paper's PACS alpha = 10, beta = 8 instead of its Digits 0.1, 0.1")
+    parser.add_argument("--rows", nargs="+", help="run only these rows (folder names, e.g. fedavg fedavg-rc feddyn "
+                        "fedgca fedgca-no-cp; default: all)")
     parser.add_argument("--report-only", action="store_true", help="tabulate the finished runs, run nothing")
     args = parser.parse_args()
 
@@ -130,7 +132,12 @@ def main() -> None:
         rows = registered(variants(dataset, args.pacs_coefficients))
         tables[dataset] = rows
         if not args.report_only:
-            jobs += plan(out, dataset, rows, seeds, base_config(dataset, scale, args.device, args.momentum))
+            try:
+                keep = select([v.name for v in rows], args.rows, "row")
+            except ValueError as err:
+                parser.error(str(err))
+            jobs += plan(out, dataset, [v for v in rows if v.name in keep], seeds,
+                         base_config(dataset, scale, args.device, args.momentum))
     print(f"{len(jobs)} runs to do ({args.scale} scale, datasets {', '.join(datasets)}, seeds {seeds})")
     wall = run_sweep(jobs, workers=args.workers)
     for dataset, rows in tables.items():

@@ -37,7 +37,7 @@ from pathlib import Path
 from fedstyle.data import load_dataset
 from fedstyle.experiments.config import RunConfig
 from fedstyle.experiments.report import to_markdown, write_report
-from fedstyle.experiments.sweep import Variant, plan_jobs, run_sweep
+from fedstyle.experiments.sweep import Variant, plan_jobs, run_sweep, select
 
 DATASETS = ("digits4", "fashion4")
 LAMBDAS = (0.0, 0.1, 1.0)
@@ -98,8 +98,15 @@ class Group:
     folder: Path
 
 
-def plan(scale: Scale, out: Path, rounds: int, device: str):
+def plan(scale: Scale, out: Path, rounds: int, device: str, rows: list[str] | None = None,
+         sweep: bool = True):
+    """The tables and their unfinished jobs; ``rows`` keeps only those variants' jobs (the tables
+    still list every variant with runs on disk), ``sweep=False`` leaves out the lambda sweep."""
     groups, jobs = [], []
+
+    def kept(variants):
+        return tuple(v for v in variants if rows is None or v.name in rows)
+
     for dataset in scale.datasets:
         domains = load_dataset(dataset, progress=False).domains
         lodo = domains[: scale.lodo_targets or len(domains)]
@@ -110,19 +117,20 @@ def plan(scale: Scale, out: Path, rounds: int, device: str):
             groups.append(Group(dataset, protocol, 0.1, main, folder))
             base = base_config(scale, dataset, 0.1, rounds, device).updated(protocol=protocol)
             if protocol == "lodo":
-                jobs += plan_jobs(base, main, scale.seeds, lodo, folder)
+                jobs += plan_jobs(base, kept(main), scale.seeds, lodo, folder)
             else:
                 for test, val in splits:
-                    jobs += plan_jobs(base.updated(val_domain=val), main, scale.seeds, [test], folder)
+                    jobs += plan_jobs(base.updated(val_domain=val), kept(main), scale.seeds, [test], folder)
         test, val = splits[0]
         for lam in LAMBDAS:
             if lam == 0.1:
                 continue  # the main LTDO grid holds it
             folder = out / f"{dataset}-ltdo-{test}-lam{lam:g}"
-            rows = tuple(sweep_variants(scale.backend))
-            groups.append(Group(dataset, "ltdo", lam, rows, folder))
+            variants = tuple(sweep_variants(scale.backend))
+            groups.append(Group(dataset, "ltdo", lam, variants, folder))
             base = base_config(scale, dataset, lam, rounds, device).updated(protocol="ltdo", val_domain=val)
-            jobs += plan_jobs(base, rows, scale.seeds, [test], folder)
+            if sweep:
+                jobs += plan_jobs(base, kept(variants), scale.seeds, [test], folder)
     return groups, jobs
 
 
@@ -174,8 +182,15 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=None, help="override the scale's rounds")
     parser.add_argument("--backend", default=None, help="style backend of CCST and PARDON (scale default: full lite, "
                         "smoke fft)")
+    parser.add_argument("--rows", nargs="+", default=None,
+                        help="run only these rows (fedavg fedgma feddg_ga ccst pardon; default: all)")
+    parser.add_argument("--no-lambda-sweep", action="store_true", help="leave out the lambda in {0, 1} runs")
     parser.add_argument("--report-only", action="store_true", help="tabulate the finished runs, run nothing")
     args = parser.parse_args()
+    try:
+        rows = None if args.rows is None else select([v.name for v in main_variants("fft", 1)], args.rows, "row")
+    except ValueError as err:
+        parser.error(str(err))
 
     scale = SCALES[args.scale]
     if args.seeds is not None:
@@ -183,7 +198,7 @@ def main() -> None:
     if args.backend is not None:
         scale = Scale(**{**scale.__dict__, "backend": args.backend})
     out = Path(args.out or f"runs/pardon-{args.scale}")
-    groups, jobs = plan(scale, out, args.rounds or scale.rounds, args.device)
+    groups, jobs = plan(scale, out, args.rounds or scale.rounds, args.device, rows, not args.no_lambda_sweep)
     if args.report_only:
         jobs = []
     print(f"{len(jobs)} runs to do in {out}", file=sys.stderr)

@@ -41,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's 
 from fedstyle.data import load_dataset  # noqa: E402
 from fedstyle.experiments.config import RunConfig  # noqa: E402
 from fedstyle.experiments.report import to_markdown, write_report  # noqa: E402
-from fedstyle.experiments.sweep import Variant, plan_jobs, run_sweep  # noqa: E402
+from fedstyle.experiments.sweep import Variant, plan_jobs, run_sweep, select  # noqa: E402
 
 DATASETS = ("digits4", "fashion4")
 #: distribution name -> partition settings (Section 4.1)
@@ -109,6 +109,10 @@ def main() -> None:
     parser.add_argument("--fashion-root", default=None, help="folder of fashion4's idx files (default: Debian's)")
     parser.add_argument("--with-reference", action="store_true",
                         help="add a row StableFDG (reference code): exploration once per batch, as the public code")
+    parser.add_argument("--rows", nargs="+", default=None,
+                        help="run only these rows (folder names: fedavg fedbn mixstyle dsu ccst feddg_fft stablefdg "
+                        "stablefdg_style_only stablefdg_attention_only; default: all)")
+    parser.add_argument("--targets", nargs="+", default=None, help="run only these target domains (default: the scale's)")
     parser.add_argument("--report-only", action="store_true", help="tabulate the finished runs, run nothing")
     args = parser.parse_args()
 
@@ -116,13 +120,23 @@ def main() -> None:
     seeds = args.seeds or scale["seeds"]
     datasets = scale["datasets"] if args.dataset is None else DATASETS if args.dataset == "both" else (args.dataset,)
     distributions = tuple(DISTRIBUTIONS) if args.distribution == "both" else (args.distribution,)
-    rows = variants(scale["ccst"], args.with_reference)
+    all_rows = variants(scale["ccst"], args.with_reference)
+    try:
+        keep = select([v.name for v in all_rows], args.rows, "row")
+    except ValueError as err:
+        parser.error(str(err))
+    rows = [v for v in all_rows if v.name in keep]
     out = Path(args.out)
     jobs, tables = [], []
     for dataset in datasets:
         root = args.fashion_root if dataset == "fashion4" else None
         domains = load_dataset(dataset, data_root=root, progress=False).domains
         targets = domains if scale["all_targets"] else domains[:1]
+        if args.targets is not None:
+            try:
+                targets = select(domains, [t for t in args.targets if t in domains] or args.targets, f"{dataset} domain")
+            except ValueError as err:
+                parser.error(str(err))
         for distribution in distributions:
             folder = out / dataset / distribution
             tables.append((dataset, distribution, folder))
@@ -133,7 +147,7 @@ def main() -> None:
           f"{len(distributions)} distributions x {len(datasets)} datasets, finished ones skipped)")
     wall = run_sweep(jobs, workers=args.workers)
     for dataset, distribution, folder in tables:
-        dirs = [folder / v.name for v in rows if (folder / v.name).exists()]
+        dirs = [folder / v.name for v in all_rows if (folder / v.name).exists()]
         if not dirs:
             continue
         for which in ("selected", "last"):

@@ -39,7 +39,7 @@ from pathlib import Path
 from fedstyle.data import load_dataset
 from fedstyle.experiments.config import RunConfig
 from fedstyle.experiments.report import to_markdown, write_report
-from fedstyle.experiments.sweep import Variant, plan_jobs, run_sweep
+from fedstyle.experiments.sweep import Variant, plan_jobs, run_sweep, select
 
 STAR_ROWS = [
     Variant("fedbn", "fedbn"),
@@ -96,14 +96,19 @@ def plan(args) -> tuple[list, list[tuple[str, Network, Path, list[str]]]]:
     for dataset in args.datasets or scale["datasets"]:
         domains = list(scale["targets"] or load_dataset(dataset, data_root=args.data_root if dataset == "fashion4"
                                                         else None, progress=False).domains)
+        if args.targets:
+            domains = select(domains, [t for t in args.targets if t in domains] or args.targets, f"{dataset} domain")
         for network in NETWORKS:
+            if args.networks and network.name not in args.networks:
+                continue
             out = Path(args.out) / dataset / network.name
             tables.append((dataset, network, out, domains))
             if args.report_only:
                 continue
             graph = base_config(dataset, network, args.scale, args)
             keep = scale["m9_rows"] if network.devices == 9 else None
-            star_rows, graph_rows = ([v for v in rows if keep is None or v.name in keep]
+            star_rows, graph_rows = ([v for v in rows if (keep is None or v.name in keep)
+                                      and (args.rows is None or v.name in args.rows)]
                                      for rows in (STAR_ROWS, GRAPH_ROWS))
             jobs += plan_jobs(graph.updated(topology="star"), star_rows, seeds, domains, out)
             jobs += plan_jobs(graph, graph_rows, seeds, domains, out)
@@ -172,10 +177,17 @@ def main() -> None:
     parser.add_argument("--data-root", help="fashion4: folder of the Fashion-MNIST idx files (default: found)")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--workers", type=int, default=1, help="runs at once (worker processes)")
+    parser.add_argument("--rows", nargs="+", help=f"run only these rows ({' '.join(v.name for v in ROWS)}; default: all)")
+    parser.add_argument("--targets", nargs="+", help="run only these target domains (default: the scale's)")
+    parser.add_argument("--networks", nargs="+", choices=[n.name for n in NETWORKS], help="default: both")
     parser.add_argument("--report-only", action="store_true", help="tabulate the finished runs, run nothing")
     args = parser.parse_args()
 
-    jobs, tables = plan(args)
+    try:
+        select([v.name for v in ROWS], args.rows, "row")
+        jobs, tables = plan(args)
+    except ValueError as err:
+        parser.error(str(err))
     print(f"{len(jobs)} runs to do ({args.scale})")
     wall = run_sweep(jobs, workers=args.workers)
     for dataset, network, out, _ in tables:

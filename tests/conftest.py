@@ -16,6 +16,20 @@ TINY_SIZE = 16
 
 
 @pytest.fixture(scope="session", autouse=True)
+def one_thread_per_worker():
+    """Under pytest-xdist (``-n 2``) each worker trains on one thread, so two workers fill two cores
+    instead of four threads contending for them."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        import torch
+
+        torch.set_num_threads(1)
+        # processes a test starts (a run killed mid-write, a CLI run) must train with the same thread count
+        # as the test's in-process reference, or their float sums differ
+        os.environ["OMP_NUM_THREADS"] = "1"
+    yield
+
+
+@pytest.fixture(scope="session", autouse=True)
 def isolated_cache(tmp_path_factory):
     """Every test writes dataset caches into a temporary folder, never the user's cache."""
     path = tmp_path_factory.mktemp("fedstyle-cache")

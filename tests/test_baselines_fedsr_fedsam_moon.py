@@ -360,6 +360,7 @@ def test_moon_resume_equals_uninterrupted(tiny_config, tmp_path, monkeypatch):
     assert any("moon_con" in m.get("train_metrics", {}) for m in _metrics(tmp_path / "full"))
 
 
+@pytest.mark.xdist_group("ray")  # one Ray cluster at a time when the suite runs on workers
 @pytest.mark.slow
 def test_moon_on_flower_sim_equals_the_simulator(tiny_config, tmp_path):
     """MOON's per-client state (the previous model) lives on the Flower sites: same metrics, bitwise."""

@@ -27,6 +27,7 @@ def one_thread():
     torch.set_num_threads(before)
 
 
+@pytest.mark.xdist_group("ray")  # one Ray cluster at a time when the suite runs on workers
 def test_fedgca_under_flower_sim_equals_the_simulator(tiny_config, tmp_path, one_thread):
     config = tiny_config.updated(method="fedgca", partition="per_domain", clients=6, clients_per_round=4,
                                  lr_schedule="constant", resolution=32, hparams={"augment_views": 2})

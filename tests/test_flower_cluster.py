@@ -79,6 +79,7 @@ def _evaluations(run_dir):
     return [{k: v for k, v in r.items() if k != "seconds"} for r in lines if "event" not in r]
 
 
+@pytest.mark.xdist_group("ray")  # one Ray cluster at a time when the suite runs on workers
 def test_flower_sim_on_a_running_cluster_equals_simulator(ray_head, tiny_config, tmp_path, monkeypatch):
     from fedstyle.runtimes.flower import simulation
 
@@ -112,6 +113,7 @@ def test_flower_sim_on_a_running_cluster_equals_simulator(ray_head, tiny_config,
     assert flower["targets"] == sim["targets"]
 
 
+@pytest.mark.xdist_group("ray")  # one Ray cluster at a time when the suite runs on workers
 def test_an_unreachable_cluster_is_one_clear_error(tiny_config, tmp_path, monkeypatch):
     from fedstyle.errors import ConfigError
 

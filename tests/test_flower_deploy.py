@@ -30,7 +30,9 @@ from fedstyle.runtimes.flower.deployment import (  # noqa: E402
     load_settings,
 )
 
-pytestmark = pytest.mark.slow  # each message starts a ClientApp process (Flower's design): ~10-60 s per run
+# each message starts a ClientApp process (Flower's design): ~10-60 s per run; on pytest-xdist workers the
+# deployments run one after another on one worker while the other worker runs the rest
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("deploy")]
 
 RUN_FILES = ("config.json", "partition.json", "metrics.jsonl", "checkpoint.safetensors", "summary.json", "done")
 
@@ -153,13 +155,13 @@ def test_deploy_matches_simulator_with_tls_and_resumes(two_sites, tmp_path, one_
     assert_same_run(out, tmp_path / "sim-feddyn")
 
     # CCST: the setup exchange (style upload, bank broadcast, local augmentation) as message round trips
-    config = two_sites.updated(method="ccst", hparams={"style_backend": "fft", "k": 2}, rounds=2)
+    config = two_sites.updated(method="ccst", hparams={"style_backend": "fft", "k": 2}, rounds=1)
     run_experiment(config, tmp_path / "sim-ccst", quiet=True)
     out = tmp_path / "dep-ccst"
     start_run_dir(config, out, quiet=True)
     # with Flower's node authentication: the coordinator registers each site's public key, sites sign with theirs
     deploy_run(out, DeploySettings(sites=2, certs=str(certs), node_auth=True, wait_timeout=120, round_timeout=300),
-               quiet=True, rounds=2)
+               quiet=True, rounds=1)
     assert_same_run(out, tmp_path / "sim-ccst")
     setup = [r for r in records(out) if r.get("event") == "setup"]
     assert setup and setup[0]["setup_bytes_up"] > 0

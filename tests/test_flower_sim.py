@@ -31,6 +31,7 @@ def one_thread():
     torch.set_num_threads(before)
 
 
+@pytest.mark.xdist_group("ray")  # one Ray cluster at a time when the suite runs on workers
 def test_flower_sim_equals_simulator(tiny_config, tmp_path, one_thread, isolated_site_state):
     config = tiny_config.updated(partition="per_domain", clients=6, clients_per_round=4, lr_schedule="constant")
     sim = run_experiment(config, tmp_path / "sim", quiet=True)

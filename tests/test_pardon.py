@@ -319,6 +319,7 @@ def test_bad_input_fails_before_the_run_directory_is_written(tiny_config, tmp_pa
 
 
 # -- runtimes --------------------------------------------------------------------------------------------------------
+@pytest.mark.xdist_group("ray")  # one Ray cluster at a time when the suite runs on workers
 @pytest.mark.slow
 def test_pardon_under_flower_sim_equals_the_simulator(tiny_config, tmp_path):
     """The setup exchange (style up, S_g down, local transfer) and the paired training over Flower's
@@ -354,3 +355,32 @@ def test_pardon_under_flower_sim_equals_the_simulator(tiny_config, tmp_path):
     b = load_file(str(tmp_path / "flower" / "checkpoint.safetensors"))
     globals_a = {k: v for k, v in a.items() if k.startswith("global/")}
     assert globals_a and all(torch.equal(v, b[k]) for k, v in globals_a.items())
+
+
+def test_resumed_run_equals_uninterrupted(tiny_config, tmp_path, monkeypatch):
+    """The setup exchange (S_g) and the restyled cache come back from the checkpoint on resume."""
+    import json
+
+    from fedstyle.experiments.runner import resume_experiment, run_experiment
+
+    def evaluations(run_dir):
+        lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+        return [{k: v for k, v in r.items() if k != "seconds"} for r in lines if "event" not in r]
+
+    config = tiny_config.updated(method="pardon", hparams={"style_backend": "fft"}, rounds=3, partition="per_domain",
+                                 clients=6, clients_per_round=4)
+    run_experiment(config, tmp_path / "full", quiet=True)
+    original = StarSimulator.run_round
+
+    def interrupted(self, round_index):
+        if round_index == 2:
+            raise KeyboardInterrupt
+        return original(self, round_index)
+
+    monkeypatch.setattr(StarSimulator, "run_round", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        run_experiment(config, tmp_path / "cut", quiet=True)
+    monkeypatch.setattr(StarSimulator, "run_round", original)
+    resume_experiment(tmp_path / "cut", quiet=True)
+    assert len(evaluations(tmp_path / "full")) == 3
+    assert evaluations(tmp_path / "cut") == evaluations(tmp_path / "full")

@@ -455,6 +455,7 @@ def test_resumed_run_equals_uninterrupted(tiny_config, tmp_path, monkeypatch):
     assert _without_timings(_records(tmp_path / "cut")) == _without_timings(_records(tmp_path / "full"))
 
 
+@pytest.mark.xdist_group("ray")  # one Ray cluster at a time when the suite runs on workers
 @pytest.mark.slow
 def test_flower_sim_equals_simulator_with_a_query_phase(tiny_config, tmp_path):
     pytest.importorskip("flwr")

@@ -341,6 +341,7 @@ def test_ray_missing_names_the_install_command(monkeypatch, tiny_config, tmp_pat
         execute(jobs, RayLauncher(), quiet=True)
 
 
+@pytest.mark.xdist_group("ray")  # one Ray cluster at a time when the suite runs on workers
 @pytest.mark.slow
 def test_ray_gives_the_summaries_of_one_local_worker(tiny_root, tmp_path):
     """A 4-run sweep as Ray tasks on a 2-CPU local Ray instance equals the same sweep run serially."""

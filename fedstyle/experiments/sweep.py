@@ -57,7 +57,7 @@ from fedstyle.io import DirectoryLock, LockedError, atomic_open, atomic_write_te
 
 __all__ = ["Variant", "Job", "plan_jobs", "run_sweep", "run_job", "attempt", "RunResult", "LocalLauncher",
            "RayLauncher", "execute", "SweepOutcome", "dry_run", "run_plan", "write_sweep_report", "Grid", "Plan",
-           "PlannedRun", "load_grid", "parse_grid", "parse_override", "plan_grid"]
+           "PlannedRun", "select", "load_grid", "parse_grid", "parse_override", "plan_grid"]
 
 RAY_HINT = "pip install -c constraints.txt 'fedstyle[flower-sim]'"
 LOG_NAME = "sweep.log"
@@ -87,6 +87,17 @@ class Job:
     @property
     def title(self) -> str:
         return self.name or str(self.run_dir)
+
+
+def select(available: Sequence[str], wanted: Sequence[str] | None, what: str) -> list[str]:
+    """``wanted`` (in ``available``'s order), or all of ``available`` when None; an unknown name is an
+    error that lists the choices — a table script's ``--rows`` / ``--targets``."""
+    if wanted is None:
+        return list(available)
+    unknown = sorted(set(wanted) - set(available))
+    if unknown:
+        raise ValueError(f"unknown {what} {', '.join(unknown)}; choose from {', '.join(available)}")
+    return [name for name in available if name in wanted]
 
 
 def plan_jobs(base: RunConfig, variants: Sequence[Variant], seeds: Sequence[int], targets: Sequence[str],
