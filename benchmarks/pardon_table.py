@@ -99,9 +99,10 @@ class Group:
 
 
 def plan(scale: Scale, out: Path, rounds: int, device: str, rows: list[str] | None = None,
-         sweep: bool = True):
+         sweep: bool = True, protocols: tuple[str, ...] = ("lodo", "ltdo"), targets: list[str] | None = None):
     """The tables and their unfinished jobs; ``rows`` keeps only those variants' jobs (the tables
-    still list every variant with runs on disk), ``sweep=False`` leaves out the lambda sweep."""
+    still list every variant with runs on disk), ``sweep=False`` leaves out the lambda sweep,
+    ``targets`` keeps the LODO targets and LTDO test domains named (per dataset, those it has)."""
     groups, jobs = [], []
 
     def kept(variants):
@@ -111,8 +112,11 @@ def plan(scale: Scale, out: Path, rounds: int, device: str, rows: list[str] | No
         domains = load_dataset(dataset, progress=False).domains
         lodo = domains[: scale.lodo_targets or len(domains)]
         splits = ltdo_splits(domains, scale.ltdo_splits)
+        if targets is not None and set(targets) & set(domains):
+            lodo = [d for d in domains if d in targets]
+            splits = [(t, v) for t, v in ltdo_splits(domains, 0) if t in targets]
         main = tuple(main_variants(scale.backend, scale.ccst_k))
-        for protocol in ("lodo", "ltdo"):
+        for protocol in protocols:
             folder = out / f"{dataset}-{protocol}-lam0.1"
             groups.append(Group(dataset, protocol, 0.1, main, folder))
             base = base_config(scale, dataset, 0.1, rounds, device).updated(protocol=protocol)
@@ -185,6 +189,9 @@ def main() -> None:
     parser.add_argument("--rows", nargs="+", default=None,
                         help="run only these rows (fedavg fedgma feddg_ga ccst pardon; default: all)")
     parser.add_argument("--no-lambda-sweep", action="store_true", help="leave out the lambda in {0, 1} runs")
+    parser.add_argument("--protocols", nargs="+", choices=("lodo", "ltdo"), default=["lodo", "ltdo"])
+    parser.add_argument("--targets", nargs="+", default=None,
+                        help="LODO targets / LTDO test domains to run (each dataset takes those it has; default: all)")
     parser.add_argument("--report-only", action="store_true", help="tabulate the finished runs, run nothing")
     args = parser.parse_args()
     try:
@@ -198,7 +205,8 @@ def main() -> None:
     if args.backend is not None:
         scale = Scale(**{**scale.__dict__, "backend": args.backend})
     out = Path(args.out or f"runs/pardon-{args.scale}")
-    groups, jobs = plan(scale, out, args.rounds or scale.rounds, args.device, rows, not args.no_lambda_sweep)
+    groups, jobs = plan(scale, out, args.rounds or scale.rounds, args.device, rows, not args.no_lambda_sweep,
+                        tuple(args.protocols), args.targets)
     if args.report_only:
         jobs = []
     print(f"{len(jobs)} runs to do in {out}", file=sys.stderr)
