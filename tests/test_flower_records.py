@@ -101,3 +101,42 @@ def test_bad_payload_values_and_reserved_keys():
         payload_to_records({"__order__": 1})
     with pytest.raises(RecordError, match="bfloat16"):
         payload_to_records({"b": torch.zeros(2, dtype=torch.bfloat16)})
+
+
+def test_flowers_noise_is_filtered_and_its_other_warnings_kept():
+    import logging
+
+    from flwr.common.logger import log
+
+    from fedstyle.runtimes.flower import quiet_flower_noise
+
+    seen = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            seen.append(record.getMessage())
+
+    quiet_flower_noise()
+    quiet_flower_noise()  # once per process, however often it is called
+    handler = Keep()
+    logger = logging.getLogger("flwr")
+    logger.addHandler(handler)
+    try:
+        log(logging.WARNING, "Manually terminating %s", "ClientAppActor")
+        log(logging.WARNING, "The `run_simulation` function is deprecated and will be removed")
+        log(logging.WARNING, "a node did not reply")
+    finally:
+        logger.removeHandler(handler)
+    assert seen == ["a node did not reply"]
+    assert sum(type(f).__name__ == "FlowerNoiseFilter" for f in logger.filters) == 1
+
+
+def test_deploy_status_counts_joined_and_identified_local_sites(tmp_path):
+    from fedstyle.runtimes.flower.deployment import sites_joined
+
+    assert sites_joined(tmp_path, 3) is None  # remote sites: nothing to say
+    (tmp_path / "site-0.log").write_text("INFO: Starting Flower SuperNode\nINFO: SuperNode ID: 1\n"
+                                         "INFO: Sending: query.identify message (ID: a)\n")
+    (tmp_path / "site-1.log").write_text("INFO: Starting Flower SuperNode\nINFO: SuperNode ID: 2\n")
+    (tmp_path / "site-2.log").write_text("INFO: Starting Flower SuperNode\n")
+    assert sites_joined(tmp_path, 3) == (2, 1)

@@ -42,3 +42,27 @@ def require_ray() -> None:
 
     if importlib.util.find_spec("ray") is None:
         raise ConfigError(f"--backend flower-sim runs on Flower's simulation engine, which needs Ray; install it with: {hint}")
+
+
+#: Flower's log lines that are noise for a fedstyle user: fedstyle calls the simulation engine's Python
+#: entry point on purpose (it runs the ServerApp in this process), and Ray's actors say they are being
+#: terminated every time a simulation ends normally
+FLOWER_NOISE = ("The `run_simulation` function is deprecated", "Manually terminating")
+
+
+class FlowerNoiseFilter:
+    """A logging filter for the ``flwr`` logger that drops :data:`FLOWER_NOISE` and nothing else."""
+
+    def filter(self, record) -> bool:
+        message = record.getMessage()
+        return not any(text in message for text in FLOWER_NOISE)
+
+
+def quiet_flower_noise() -> None:
+    """Install :class:`FlowerNoiseFilter` on the ``flwr`` logger and its handlers, once per process."""
+    import logging
+
+    logger = logging.getLogger("flwr")
+    for target in (logger, *logger.handlers):
+        if not any(isinstance(f, FlowerNoiseFilter) for f in target.filters):
+            target.addFilter(FlowerNoiseFilter())

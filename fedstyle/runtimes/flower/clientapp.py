@@ -14,10 +14,12 @@ import time
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 
+from fedstyle.runtimes.flower import quiet_flower_noise
 from fedstyle.runtimes.flower.node_config import client_id_of
 
 _META = "fedstyle"  # = records.META (records imports torch)
 
+quiet_flower_noise()  # also in Ray's actors, which import this module to run the ClientApp
 app = ClientApp()
 
 

@@ -473,6 +473,11 @@ class Federation:
                         bar.write(f"{event['event']}: round {event['round']}, clients {event['clients']}", file=sys.stderr)
                     seen_events = len(events)
                     done_rounds = evals[-1]["round"] if evals else 0
+                    if done_rounds == 0:  # start-up takes a minute: say which local sites are up
+                        joined = sites_joined(self.flower_dir, self.settings.sites)
+                        if joined is not None:
+                            bar.set_postfix_str(f"sites joined {joined[0]}/{self.settings.sites}, "
+                                                f"identified {joined[1]}/{self.settings.sites}", refresh=True)
                     if done_rounds > shown:
                         bar.update(done_rounds - shown)
                         shown = done_rounds
@@ -493,6 +498,20 @@ class Federation:
             raise DeployError(
                 f"the run did not finish; see {self.flower_dir / 'serverapp.log'}:\n{tail(self.flower_dir / 'serverapp.log', 30)}\n"
                 f"continue it with: fedstyle deploy --resume {self.run_dir}")
+
+
+def sites_joined(flower_dir: Path, sites: int) -> tuple[int, int] | None:
+    """(SuperNodes registered with the SuperLink, sites that answered the identify query), read from
+    the local sites' logs; None when no site of this deployment logs here (remote sites)."""
+    joined = identified = 0
+    logs = [Path(flower_dir) / f"site-{i}.log" for i in range(sites)]
+    if not any(log.exists() for log in logs):
+        return None
+    for log in logs:
+        text = log.read_text(errors="replace") if log.exists() else ""
+        joined += "SuperNode ID:" in text
+        identified += "Sending: query.identify" in text
+    return joined, identified
 
 
 def _read_lines(path: Path) -> list[dict[str, Any]]:

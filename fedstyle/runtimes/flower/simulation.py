@@ -108,11 +108,13 @@ def train_on_flower_sim(exp, out: Path, *, quiet: bool, checkpoint) -> dict[str,
     from flwr.serverapp import Grid, ServerApp
     from flwr.simulation import run_simulation
 
+    from fedstyle.runtimes.flower import quiet_flower_noise
     from fedstyle.runtimes.flower.clientapp import app as client_app
     from fedstyle.runtimes.flower.serverapp import FaultPolicy, serve
 
     # keep Ray's current GPU-visibility behaviour without its FutureWarning about changing it
     os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
+    quiet_flower_noise()
     result: dict[str, Any] = {}
     server_app = ServerApp()
 
