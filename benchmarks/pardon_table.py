@@ -190,6 +190,7 @@ def main() -> None:
                         help="run only these rows (fedavg fedgma feddg_ga ccst pardon; default: all)")
     parser.add_argument("--no-lambda-sweep", action="store_true", help="leave out the lambda in {0, 1} runs")
     parser.add_argument("--protocols", nargs="+", choices=("lodo", "ltdo"), default=["lodo", "ltdo"])
+    parser.add_argument("--datasets", nargs="+", choices=DATASETS, default=None, help="default: the scale's")
     parser.add_argument("--targets", nargs="+", default=None,
                         help="LODO targets / LTDO test domains to run (each dataset takes those it has; default: all)")
     parser.add_argument("--report-only", action="store_true", help="tabulate the finished runs, run nothing")
@@ -204,6 +205,8 @@ def main() -> None:
         scale = Scale(**{**scale.__dict__, "seeds": tuple(args.seeds)})
     if args.backend is not None:
         scale = Scale(**{**scale.__dict__, "backend": args.backend})
+    if args.datasets is not None:
+        scale = Scale(**{**scale.__dict__, "datasets": tuple(args.datasets)})
     out = Path(args.out or f"runs/pardon-{args.scale}")
     groups, jobs = plan(scale, out, args.rounds or scale.rounds, args.device, rows, not args.no_lambda_sweep,
                         tuple(args.protocols), args.targets)
