@@ -383,3 +383,73 @@ def test_dry_run_lists_every_run(tiny_root, tmp_path):
     assert lines[0].endswith("2 runs in " + str(tmp_path) + " — 0 done, 0 to resume, 2 new")
     assert [line.split()[:2] for line in lines[1:]] == [["new", "fedavg/seed0/grey"], ["new", "fedavg/seed0/red"]]
     shutil.rmtree(tmp_path, ignore_errors=True)
+
+
+def test_workers_stop_when_the_sweep_process_is_killed(tiny_config, tmp_path):
+    """A sweep killed outright (SIGKILL, or a SIGTERM its caller does not handle) leaves no worker
+    running its runs on: each stops within seconds, its run directory unlocked and resumable."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from fedstyle.io import DirectoryLock
+
+    script = tmp_path / "sweep.py"
+    script.write_text(textwrap.dedent(f"""
+        from fedstyle.experiments.config import RunConfig
+        from fedstyle.experiments.sweep import Variant, plan_jobs, run_sweep
+        if __name__ == "__main__":  # the workers are spawned: they import this file
+            base = RunConfig.from_mapping({tiny_config.updated(rounds=100000, eval_every=100000).to_dict()!r})
+            jobs = plan_jobs(base, [Variant("fedavg", "fedavg")], [0, 1], ["grey"], {str(tmp_path / "runs")!r})
+            run_sweep(jobs, workers=2, log=lambda _: None, quiet=True)
+    """))
+    parent = subprocess.Popen([sys.executable, str(script)])
+    runs = [tmp_path / "runs" / "fedavg" / f"seed{s}" / "grey" for s in (0, 1)]
+
+    def locked(run_dir) -> bool:
+        if not (run_dir / "config.json").exists():
+            return False
+        try:
+            DirectoryLock(run_dir).acquire().release()
+            return False
+        except Exception:
+            return True
+
+    deadline = time.monotonic() + 120
+    while not all(locked(r) for r in runs):  # both workers are training
+        assert parent.poll() is None and time.monotonic() < deadline, "the sweep did not start its runs"
+        time.sleep(0.5)
+    workers = _workers_of(parent.pid)
+    assert len(workers) == 2
+    parent.send_signal(signal.SIGKILL)
+    parent.wait()
+    deadline = time.monotonic() + 30
+    while any(locked(r) for r in runs):
+        assert time.monotonic() < deadline, "a worker kept running after its sweep was killed"
+        time.sleep(0.5)
+    assert not any((r / "done").exists() for r in runs)
+    deadline = time.monotonic() + 30
+    while any(_alive(pid) for pid in workers):
+        assert time.monotonic() < deadline, "a worker process outlived its sweep"
+        time.sleep(0.5)
+
+
+def _workers_of(parent: int) -> list[int]:
+    """The pool worker processes a sweep process started (Linux /proc)."""
+    found = []
+    for entry in Path("/proc").glob("[0-9]*"):
+        try:
+            ppid = int((entry / "stat").read_text().split(")")[-1].split()[1])
+            if ppid == parent and b"spawn_main" in (entry / "cmdline").read_bytes():
+                found.append(int(entry.name))
+        except (OSError, ValueError):
+            continue
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False

@@ -213,9 +213,38 @@ def _cpu_count() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
+def _watch_parent(parent: int, poll: float = 1.0) -> None:
+    """Interrupt this worker as Ctrl-C would once the sweep process that started it is gone (killed,
+    or ended by a SIGTERM it did not pass on): its run stops — resumable from its last checkpoint,
+    its lock released — instead of running on, unseen, beside the next sweep."""
+    import signal
+    import threading
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(poll)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    threading.Thread(target=watch, name="fedstyle-parent-watch", daemon=True).start()
+
+
+def _attempt_in_worker(job: Job, marker: str | None, sweep_pid: int) -> RunResult:
+    """``attempt`` in a worker; interrupted because its sweep process is gone, the worker exits once
+    the run has unwound (checkpoint kept, lock released) rather than wait for jobs no one will send."""
+    try:
+        return attempt(job, 0, marker)
+    except KeyboardInterrupt:
+        if os.getppid() != sweep_pid:
+            os._exit(130)
+        raise
+
+
 def _init_worker(threads: int, counter) -> None:
-    """A spawned worker: its share of the CPU threads, and with several GPUs one of them in turn."""
+    """A spawned worker: its share of the CPU threads, and with several GPUs one of them in turn; it
+    stops when the sweep process goes away."""
     import torch
+
+    _watch_parent(os.getppid())
 
     torch.set_num_threads(threads)
     with counter.get_lock():
@@ -260,7 +289,7 @@ class LocalLauncher:
                                            initargs=(threads, counter))
         finished = False
         try:
-            pending = {pool.submit(attempt, job, 0, marker): job for job in jobs}
+            pending = {pool.submit(_attempt_in_worker, job, marker, os.getpid()): job for job in jobs}
             for future in futures.as_completed(pending):
                 job = pending[future]
                 try:
