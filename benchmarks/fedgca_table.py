@@ -141,11 +141,13 @@ def main() -> None:
     print(f"{len(jobs)} runs to do ({args.scale} scale, datasets {', '.join(datasets)}, seeds {seeds})")
     wall = run_sweep(jobs, workers=args.workers)
     for dataset, rows in tables.items():
-        dirs = [out / dataset / v.name for v in rows if (out / dataset / v.name).exists()]
+        # rows with a finished run only: a row still running has no line in the report
+        rows = [v for v in rows if any((out / dataset / v.name).glob("seed*/summary.json"))]
+        dirs = [out / dataset / v.name for v in rows]
         if not dirs:
             print(f"{dataset}: no finished runs", file=sys.stderr)
             continue
-        order = [label(v) for v in rows if (out / dataset / v.name).exists()]
+        order = [label(v) for v in rows]
         table, paths = write_report(dirs, out / dataset / "report", which="selected", order=order)
         print(f"\n{dataset}, source {SOURCES[dataset]}\n")
         print(to_markdown(table))
