@@ -18,12 +18,12 @@ from fedstyle.algorithms.context import ClientContext
 from fedstyle.algorithms.fedsam import FedSAM, sam_perturbation
 from fedstyle.algorithms.moon import MOON, model_contrastive_loss
 from fedstyle.errors import ConfigError
-from fedstyle.experiments.runner import resume_experiment, run_experiment
+from fedstyle.experiments.runner import run_experiment
 from fedstyle.federation.rounds import FederationSettings
 from fedstyle.federation.star import StarSimulator
 from fedstyle.models.necks import gaussian_kl
 
-from tiny import SETTINGS, make_clients, make_model
+from tiny import SETTINGS, make_clients, make_model, interrupt_and_resume
 
 CPU = torch.device("cpu")
 
@@ -343,18 +343,7 @@ def _metrics(run_dir):
 def test_moon_resume_equals_uninterrupted(tiny_config, tmp_path, monkeypatch):
     config = tiny_config.updated(method="moon", rounds=3, partition="per_domain", clients=6, clients_per_round=3)
     full = run_experiment(config, tmp_path / "full", quiet=True)
-    original = StarSimulator.run_round
-
-    def interrupted(self, round_index):
-        if round_index == 2:
-            raise KeyboardInterrupt
-        return original(self, round_index)
-
-    monkeypatch.setattr(StarSimulator, "run_round", interrupted)
-    with pytest.raises(KeyboardInterrupt):
-        run_experiment(config, tmp_path / "cut", quiet=True)
-    monkeypatch.setattr(StarSimulator, "run_round", original)
-    resumed = resume_experiment(tmp_path / "cut", quiet=True)
+    resumed = interrupt_and_resume(config, tmp_path / "cut", monkeypatch, at_round=2)
     assert {k: v for k, v in resumed.items() if k != "seconds"} == {k: v for k, v in full.items() if k != "seconds"}
     assert _metrics(tmp_path / "cut") == _metrics(tmp_path / "full")
     assert any("moon_con" in m.get("train_metrics", {}) for m in _metrics(tmp_path / "full"))

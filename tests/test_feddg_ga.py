@@ -11,10 +11,10 @@ import torch
 
 from fedstyle.algorithms.context import ClientUpdate, ServerContext
 from fedstyle.algorithms.feddg_ga import WEIGHTS, FedDGGA, adjust_weights
-from fedstyle.experiments.runner import resume_experiment, run_experiment
+from fedstyle.experiments.runner import run_experiment
 from fedstyle.federation.rounds import FederationSettings
 from fedstyle.federation.star import StarSimulator
-from tiny import make_clients, make_model
+from tiny import make_clients, make_model, interrupt_and_resume
 
 
 def test_adjustment_by_hand():
@@ -93,18 +93,7 @@ def test_partial_participation_queries_gaps_and_keeps_a_probability_vector():
 def test_resume_equals_uninterrupted(tiny_config, tmp_path, monkeypatch):
     config = tiny_config.updated(method="feddg_ga", partition="per_domain", clients=6, clients_per_round=3, rounds=4)
     full = run_experiment(config, tmp_path / "full", quiet=True)
-    original = StarSimulator.run_round
-
-    def interrupted(self, round_index):
-        if round_index == 3:
-            raise KeyboardInterrupt
-        return original(self, round_index)
-
-    monkeypatch.setattr(StarSimulator, "run_round", interrupted)
-    with pytest.raises(KeyboardInterrupt):
-        run_experiment(config, tmp_path / "cut", quiet=True)
-    monkeypatch.setattr(StarSimulator, "run_round", original)
-    resumed = resume_experiment(tmp_path / "cut", quiet=True)
+    resumed = interrupt_and_resume(config, tmp_path / "cut", monkeypatch, at_round=3)
 
     def lines(run):
         return [{k: v for k, v in json.loads(x).items() if k != "seconds"} for x in (run / "metrics.jsonl").open()]

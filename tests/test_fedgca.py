@@ -20,7 +20,7 @@ from fedstyle.federation.p2p import P2PSimulator
 from fedstyle.federation.star import StarSimulator
 from fedstyle.models.base import Neck
 
-from tiny import SETTINGS, make_clients, make_model
+from tiny import SETTINGS, make_clients, make_model, interrupt_and_resume
 
 CPU = torch.device("cpu")
 
@@ -230,22 +230,11 @@ def test_augment_changes_training_in_both_simulators_and_is_reproducible():
 
 
 def test_fedgca_resumes_to_the_uninterrupted_run(tiny_config, tmp_path, monkeypatch):
-    from fedstyle.experiments.runner import resume_experiment, run_experiment
+    from fedstyle.experiments.runner import run_experiment
 
     config = tiny_config.updated(method="fedgca", rounds=3, resolution=32, hparams={"augment_views": 2})
     full = run_experiment(config, tmp_path / "full", quiet=True)
-    original = StarSimulator.run_round
-
-    def interrupted(self, round_index):
-        if round_index == 2:
-            raise KeyboardInterrupt
-        return original(self, round_index)
-
-    monkeypatch.setattr(StarSimulator, "run_round", interrupted)
-    with pytest.raises(KeyboardInterrupt):
-        run_experiment(config, tmp_path / "cut", quiet=True)
-    monkeypatch.setattr(StarSimulator, "run_round", original)
-    resumed = resume_experiment(tmp_path / "cut", quiet=True)
+    resumed = interrupt_and_resume(config, tmp_path / "cut", monkeypatch, at_round=2)
     assert {k: v for k, v in resumed.items() if k != "seconds"} == {k: v for k, v in full.items() if k != "seconds"}
     lines = [json.loads(x) for x in (tmp_path / "full" / "metrics.jsonl").read_text().splitlines()]
     terms = lines[-1]["train_metrics"]

@@ -30,6 +30,7 @@ from fedstyle.style.transfer.interpolation import (
     local_style,
     median_style,
 )
+from tiny import interrupt_and_resume
 
 EPS_STD = math.sqrt(ADAIN_EPS)
 
@@ -361,7 +362,7 @@ def test_resumed_run_equals_uninterrupted(tiny_config, tmp_path, monkeypatch):
     """The setup exchange (S_g) and the restyled cache come back from the checkpoint on resume."""
     import json
 
-    from fedstyle.experiments.runner import resume_experiment, run_experiment
+    from fedstyle.experiments.runner import run_experiment
 
     def evaluations(run_dir):
         lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
@@ -370,17 +371,6 @@ def test_resumed_run_equals_uninterrupted(tiny_config, tmp_path, monkeypatch):
     config = tiny_config.updated(method="pardon", hparams={"style_backend": "fft"}, rounds=3, partition="per_domain",
                                  clients=6, clients_per_round=4)
     run_experiment(config, tmp_path / "full", quiet=True)
-    original = StarSimulator.run_round
-
-    def interrupted(self, round_index):
-        if round_index == 2:
-            raise KeyboardInterrupt
-        return original(self, round_index)
-
-    monkeypatch.setattr(StarSimulator, "run_round", interrupted)
-    with pytest.raises(KeyboardInterrupt):
-        run_experiment(config, tmp_path / "cut", quiet=True)
-    monkeypatch.setattr(StarSimulator, "run_round", original)
-    resume_experiment(tmp_path / "cut", quiet=True)
+    interrupt_and_resume(config, tmp_path / "cut", monkeypatch, at_round=2)
     assert len(evaluations(tmp_path / "full")) == 3
     assert evaluations(tmp_path / "cut") == evaluations(tmp_path / "full")

@@ -15,7 +15,7 @@ from fedstyle.algorithms.context import ClientContext, ServerContext
 from fedstyle.algorithms.stablefdg import StableFDG, derangement
 from fedstyle.data.client import ClientData
 from fedstyle.errors import ConfigError
-from fedstyle.experiments.runner import resume_experiment, run_experiment
+from fedstyle.experiments.runner import run_experiment
 from fedstyle.federation.star import StarSimulator
 from fedstyle.models.attention import AttentionNeck, same_class_partners
 from fedstyle.models.base import Backbone, Classifier, PooledNeck
@@ -23,7 +23,7 @@ from fedstyle.style import StyleSummary, channel_stats
 from fedstyle.style.oversample import balanced_extra_counts, oversample_indices
 from fedstyle.style.selection import kmeans_pp_seeds, select_by_kmeans
 
-from tiny import SETTINGS, TRANSFORM, make_clients, make_model
+from tiny import SETTINGS, TRANSFORM, make_clients, make_model, interrupt_and_resume
 
 CPU = torch.device("cpu")
 
@@ -440,18 +440,7 @@ def test_style_bytes_and_metrics_reach_metrics_jsonl(tiny_config, tmp_path):
 def test_resumed_run_equals_uninterrupted(tiny_config, tmp_path, monkeypatch):
     config = tiny_config.updated(method="stablefdg", rounds=3, partition="per_domain", clients=6, clients_per_round=4)
     run_experiment(config, tmp_path / "full", quiet=True)
-    original = StarSimulator.run_round
-
-    def interrupted(self, round_index):
-        if round_index == 2:
-            raise KeyboardInterrupt
-        return original(self, round_index)
-
-    monkeypatch.setattr(StarSimulator, "run_round", interrupted)
-    with pytest.raises(KeyboardInterrupt):
-        run_experiment(config, tmp_path / "cut", quiet=True)
-    monkeypatch.setattr(StarSimulator, "run_round", original)
-    resume_experiment(tmp_path / "cut", quiet=True)
+    interrupt_and_resume(config, tmp_path / "cut", monkeypatch, at_round=2)
     assert _without_timings(_records(tmp_path / "cut")) == _without_timings(_records(tmp_path / "full"))
 
 

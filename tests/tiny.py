@@ -35,3 +35,25 @@ def make_model(method="fedavg", hp=None, n_clients=3, backbone="convnet", classe
     algo = cls(hp or {}, num_classes=classes, num_clients=n_clients)
     algo.configure_model(model)
     return algo, model
+
+
+def interrupt_and_resume(config, out, monkeypatch, at_round: int):
+    """Run ``config`` into ``out``, interrupted as Ctrl-C would when round ``at_round`` starts, then
+    resume it; returns the resumed run's summary."""
+    import pytest
+
+    from fedstyle.experiments.runner import resume_experiment, run_experiment
+    from fedstyle.federation.star import StarSimulator
+
+    original = StarSimulator.run_round
+
+    def interrupted(self, round_index):
+        if round_index == at_round:
+            raise KeyboardInterrupt
+        return original(self, round_index)
+
+    monkeypatch.setattr(StarSimulator, "run_round", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        run_experiment(config, out, quiet=True)
+    monkeypatch.setattr(StarSimulator, "run_round", original)
+    return resume_experiment(out, quiet=True)
