@@ -9,13 +9,15 @@ first LTDO split (as the paper's Fig. 3: one split, several lambdas; lambda = 0.
 grid's run). A last table gives the setup exchange: PARDON's one style up and S_g down per
 client against CCST's style bank, and the style / stylization throughput.
 
-Scales (per dataset; every method gets the same number of local steps, so CCST's K-fold data
-and PARDON's paired batch do not buy extra optimizer steps):
+Scales (per dataset; local training is a fixed number of steps, never epochs, so that every
+method gets the same optimizer steps: an epoch over CCST's data, original plus K restyled copies,
+would be K + 1 times as many steps as FedAvg's):
 
 * ``full``: the issue's grid — 2 datasets x (4 LODO + 4 LTDO) x 5 methods x 3 seeds = 240 runs,
   plus 2 x 2 x 2 lambda runs x 3 seeds = 24 — with the training shortened to fit a GPU session:
-  10 rounds (the paper: 50), one local epoch on digits4 (~2 steps of 32 per client), 4 local
-  steps on fashion4 (a fifth of an epoch), evaluation every 2 rounds; ``--rounds`` overrides;
+  10 rounds (the paper: 50), 8 local steps of 32 on digits4 (about 4 epochs of a client's ~60
+  images), 4 local steps on fashion4 (a fifth of an epoch), evaluation every 2 rounds;
+  ``--rounds`` overrides;
 * ``smoke``: digits4 only, 20 clients, one LODO target and one LTDO split, 1 seed, 2 rounds of one
   step, the ``fft`` style backend (no networks) and CCST with K = 1: 14 runs, a pipeline check.
 
@@ -53,14 +55,14 @@ class Scale:
     ltdo_splits: int  # how many (test, validation) splits (0: one per domain)
     rounds: int
     eval_every: int
-    local: dict  # per dataset: local_epochs / local_steps
+    local: dict  # per dataset: local_steps (never epochs: see the docstring)
     backend: str
     ccst_k: int  # CCST's styles per image
 
 
 SCALES = {
     "full": Scale(DATASETS, 100, 0.2, (0, 1, 2), 0, 0, 10, 2,
-                  {"digits4": {"local_epochs": 1}, "fashion4": {"local_steps": 4}}, "lite", 3),
+                  {"digits4": {"local_steps": 8}, "fashion4": {"local_steps": 4}}, "lite", 3),
     "smoke": Scale(("digits4",), 20, 0.2, (0,), 1, 1, 2, 2, {"digits4": {"local_steps": 1}}, "fft", 1),
 }
 
