@@ -15,9 +15,9 @@ would be K + 1 times as many steps as FedAvg's):
 
 * ``full``: the issue's grid — 2 datasets x (4 LODO + 4 LTDO) x 5 methods x 3 seeds = 240 runs,
   plus 2 x 2 x 2 lambda runs x 3 seeds = 24 — with the training shortened to fit a GPU session:
-  10 rounds (the paper: 50), 8 local steps of 32 on digits4 (about 4 epochs of a client's ~60
-  images), 4 local steps on fashion4 (a fifth of an epoch), evaluation every 2 rounds;
-  ``--rounds`` overrides;
+  10 rounds (the paper: 50), 8 local steps of 32 (about 4 epochs of a digits4 client's ~60
+  images, half an epoch of a fashion4 client's ~525), evaluation every 2 rounds; ``--rounds``
+  overrides (``fedstyle reproduce pardon --scale full`` runs the same LODO grid);
 * ``smoke``: digits4 only, 20 clients, one LODO target and one LTDO split, 1 seed, 2 rounds of one
   step, the ``fft`` style backend (no networks) and CCST with K = 1: 14 runs, a pipeline check.
 
@@ -62,7 +62,7 @@ class Scale:
 
 SCALES = {
     "full": Scale(DATASETS, 100, 0.2, (0, 1, 2), 0, 0, 10, 2,
-                  {"digits4": {"local_steps": 8}, "fashion4": {"local_steps": 4}}, "lite", 3),
+                  {"digits4": {"local_steps": 8}, "fashion4": {"local_steps": 8}}, "lite", 3),
     "smoke": Scale(("digits4",), 20, 0.2, (0,), 1, 1, 2, 2, {"digits4": {"local_steps": 1}}, "fft", 1),
 }
 

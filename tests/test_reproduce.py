@@ -76,14 +76,38 @@ def test_row_stats_average_each_seed_over_its_targets(tmp_path):
     assert stats["v"].text() == "60.0 ± 0.0*"
 
 
+PRESETS = ["ccst", "fedgca", "pardon"]
+
+
 def test_presets_ship_as_data_and_are_listed(capsys):
-    assert "ccst" in [name for name, _ in list_presets()]
+    assert [name for name, _ in list_presets()] == PRESETS
     assert preset_path("ccst").suffix == ".toml"
-    with pytest.raises(ConfigError, match="no preset 'nope'; presets: ccst"):
+    with pytest.raises(ConfigError, match="no preset 'nope'; presets: ccst, fedgca, pardon"):
         preset_path("nope")
     assert main(["reproduce", "--list"]) == 0
     text = capsys.readouterr().out
     assert "ccst" in text and "--scale smoke" in text and "--scale full" in text and "PACS, ResNet-50" in text
+    assert "pardon" in text and "PACS, LODO" in text and "fedgca" in text and "Digits, MNIST ->" in text
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_every_preset_scale_plans_runs_whose_rows_its_claims_and_numbers_name(name, tmp_path):
+    """Each scale of each preset is a valid grid that plans on the built-in datasets, and every row its
+    claims and the paper's numbers name is a variant (planning checks it); smoke is the smallest scale."""
+    data = read_toml(preset_path(name))
+    sizes = {}
+    for scale in data["scales"]:
+        grid = parse_grid(data, f"preset {name}", scale=scale)
+        assert grid.claims and grid.paper is not None and grid.paper.results
+        named = {row for result in grid.paper.results for row in result.numbers}
+        named |= {row for claim in grid.claims for row in (claim.better, claim.worse)}
+        assert named <= set(grid.all_variants)
+        if scale == "full":  # planning it loads fashion4, which needs the Fashion-MNIST files
+            continue
+        plan = plan_grid(grid, tmp_path / scale)
+        assert plan.runs and len({r.rel for r in plan.runs}) == len(plan.runs)
+        sizes[scale] = len(plan.runs)
+    assert sizes["smoke"] == min(sizes.values())
 
 
 def test_every_scale_of_the_ccst_preset_is_a_valid_grid():

@@ -74,6 +74,8 @@ examples:
   fedstyle reproduce --list
   fedstyle reproduce ccst                         the smoke scale: a first look, minutes on 2 CPU cores
   fedstyle reproduce ccst --scale full --device cuda --workers 8
+  fedstyle reproduce pardon --scale small          PARDON's Table II rows on digits4 -> mnistm, 3 seeds
+  fedstyle reproduce fedgca --scale full --device cuda --workers 12
   fedstyle reproduce ccst --scale full --launcher ray --address auto --gpus-per-run 0.125 --out /shared/ccst
 """
 
