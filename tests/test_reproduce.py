@@ -76,18 +76,19 @@ def test_row_stats_average_each_seed_over_its_targets(tmp_path):
     assert stats["v"].text() == "60.0 ± 0.0*"
 
 
-PRESETS = ["ccst", "fedgca", "pardon"]
+PRESETS = ["ccst", "fedgca", "pardon", "stablefdg", "styleddg"]
 
 
 def test_presets_ship_as_data_and_are_listed(capsys):
     assert [name for name, _ in list_presets()] == PRESETS
     assert preset_path("ccst").suffix == ".toml"
-    with pytest.raises(ConfigError, match="no preset 'nope'; presets: ccst, fedgca, pardon"):
+    with pytest.raises(ConfigError, match="no preset 'nope'; presets: ccst, fedgca, pardon, stablefdg, styleddg"):
         preset_path("nope")
     assert main(["reproduce", "--list"]) == 0
     text = capsys.readouterr().out
     assert "ccst" in text and "--scale smoke" in text and "--scale full" in text and "PACS, ResNet-50" in text
     assert "pardon" in text and "PACS, LODO" in text and "fedgca" in text and "Digits, MNIST ->" in text
+    assert "stablefdg" in text and "PACS, multi-domain clients" in text and "PACS, m = 9, RGG radius 0.8" in text
 
 
 @pytest.mark.parametrize("name", PRESETS)
