@@ -73,6 +73,13 @@ def main_variants(backend: str, ccst_k: int) -> list[Variant]:
             Variant("pardon", "pardon", {"style_backend": backend})]
 
 
+def ablation_variants(backend: str) -> list[Variant]:
+    """Rows that run only when named in ``--rows``: PARDON's restyled pairs with cross-entropy alone
+    (gamma1 = gamma2 = 0), which separates the S_g data from the triplet and L2 terms."""
+    return [Variant("pardon-ce-only", "pardon", {"style_backend": backend, "gamma1": 0.0, "gamma2": 0.0},
+                    label="PARDON, CE only (gamma1 = gamma2 = 0)")]
+
+
 def sweep_variants(backend: str) -> list[Variant]:
     return [Variant("fedavg", "fedavg"), Variant("pardon", "pardon", {"style_backend": backend})]
 
@@ -107,8 +114,10 @@ def plan(scale: Scale, out: Path, rounds: int, device: str, rows: list[str] | No
     ``targets`` keeps the LODO targets and LTDO test domains named (per dataset, those it has)."""
     groups, jobs = [], []
 
+    optional = {v.name for v in ablation_variants(scale.backend)}
+
     def kept(variants):
-        return tuple(v for v in variants if rows is None or v.name in rows)
+        return tuple(v for v in variants if (v.name in rows if rows is not None else v.name not in optional))
 
     for dataset in scale.datasets:
         domains = load_dataset(dataset, progress=False).domains
@@ -117,7 +126,7 @@ def plan(scale: Scale, out: Path, rounds: int, device: str, rows: list[str] | No
         if targets is not None and set(targets) & set(domains):
             lodo = [d for d in domains if d in targets]
             splits = [(t, v) for t, v in ltdo_splits(domains, 0) if t in targets]
-        main = tuple(main_variants(scale.backend, scale.ccst_k))
+        main = tuple(main_variants(scale.backend, scale.ccst_k) + ablation_variants(scale.backend))
         for protocol in protocols:
             folder = out / f"{dataset}-{protocol}-lam0.1"
             groups.append(Group(dataset, protocol, 0.1, main, folder))
@@ -189,7 +198,8 @@ def main() -> None:
     parser.add_argument("--backend", default=None, help="style backend of CCST and PARDON (scale default: full lite, "
                         "smoke fft)")
     parser.add_argument("--rows", nargs="+", default=None,
-                        help="run only these rows (fedavg fedgma feddg_ga ccst pardon; default: all)")
+                        help="run only these rows (fedavg fedgma feddg_ga ccst pardon; default: these five) "
+                        "or the ablation row pardon-ce-only (PARDON's pairs with CE alone)")
     parser.add_argument("--no-lambda-sweep", action="store_true", help="leave out the lambda in {0, 1} runs")
     parser.add_argument("--protocols", nargs="+", choices=("lodo", "ltdo"), default=["lodo", "ltdo"])
     parser.add_argument("--datasets", nargs="+", choices=DATASETS, default=None, help="default: the scale's")
@@ -198,7 +208,8 @@ def main() -> None:
     parser.add_argument("--report-only", action="store_true", help="tabulate the finished runs, run nothing")
     args = parser.parse_args()
     try:
-        rows = None if args.rows is None else select([v.name for v in main_variants("fft", 1)], args.rows, "row")
+        names = [v.name for v in main_variants("fft", 1) + ablation_variants("fft")]
+        rows = None if args.rows is None else select(names, args.rows, "row")
     except ValueError as err:
         parser.error(str(err))
 
