@@ -150,9 +150,11 @@ def plan(scale: Scale, out: Path, rounds: int, device: str, rows: list[str] | No
 
 
 def setup_table(groups: list[Group]) -> str:
-    """Per dataset and variant with a setup exchange: mean over runs of bytes and throughputs."""
+    """Per dataset and variant with a setup exchange: mean over runs of bytes and throughputs. The
+    stylization columns average the runs that stylized; a run that found its images in the cache
+    (an earlier run with the same partition and style) is counted under "cached"."""
     lines = ["| dataset | variant | setup bytes up (all clients) | setup bytes down | style img/s | "
-             "stylize img/s | style s | stylize s | runs |", "|---|---|--:|--:|--:|--:|--:|--:|--:|"]
+             "stylize img/s | style s | stylize s | runs | cached |", "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|"]
     seen = set()
     for group in groups:
         for v in group.variants:
@@ -162,14 +164,16 @@ def setup_table(groups: list[Group]) -> str:
                 continue
             seen.add((group.dataset, v.name, group.folder))
 
-            def mean(key: str) -> float:
+            def mean(key: str, spec: str) -> str:
                 values = [s[key] for s in setups if key in s]
-                return statistics.fmean(values) if values else float("nan")
+                return format(statistics.fmean(values), spec) if values else "—"
 
+            cached = sum(1 for s in setups if s.get("cache_hits"))
             lines.append(f"| {group.dataset} ({group.protocol}, λ={group.lam:g}) | {v.name} | "
-                         f"{mean('setup_bytes_up'):,.0f} | {mean('setup_bytes_down'):,.0f} | "
-                         f"{mean('style_images_per_s'):,.0f} | {mean('stylized_images_per_s'):,.0f} | "
-                         f"{mean('style_seconds'):.1f} | {mean('stylize_seconds'):.1f} | {len(setups)} |")
+                         f"{mean('setup_bytes_up', ',.0f')} | {mean('setup_bytes_down', ',.0f')} | "
+                         f"{mean('style_images_per_s', ',.0f')} | {mean('stylized_images_per_s', ',.0f')} | "
+                         f"{mean('style_seconds', '.1f')} | {mean('stylize_seconds', '.1f')} | {len(setups)} | "
+                         f"{cached} |")
     return "\n".join(lines)
 
 
