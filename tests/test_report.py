@@ -80,13 +80,42 @@ def sweep(tmp_path) -> Path:
 
 
 def cells(table) -> dict[str, list[str]]:
-    """Row label -> its cells without the two cost columns (MB/run, s/run; tested on their own)."""
-    return {row[0]: row[1:-2] for row in table.text_rows()}
+    """Row label -> its cells without Src val and the two cost columns (MB/run, s/run; tested on their own)."""
+    skip = {table.header.index(name) for name in ("Src-val", "MB/run", "s/run")}
+    return {row[0]: [cell for i, cell in enumerate(row) if i and i not in skip] for row in table.text_rows()}
+
+
+def test_source_validation_column_by_hand(tmp_path):
+    """Src val: the mean source-validation accuracy of the same model (selected round or last), per seed
+    the mean over its runs (one per target under LODO), then mean ± std over seeds."""
+    root = tmp_path / "runs"
+    # seed -> target -> per-round source-val accuracies of two source domains (rounds 1..3; selected: round 2)
+    per_round = {0: {"art": [(0.1, 0.3), (0.2, 0.3), (0.3, 0.3)], "photo": [(0.5, 0.5), (0.6, 0.4), (0.1, 0.1)]},
+                 1: {"art": [(0.4, 0.4), (0.4, 0.6), (0.7, 0.7)], "photo": [(0.2, 0.2), (0.2, 0.4), (0.5, 0.5)]}}
+    for seed, targets in per_round.items():
+        for target, rounds in targets.items():
+            run = make_run(root, "FedAvg", seed, target, 0.5, rounds=3)
+            rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+            for row, (a, b) in zip(rows, rounds):
+                row["source_val_acc"] = {"a": a, "b": b}
+            (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+            summary = json.loads((run / "summary.json").read_text())
+            summary["selected_round"] = 2
+            (run / "summary.json").write_text(json.dumps(summary))
+    selected = results_table(collect([root]))
+    column = selected.header.index("Src-val")
+    assert selected.header[column - 1] == "Avg"
+    # selected (round 2): seed 0: art 25, photo 50 -> 37.5; seed 1: art 50, photo 30 -> 40 => 38.75 ± 1.77
+    assert selected.rows[0].source_val.values == pytest.approx((37.5, 40.0))
+    assert selected.text_rows()[0][column] == "38.8 ± 1.8"
+    # last (round 3): seed 0: 30, 10 -> 20; seed 1: 70, 50 -> 60
+    assert results_table(collect([root]), which="last").rows[0].source_val.values == pytest.approx((20.0, 60.0))
+    assert "source_val_mean" in to_csv(selected, tmp_path / "t.csv").read_text().splitlines()[0]
 
 
 def test_table_cells_by_hand(sweep):
     table = results_table(collect([sweep]))
-    assert table.header == ["Method", "art", "photo", "Avg", "n", "MB/run", "s/run"]
+    assert table.header == ["Method", "art", "photo", "Avg", "Src-val", "n", "MB/run", "s/run"]
     # FedAvg art: 80, 70 -> 75.0 ± sqrt(50) = 7.07; photo: 90, 94 -> 92.0 ± sqrt(8) = 2.83;
     # Avg per seed: 85, 82 -> 83.5 ± sqrt(4.5) = 2.12.
     # MixStyle art: 82, 78 -> 80.0 ± 2.83; photo: 96, 92 -> 94.0 ± 2.83; Avg: 89, 85 -> 87.0 ± 2.83.
@@ -102,7 +131,7 @@ def test_table_cells_by_hand(sweep):
 
 def test_last_round_table_and_order(sweep):
     table = results_table(collect([sweep]), which="last", order=["MixStyle"], domains=["photo"])
-    assert table.header == ["Method", "photo", "art", "Avg", "n", "MB/run", "s/run"]
+    assert table.header == ["Method", "photo", "art", "Avg", "Src-val", "n", "MB/run", "s/run"]
     assert cells(table)["MixStyle"] == ["84.0 ± 2.8", "70.0 ± 2.8", "77.0 ± 2.8", "2"]
     assert [row.label for row in table.rows] == ["MixStyle", "FedAvg"]
     assert "last round" in table.caption
@@ -121,7 +150,7 @@ def test_incomplete_runs_skipped_with_warning_or_included(sweep):
     # art has only seed 0 (80.0, no std, marked); seed 1's Avg covers photo only: Avg of 85 and 94.
     assert row == ["80.0*", "92.0 ± 2.8", "89.5 ± 6.4*", "2"]
     markdown = to_markdown(results_table(records))
-    assert r"| 80.0\* | 92.0 ± 2.8 | 89.5 ± 6.4\* | 2 |" in markdown and "\n\\* fewer seeds" in markdown
+    assert r"| 80.0\* | 92.0 ± 2.8 | 89.5 ± 6.4\* | 50.0 ± 0.0 | 2 |" in markdown and "\n\\* fewer seeds" in markdown
 
     with warnings.catch_warnings():
         warnings.simplefilter("error")
@@ -201,12 +230,13 @@ def test_csv_contents(sweep, tmp_path):
     with open(path, newline="") as file:
         rows = list(csv.DictReader(file))
     assert list(rows[0]) == [
-        "method", "selection", "art_mean", "art_std", "photo_mean", "photo_std", "avg_mean", "avg_std", "n",
-        "mb_per_run", "seconds_per_run",
+        "method", "selection", "art_mean", "art_std", "photo_mean", "photo_std", "avg_mean", "avg_std",
+        "source_val_mean", "source_val_std", "n", "mb_per_run", "seconds_per_run",
     ]
     assert rows[0] == {
         "method": "FedAvg", "selection": "source_val", "art_mean": "75.0000", "art_std": "7.0711",
-        "photo_mean": "92.0000", "photo_std": "2.8284", "avg_mean": "83.5000", "avg_std": "2.1213", "n": "2",
+        "photo_mean": "92.0000", "photo_std": "2.8284", "avg_mean": "83.5000", "avg_std": "2.1213",
+        "source_val_mean": "50.0000", "source_val_std": "0.0000", "n": "2",
         "mb_per_run": "0.0001", "seconds_per_run": "3.0000",  # 30 + 30 bytes, 3 s in every summary
     }
     assert rows[1]["method"] == "MixStyle" and rows[1]["avg_mean"] == "87.0000"
@@ -217,11 +247,11 @@ def test_text_and_markdown(sweep):
     text = to_text(table).splitlines()
     assert text[0] == table.caption
     header, rule, first = text[2], text[3], text[4]
-    assert header.split() == ["Method", "art", "photo", "Avg", "n", "MB/run", "s/run"]
+    assert header.split() == ["Method", "art", "photo", "Avg", "Src-val", "n", "MB/run", "s/run"]
     assert len(rule) >= len(first) and first.startswith("FedAvg") and first.endswith("3")
     markdown = to_markdown(table)
     assert table.caption in markdown
-    assert "| FedAvg | 75.0 ± 7.1 | 92.0 ± 2.8 | 83.5 ± 2.1 | 2 | 0.0 | 3 |" in markdown
+    assert "| FedAvg | 75.0 ± 7.1 | 92.0 ± 2.8 | 83.5 ± 2.1 | 50.0 ± 0.0 | 2 | 0.0 | 3 |" in markdown
 
 
 def test_curve_aggregation_by_hand():

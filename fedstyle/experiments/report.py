@@ -108,6 +108,19 @@ class RunRecord:
             if entry.get(which) is not None
         }
 
+    def source_val_accuracy(self, which: str) -> float | None:
+        """Mean source-validation accuracy (fraction) of the ``which`` model: the evaluation of the
+        selected round ("selected") or the last evaluation ("last"); None when the metrics lack it.
+        Beside the target accuracy it tells underfitting (both low) from a domain gap (only the target)."""
+        rows = [r for r in self.metrics if isinstance(r.get("source_val_acc"), dict) and r["source_val_acc"]
+                and "round" in r]
+        if which == "selected":
+            rows = [r for r in rows if r["round"] == self.summary.get("selected_round")]
+        if not rows:
+            return None
+        values = [v for v in rows[-1]["source_val_acc"].values() if isinstance(v, (int, float))]
+        return statistics.fmean(values) if values else None
+
 
 def _read_json(path: Path) -> dict:
     try:
@@ -265,6 +278,8 @@ class Row:
     settings: dict[str, object] = field(default_factory=dict)
     megabytes: Cell = field(default_factory=Cell)
     seconds: Cell = field(default_factory=Cell)
+    #: mean source-validation accuracy (percent) of the same models, per seed (mean over its runs)
+    source_val: Cell = field(default_factory=Cell)
 
     @property
     def n(self) -> int:
@@ -294,7 +309,7 @@ class Table:
 
     @property
     def header(self) -> list[str]:
-        return ["Method", *self.setting_columns, *self.domains, "Avg", "n", "MB/run", "s/run"]
+        return ["Method", *self.setting_columns, *self.domains, "Avg", "Src-val", "n", "MB/run", "s/run"]
 
     def text_rows(self) -> list[list[str]]:
         # Selection rules do not matter for last-round accuracy, so only "selected" flags mixtures.
@@ -304,6 +319,7 @@ class Table:
                 *(_setting_text(row.settings.get(k)) for k in self.setting_columns),
                 *(row.cells[d].text() for d in self.domains),
                 row.average.text(),
+                row.source_val.text(),
                 str(row.n),
                 _cost_text(row.megabytes, "{:.1f}"),
                 _cost_text(row.seconds, "{:.0f}"),
@@ -437,6 +453,7 @@ def results_table(
     sources: dict[tuple[str, int, str], Path] = {}
     selections: dict[str, dict[str, None]] = {}
     costs: dict[str, tuple[list[float], list[float]]] = {}
+    source_val: dict[str, dict[int, list[float]]] = {}  # row -> seed -> its runs' source-val accuracy (%)
     for record in records:
         row_key = plan.row_of[record.path]
         selections.setdefault(row_key, {})[record.selection] = None
@@ -446,6 +463,9 @@ def results_table(
             megabytes.append((record.summary["bytes_up"] + record.summary.get("bytes_down", 0)) / 1e6)
         if isinstance(record.summary.get("seconds"), (int, float)):
             seconds.append(float(record.summary["seconds"]))
+        fitted = record.source_val_accuracy(which)
+        if fitted is not None:
+            source_val.setdefault(row_key, {}).setdefault(record.seed, []).append(100.0 * fitted)
         for domain, accuracy in record.target_accuracy(which).items():
             key = (row_key, record.seed, domain)
             if key in sources:
@@ -471,10 +491,12 @@ def results_table(
         megabytes, seconds = costs[label]
         rows.append(Row(label, seeds, tuple(selections[label]), cells, Cell(averages, not every_column),
                         settings=plan.row_settings[label], megabytes=Cell(tuple(megabytes)),
-                        seconds=Cell(tuple(seconds))))
+                        seconds=Cell(tuple(seconds)),
+                        source_val=Cell(tuple(statistics.fmean(v) for _, v in sorted(source_val.get(label, {}).items())))))
 
     caption = (
         f"{dataset}: accuracy (%) on each held-out target domain, mean ± sample std over n seeds; "
+        f"Src-val: the same models' mean accuracy on the source domains' validation split; "
         f"{_selection_caption(rows, which)}."
     )
     has_partial = any(c.partial for row in rows for c in (*row.cells.values(), row.average))
@@ -536,7 +558,7 @@ def to_csv(table: Table, path: str | os.PathLike) -> Path:
     """CSV with ``<domain>_mean`` / ``<domain>_std`` columns (percent; empty when undefined)."""
     path = Path(path)
     header = ["method", "selection", *table.setting_columns]
-    for name in (*table.domains, "avg"):
+    for name in (*table.domains, "avg", "source_val"):
         header += [f"{name}_mean", f"{name}_std"]
     header += ["n", "mb_per_run", "seconds_per_run"]
     with _atomic_open(path, "w") as file:
@@ -545,7 +567,7 @@ def to_csv(table: Table, path: str | os.PathLike) -> Path:
         for row in table.rows:
             line = [row.label, "+".join(row.selections), *(_setting_text(row.settings.get(k)) for k in
                                                             table.setting_columns)]
-            for cell in (*(row.cells[d] for d in table.domains), row.average):
+            for cell in (*(row.cells[d] for d in table.domains), row.average, row.source_val):
                 line += [_number(cell.mean), _number(cell.std)]
             writer.writerow([*line, row.n, _number(row.megabytes.mean), _number(row.seconds.mean)])
     return path
