@@ -71,11 +71,13 @@ def variants(ccst: dict, reference: bool = False) -> list[Variant]:
     ] + extra
 
 
-def base_config(dataset: str, distribution: str, scale: dict, device: str, data_root: str | None) -> RunConfig:
+def base_config(dataset: str, distribution: str, scale: dict, device: str, data_root: str | None,
+                rounds_factor: int = 1) -> RunConfig:
     return RunConfig(dataset=dataset, data_root=data_root, protocol="lodo", clients=scale["clients"],
                      clients_per_round=scale["per_round"],
-                     backbone="convnet", rounds=scale["rounds"], local_steps=scale["local_steps"], batch_size=32,
-                     lr=0.05, lr_schedule="cosine", eval_every=scale["eval_every"], device=device,
+                     backbone="convnet", rounds=scale["rounds"] * rounds_factor, local_steps=scale["local_steps"],
+                     batch_size=32, lr=0.05, lr_schedule="cosine", eval_every=scale["eval_every"] * rounds_factor,
+                     device=device,
                      **DISTRIBUTIONS[distribution])
 
 
@@ -113,6 +115,8 @@ def main() -> None:
                         help="run only these rows (folder names: fedavg fedbn mixstyle dsu ccst feddg_fft stablefdg "
                         "stablefdg_style_only stablefdg_attention_only; default: all)")
     parser.add_argument("--targets", nargs="+", default=None, help="run only these target domains (default: the scale's)")
+    parser.add_argument("--rounds-factor", type=int, default=1,
+                        help="train K times the scale's rounds (same steps per round; a budget check; give another --out)")
     parser.add_argument("--report-only", action="store_true", help="tabulate the finished runs, run nothing")
     args = parser.parse_args()
 
@@ -141,7 +145,7 @@ def main() -> None:
             folder = out / dataset / distribution
             tables.append((dataset, distribution, folder))
             if not args.report_only:
-                base = base_config(dataset, distribution, scale, args.device, root)
+                base = base_config(dataset, distribution, scale, args.device, root, args.rounds_factor)
                 jobs += plan_jobs(base, rows, seeds, targets, folder)
     print(f"{len(jobs)} runs to do ({args.scale}: {len(rows)} rows x {len(seeds)} seeds x targets x "
           f"{len(distributions)} distributions x {len(datasets)} datasets, finished ones skipped)")

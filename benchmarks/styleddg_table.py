@@ -83,9 +83,9 @@ def base_config(dataset: str, network: Network, scale: str, args) -> RunConfig:
     return RunConfig(dataset=dataset, data_root=args.data_root if dataset == "fashion4" else None,
                      protocol="lodo", partition=network.partition,
                      clients=network.devices if network.partition != "domain" else None,
-                     topology=network.topology, radius=0.8, rounds=SCALES[scale]["rounds"],
+                     topology=network.topology, radius=0.8, rounds=SCALES[scale]["rounds"] * args.rounds_factor,
                      local_steps=network.local_steps[scale], batch_size=64, lr=0.05, lr_schedule="cosine",
-                     eval_every=SCALES[scale]["eval_every"], device=args.device)
+                     eval_every=SCALES[scale]["eval_every"] * args.rounds_factor, device=args.device)
 
 
 def plan(args) -> tuple[list, list[tuple[str, Network, Path, list[str]]]]:
@@ -180,6 +180,9 @@ def main() -> None:
     parser.add_argument("--rows", nargs="+", help=f"run only these rows ({' '.join(v.name for v in ROWS)}; default: all)")
     parser.add_argument("--targets", nargs="+", help="run only these target domains (default: the scale's)")
     parser.add_argument("--networks", nargs="+", choices=[n.name for n in NETWORKS], help="default: both")
+    parser.add_argument("--rounds-factor", type=int, default=1,
+                        help="train K times the scale's rounds (same steps per round, evaluations as often relative "
+                        "to the run: a budget check; give another --out)")
     parser.add_argument("--report-only", action="store_true", help="tabulate the finished runs, run nothing")
     args = parser.parse_args()
 
