@@ -274,10 +274,111 @@ def test_exploration_and_mixstyle_as_one_adain_equal_the_two_in_sequence():
     assert torch.allclose(mix_only, method.mix(x), atol=1e-5)
 
 
+class AffineStages(Backbone):
+    """Four stages that are per-channel affine maps y = a x + b (layer1: identity), so every stage's
+    per-sample statistics follow by hand: mu -> a mu + b, sigma -> a sigma. Records each stage's input."""
+
+    stage_names = ("layer1", "layer2", "layer3", "layer4")
+    feature_dim = 3
+    SCALE = {"layer1": (1.0, 1.0, 1.0), "layer2": (2.0, 0.5, 1.5), "layer3": (0.5, 3.0, 1.0), "layer4": (1.0, 1.0, 1.0)}
+    SHIFT = {"layer1": (0.0, 0.0, 0.0), "layer2": (1.0, -1.0, 0.0), "layer3": (-2.0, 0.5, 3.0), "layer4": (0.0, 0.0, 0.0)}
+
+    def __init__(self):
+        super().__init__()
+        self.inputs = {}
+
+    def run_stage(self, name, x):
+        self.inputs[name] = x.detach().clone()
+        return x * torch.tensor(self.SCALE[name]).view(1, 3, 1, 1) + torch.tensor(self.SHIFT[name]).view(1, 3, 1, 1)
+
+
+def _stats_by_hand(x):
+    """(mu, sigma) per sample and channel, (B, C): sigma = sqrt(population variance + 1e-6)."""
+    mu = x.mean((2, 3))
+    return mu, ((x - mu[:, :, None, None]) ** 2).mean((2, 3)).add(1e-6).sqrt()
+
+
+def _forward_with_extras(hp, x, y):
+    """One training_loss through AffineStages; returns ([s, s~] as oversampled at layer1, the
+    layer4 input, the backbone) — the oversampled batch is recorded before any exploration."""
+    method = StableFDG(hp, num_classes=4, num_clients=4)
+    backbone = AffineStages()
+    model = Classifier(backbone, 4)
+    method.configure_model(model)
+    model.train()
+    enlarged = []
+    oversample = method.oversample
+    method.oversample = lambda feats, labels: enlarged.append(oversample(feats, labels)) or enlarged[-1]
+    ctx = context(make_clients(1)[0])
+    loss = method.training_loss(ctx, model, x, y, {})
+    assert torch.isfinite(loss) and ctx.logged_metrics()["explore_fired"] == 1.0
+    assert len(enlarged) == 1
+    return enlarged[0][0], backbone.inputs["layer4"], backbone
+
+
+@pytest.mark.parametrize("stages", ["layer1,layer2,layer3", "layer2,layer3"])
+def test_a_full_forward_explores_once_by_one_plus_alpha_not_compounding(stages):
+    # Eq. 4-5 applied once to s~: after a whole forward with every stage firing (explore_p = 1,
+    # MixStyle off), an extra's style at layer4's input is (1 + alpha) times its distance from the
+    # batch centre at the FIRST firing stage, carried through the later (affine) stages — not (1 + alpha)^k
+    torch.manual_seed(0)
+    x = torch.randn(6, 3, 4, 4) * torch.rand(6, 3, 1, 1).add(0.5) + torch.randn(6, 3, 1, 1)
+    y = torch.tensor([0, 0, 0, 1, 1, 2])
+    alpha, b = 3.0, 6
+    hp = {"share": False, "mixstyle": False, "explore_p": 1.0, "alpha": alpha, "explore_stages": stages}
+    s_hat, last, _ = _forward_with_extras(hp, x, y)
+    assert s_hat.shape[0] == 2 * b
+    mu, sigma = _stats_by_hand(s_hat)                       # at layer1's output, before exploration
+    scale = {k: torch.tensor(v) for k, v in AffineStages.SCALE.items()}
+    shift = {k: torch.tensor(v) for k, v in AffineStages.SHIFT.items()}
+    if stages.startswith("layer2"):                         # the first firing stage is layer2: its statistics
+        mu, sigma = scale["layer2"] * mu + shift["layer2"], scale["layer2"] * sigma
+        after = scale["layer3"], shift["layer3"]
+    else:                                                   # layer2 then layer3 follow the exploration
+        after = scale["layer2"] * scale["layer3"], scale["layer3"] * shift["layer2"] + shift["layer3"]
+    centre_mu, centre_sigma = mu.mean(0), sigma.mean(0)     # over the enlarged batch [s, s~]
+    mu_last, sigma_last = _stats_by_hand(last)
+    a, c = after
+    # originals: untouched, only carried by the affine stages
+    assert torch.allclose(mu_last[:b], a * mu[:b] + c, atol=1e-4)
+    assert torch.allclose(sigma_last[:b], a * sigma[:b], atol=1e-4)
+    # extras: distance from the first firing stage's centre, mapped back through the later stages, is (1 + alpha) x
+    assert torch.allclose((mu_last[b:] - c) / a - centre_mu, (1 + alpha) * (mu[b:] - centre_mu), atol=1e-4)
+    explored_sigma = centre_sigma + (1 + alpha) * (sigma[b:] - centre_sigma)
+    assert (explored_sigma < 0).any()                        # Eq. 5 crosses zero: the mirrored map has std |sigma_new|
+    assert torch.allclose(sigma_last[b:] / a, explored_sigma.abs(), atol=1e-3)
+
+    # the compounding reading, kept as an option: the same forward explores again at each later stage
+    s_hat2, last2, _ = _forward_with_extras(dict(hp, explore_repeat="every_firing_stage"), x, y)
+    m, s = _stats_by_hand(s_hat2)                             # layer1's output
+    for stage in ("layer1", "layer2", "layer3"):
+        if stage != "layer1":
+            m, s = scale[stage] * m + shift[stage], scale[stage] * s
+        if stage in stages.split(","):                        # Eq. 4-5 again around this stage's centre
+            cm, cs = m.mean(0), s.mean(0)
+            m = torch.cat([m[:b], m[b:] + alpha * (m[b:] - cm)])
+            s = torch.cat([s[:b], (s[b:] + alpha * (s[b:] - cs)).abs()])
+    mu_last2, sigma_last2 = _stats_by_hand(last2)
+    assert torch.allclose(mu_last2, m, rtol=1e-3, atol=1e-3) and torch.allclose(sigma_last2, s, rtol=1e-3, atol=1e-3)
+    # ... which moves the extras farther than once does, by about (1 + alpha)^(k - 1) more
+    spread_once = (mu_last[b:] - mu_last.mean(0)).abs().mean()
+    spread_every = (mu_last2[b:] - mu_last2.mean(0)).abs().mean()
+    k = len(stages.split(","))                                # firings; the last one's extras land near (1 + alpha)^k
+    assert spread_every > 0.5 * (1 + alpha) ** (k - 1) * spread_once
+
+
+def test_explore_repeat_is_refused_with_the_reference_code_and_labelled():
+    with pytest.raises(ConfigError, match="reference_code=true explores once"):
+        StableFDG.resolve({"reference_code": True, "explore_repeat": "every_firing_stage"})
+    assert StableFDG.resolve({})["explore_repeat"] == "once"
+    assert StableFDG.display_name(StableFDG.resolve({"explore_repeat": "every_firing_stage"})) == \
+        "StableFDG (explore at every firing stage)"
+
+
 # -- the attention highlighter --------------------------------------------------------------------
 def test_attention_weights_sum_to_one_and_match_eq8():
     torch.manual_seed(0)
-    neck = AttentionNeck(8, dim=5)
+    neck = AttentionNeck(PooledNeck(PoolingStage()), 8, dim=5)
     maps = torch.randn(6, 8, 3, 4)
     partner = torch.tensor([1, 0, 3, 2, 4, 5])
     for p in (None, partner):
@@ -287,7 +388,7 @@ def test_attention_weights_sum_to_one_and_match_eq8():
         assert torch.allclose(w, neck.weights_by_definition(maps, p), atol=1e-5)
     feats = neck(maps, partner=partner)
     assert feats.shape == (6, 16)
-    assert torch.allclose(feats[:, :8], maps.mean((2, 3)))
+    assert torch.allclose(feats[:, :8], maps.mean((2, 3)))  # the wrapped embedding: here a global average pool
     assert torch.allclose(feats[:, 8:], torch.einsum("bhw,bchw->bc", neck.weights(maps, partner), maps), atol=1e-5)
 
 
@@ -312,17 +413,47 @@ def test_partners_share_the_class_and_singletons_use_themselves():
     assert same_class_partners(torch.tensor([7])).tolist() == [0]
 
 
-@pytest.mark.parametrize("backbone,size,channels", [("convnet", 32, 64), ("resnet18", 32, 512),
-                                                    ("resnet50", 32, 2048), ("efficientnet_lite0", 32, 1280)])
-def test_classifier_input_is_2c_on_every_backbone(backbone, size, channels):
+class PoolingStage(Backbone):
+    """A pooling backbone of 8 channels (the base class's global average pool) for the neck's unit tests."""
+
+    stage_names = ("layer1",)
+    feature_dim = 8
+
+    def run_stage(self, name, x):
+        return x
+
+
+@pytest.mark.parametrize("backbone,size,embedding,channels", [
+    ("convnet", 32, 64 * 2 * 2, 64),          # the ConvNet's own embedding: its flattened 64 x 2 x 2 map
+    ("resnet18", 32, 512, 512),               # ResNets and EfficientNet: the global average pool (2C in all)
+    ("resnet50", 32, 2048, 2048),
+    ("efficientnet_lite0", 32, 1280, 1280)])
+def test_attention_is_concatenated_with_the_backbones_own_embedding(backbone, size, embedding, channels):
+    # Section 3.2: A(z) goes next to "the last embedding feature (e.g., after the global average
+    # pooling in ResNet)", i.e. whatever the model gave its head without attention
+    _, plain = make_model("stablefdg", hp={"attention": False}, backbone=backbone, size=size)
+    assert isinstance(plain.neck, PooledNeck) and plain.head.in_features == embedding
     method, model = make_model("stablefdg", backbone=backbone, size=size)
     assert isinstance(model.neck, AttentionNeck)
-    assert model.head.in_features == 2 * channels  # ConvNet: 128 instead of its flattened 64 x 2 x 2 = 256
+    assert model.head.in_features == embedding + channels   # ConvNet 256 + 64 = 320; ResNet-18 2 x 512
     assert any(k.startswith("neck.query") for k in model.state_dict())  # aggregated like every weight
+    assert not any(k.startswith("neck.embedding") for k in model.state_dict())  # the pooling has no weights
     model.eval()
-    assert model(torch.randn(2, 3, size, size)).shape == (2, 4)
-    _, plain = make_model("stablefdg", hp={"attention": False}, backbone=backbone, size=size)
-    assert isinstance(plain.neck, PooledNeck)
+    x = torch.randn(2, 3, size, size)
+    with torch.no_grad():
+        maps = model.backbone.forward_maps(x)
+        features = model.neck(maps)
+        assert features.shape == (2, embedding + channels)
+        assert torch.equal(features[:, :embedding], model.backbone.pool(maps))  # flatten on the ConvNet, avgpool else
+        weights = model.neck.weights(maps)
+        assert torch.allclose(features[:, embedding:], torch.einsum("bhw,bchw->bc", weights, maps), atol=1e-5)
+        assert model(x).shape == (2, 4)
+
+
+def test_the_attention_neck_does_not_wrap_itself():
+    inner = AttentionNeck(PooledNeck(PoolingStage()), 8)
+    with pytest.raises(ConfigError, match="not another attention neck"):
+        AttentionNeck(inner, 8)
 
 
 # -- a training step: flags, fallbacks ------------------------------------------------------------

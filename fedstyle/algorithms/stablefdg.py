@@ -30,22 +30,30 @@ and it trains without shifting). Phi travels up and down as payload bytes.
    batch right after ``share_stage`` — on every mini-batch, after steps 1-2 ("a mini-batch of
    features ... obtained after Steps 1 and 2"), so that the oversampled part s~ exists at every
    exploration stage; their labels follow.
-3. *Style exploration* (step 4, Eq. 4-5) at each stage of ``explore_stages`` (layer1-3),
-   independently with probability ``explore_p``: mu_new = mu + alpha (mu - mean mu), sigma_new likewise,
-   means over the enlarged batch [s, s~], applied by AdaIN to s~ only; alpha = 3. With alpha = 3 a
+3. *Style exploration* (step 4, Eq. 4-5) ONCE per mini-batch: the stages of ``explore_stages``
+   (layer1-3) fire independently with probability ``explore_p``, and the first one that fires
+   explores: mu_new = mu + alpha (mu - mean mu), sigma_new likewise, means over the enlarged batch
+   [s, s~], applied by AdaIN to s~ only; alpha = 3. The paper applies Eq. 4-5 once to s~ (and the
+   public code explores only at the first firing stage); exploring again at every later firing
+   stage would move an extra (1 + alpha)^k from the batch centre after k firings (64x at alpha = 3,
+   k = 3), a batch whose BatchNorm statistics those outliers dominate. That compounding reading is
+   kept as ``explore_repeat=every_firing_stage``; the default is ``once``. With alpha = 3 a
    sigma below 3/4 of the mean turns negative; the paper does not say what then, and Eq. 5 is kept
    as written (``negative_sigma=keep``: AdaIN's negative scale mirrors the normalised map);
    ``negative_sigma=clamp`` floors it at 1e-6 (the channel becomes flat).
-4. *MixStyle* (step 5) over the enlarged batch at the same firing (lambda ~ Beta(0.1, 0.1), random
-   partner, statistics detached). Exploration and MixStyle are applied as one AdaIN: after
-   exploration MixStyle would measure (mu_new, |sigma_new|) and a normalised map sign(sigma_new)
-   times the original's, so one restyle gives the same features (up to the 1e-6 inside sigma).
+4. *MixStyle* (step 5) over the enlarged batch at every firing stage (lambda ~ Beta(0.1, 0.1),
+   random partner, statistics detached; later firing stages do MixStyle only). Where exploration
+   and MixStyle fire together they are applied as one AdaIN: after exploration MixStyle would
+   measure (mu_new, |sigma_new|) and a normalised map sign(sigma_new) times the original's, so one
+   restyle gives the same features (up to the 1e-6 inside sigma).
 5. *Attention-based feature highlighter* (Section 3.2, Eq. 6-8) on the last stage's output, as the
    model's neck (:class:`fedstyle.models.attention.AttentionNeck`): 1 x 1 convolutions to d = 30,
    each sample's query mixed with a random same-class partner in training (itself when its class
    has no other sample in the batch), self-attention at test time, softmax over H x W; the
-   classifier input is [avgpool(z), A(z)], 2C (on the ConvNet 2C = 128 instead of its flattened
-   C x h x w = 256).
+   attention feature A(z) (C) is concatenated with "the last embedding feature" (Section 3.2), the
+   backbone's own embedding — the model's default neck, which the attention neck wraps: global
+   average pooling on ResNets and EfficientNet (classifier input 2C, as the paper's ResNet), the
+   flattened last map on the Digits-DG ConvNet (64 x 2 x 2 + 64 = 320 at 32 px).
 
 The loss is the cross-entropy over the enlarged batch. ``ctx.log``: ``ce``, ``shift_fired``,
 ``explore_fired``; ``ctx.timed``: ``kmeans``, ``shift``, ``oversample``, ``explore_mixstyle``,
@@ -60,13 +68,14 @@ Other ablations: ``select=random`` (Table 11), ``oversample_balanced=false`` (Ta
 
 **reference_code=true** reproduces the public code's choices: the first B/2 samples of the batch
 get the k-means cluster centres' styles and the rest draws around the received style; oversampling
-and exploration only at the first firing exploration stage (later firing stages: MixStyle only;
+(as exploration) only at the first firing exploration stage (later firing stages: MixStyle only;
 no firing stage: no oversampling), the exploration centre over the original batch; attention
 partners = the next same-class sample; no style sharing in round 0; equal client weights
-(``aggregation=uniform`` unless given). Not reproduced: styles of all 30 clients recomputed each
-round (here only the participants'), k-means in scikit-learn on the CPU, B = 32 hard-wired, extra
-batches fetched for singleton classes, the never-stepped per-client scheduler (use
-``--lr-schedule constant``) and the server's derangement loop that never ends on Python >= 3.11.
+(``aggregation=uniform`` unless given; ``explore_repeat`` stays ``once``). Not reproduced: styles
+of all 30 clients recomputed each round (here only the participants'), k-means in scikit-learn on
+the CPU, B = 32 hard-wired, extra batches fetched for singleton classes, the never-stepped
+per-client scheduler (use ``--lr-schedule constant``) and the server's derangement loop that never
+ends on Python >= 3.11.
 """
 
 from __future__ import annotations
@@ -100,6 +109,8 @@ DERANGEMENT_TRIES = 1000
 STYLE_KEY = "style"
 _QUERY_SECONDS = "stablefdg/query_seconds"
 _SWITCHES = ("share", "shift", "oversample", "explore", "mixstyle", "attention")
+#: ``explore_repeat`` choices: Eq. 4-5 once per mini-batch (default), or at every firing exploration stage
+EXPLORE_REPEATS = ("once", "every_firing_stage")
 
 
 def derangement(n: int, generator: torch.Generator, tries: int = DERANGEMENT_TRIES) -> list[int]:
@@ -151,7 +162,8 @@ class StableFDG(Algorithm):
         HParam("oversample", True, "feature-level class-balanced oversampling after share_stage (step 3)"),
         HParam("explore", True, "style exploration of the oversampled features (step 4, Eq. 4-5; needs oversample)"),
         HParam("mixstyle", True, "MixStyle over the enlarged batch at each firing exploration stage (step 5)"),
-        HParam("attention", True, "attention-based feature highlighter neck (Section 3.2, Eq. 8); classifier input 2C"),
+        HParam("attention", True, "attention-based feature highlighter neck (Section 3.2, Eq. 8); the classifier "
+               "sees the backbone's own embedding (ResNet: avgpool, C; ConvNet: flattened map) + A(z) (C)"),
         HParam("share_stage", "layer1", "backbone stage whose output gives Phi_n, is shifted and oversampled"),
         HParam("style_images", 0, "images per client for Phi_n (0: all of them, the paper; N: a random N drawn "
                "with the round's seed, a cheaper estimate)", low=0),
@@ -160,8 +172,13 @@ class StableFDG(Algorithm):
                choices=("kmeans", "random")),
         HParam("oversample_ratio", 1.0, "oversampling size as a multiple of the batch size B (paper: 1)", low=0.0),
         HParam("oversample_balanced", True, "class-balanced oversampling, minority first (false: uniform, Table 12)"),
-        HParam("explore_stages", "layer1,layer2,layer3", "stages where exploration + MixStyle may fire"),
-        HParam("explore_p", 0.5, "probability that exploration + MixStyle fire at a stage", low=0.0, high=1.0),
+        HParam("explore_stages", "layer1,layer2,layer3", "stages that may fire: MixStyle at each firing one, "
+               "exploration at the first (see explore_repeat)"),
+        HParam("explore_p", 0.5, "probability that a stage of explore_stages fires (exploration at the first "
+               "firing stage, MixStyle at each)", low=0.0, high=1.0),
+        HParam("explore_repeat", "once", "how often Eq. 4-5 extrapolates s~ per mini-batch: once, at the first firing "
+               "stage (the paper; the public code), or at every firing stage (compounds to (1+alpha)^k from the "
+               "centre after k firings)", choices=EXPLORE_REPEATS),
         HParam("alpha", 3.0, "exploration level alpha of Eq. 4-5 (0: no extrapolation)"),
         HParam("negative_sigma", "keep", "an extrapolated sigma below 0 (Eq. 5): keep it as the equation gives it "
                "(AdaIN's negative scale mirrors the map) or clamp it at 1e-6 (a flat map)", choices=("keep", "clamp")),
@@ -193,6 +210,9 @@ class StableFDG(Algorithm):
             hp["share"] = False
         if hp["oversample"] and hp["oversample_ratio"] <= 0:
             raise ConfigError("oversample_ratio must be > 0 with oversample=true; set oversample=false for none")
+        if hp["reference_code"] and hp["explore_repeat"] != "once":
+            raise ConfigError("reference_code=true explores once per mini-batch, as the public code; "
+                              "drop explore_repeat or set reference_code=false")
         if hp["reference_code"] and "aggregation" not in given:
             hp["aggregation"] = "uniform"  # the public code averages client models with equal weights
         return hp
@@ -208,6 +228,8 @@ class StableFDG(Algorithm):
             inside = ["nothing on"]
         else:
             inside = [f"no {s}" for s in _SWITCHES[:5] if not hp[s]]
+        if hp["explore"] and hp["explore_repeat"] != "once":
+            inside.append("explore at every firing stage")
         if hp["reference_code"]:
             inside.append("reference code")
         base = super().display_name(hp)
@@ -234,7 +256,8 @@ class StableFDG(Algorithm):
                               "where the oversampled features exploration acts on are made; drop them or move "
                               "share_stage earlier")
         if self.hp["attention"]:
-            model.set_neck(AttentionNeck(backbone.out_channels, self.hp["attention_dim"]))
+            # wrap the model's own neck: A(z) goes next to "the last embedding feature" (Section 3.2)
+            model.set_neck(AttentionNeck(model.neck, backbone.out_channels, self.hp["attention_dim"]))
         super().configure_model(model)  # after the neck, so that the recorded parameter keys include it
 
     def uses_phase(self, phase: str) -> bool:
@@ -421,8 +444,11 @@ class _Step:
             self.fired_before = True
             if reference and first and hp["oversample"]:
                 x = self._oversample(x)
+            # Eq. 4-5 once per mini-batch (the paper; later firing stages: MixStyle only) unless the
+            # compounding reading is asked for
+            again = hp["explore_repeat"] == "every_firing_stage" and not reference
             explore = (hp["explore"] and self.extra_start is not None and self.extra_start < x.shape[0]
-                       and (first or not reference))
+                       and (first or again))
             if explore or hp["mixstyle"]:
                 with self.ctx.timed("explore_mixstyle"):
                     x = self.algo.restyle_stage(x, self.extra_start, self.original, explore, hp["mixstyle"])

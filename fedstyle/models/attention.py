@@ -7,18 +7,18 @@ the same class, Eq. 8 scores the key positions of X_i against the mixed query::
     a_s = softmax_n( mean_m S[m, n] )                     (attention over the H x W key positions)
     A(z_i)_c = sum_n a_s[n] z_i[c, n]                     (Eq. 7)
 
-and the classifier sees [avgpool(z_i), A(z_i)] (2C features). At test time the query is the
-sample itself (j = i: self-attention). W_q and W_k are 1 x 1 convolutions without bias (the
-paper's matrices W in R^{d x C}), stored as ``query.weight`` / ``key.weight`` and aggregated like
-every other weight.
+and the classifier sees [e(z_i), A(z_i)], where e is "the last embedding feature" of Section 3.2:
+the backbone's own embedding, i.e. the neck the model had before (``embedding``, normally the
+:class:`~fedstyle.models.base.PooledNeck`): global average pooling on ResNets and EfficientNet
+(2C features, the paper's "twice as large" classifier input), the flattened C x h x w map on the
+Digits-DG ConvNet (64 x 2 x 2 + 64 = 320 at 32 px). At test time the query is the sample itself
+(j = i: self-attention). W_q and W_k are 1 x 1 convolutions without bias (the paper's matrices
+W in R^{d x C}), stored as ``query.weight`` / ``key.weight`` and aggregated like every other weight.
 
 Computed without the HW x HW matrix: the mean over query positions m commutes with the linear
 maps, so mean_m S[m, n] = q^T W_k X_i[:, n] with q = W_q (pool(X_i) + pool(X_j)) / 2, i.e. the
 score of position n is (W_k^T q) . X_i[:, n] — O(C d + C HW) per sample instead of O(d C HW + HW^2 d).
 :meth:`AttentionNeck.weights_by_definition` keeps the literal formula for the tests.
-
-On the ConvNet, which flattens its last map (C x h x w = 256 features at 32 px), this neck gives
-2C = 128 features instead: pooled plus attention-pooled, as on every pooling backbone.
 """
 
 from __future__ import annotations
@@ -34,12 +34,16 @@ PARTNER_MODES = ("random", "next")
 
 
 class AttentionNeck(Neck):
-    """[avgpool(z), A(z)]: the pooled feature next to its attention-pooled feature (2C outputs)."""
+    """[e(z), A(z)]: the backbone's own embedding e(z) (the wrapped ``embedding`` neck) next to the
+    attention-pooled feature A(z) (Eq. 7); e's width + C outputs."""
 
-    def __init__(self, channels: int, dim: int = 30):
+    def __init__(self, embedding: Neck, channels: int, dim: int = 30):
         super().__init__()
         if channels < 1 or dim < 1:
             raise ConfigError(f"the attention neck needs channels >= 1 and dim >= 1, got {channels} and {dim}")
+        if isinstance(embedding, AttentionNeck):
+            raise ConfigError("the attention neck wraps the backbone's own embedding, not another attention neck")
+        self.embedding = embedding  # the model's previous neck: "the last embedding feature" (Section 3.2)
         self.channels, self.dim = int(channels), int(dim)
         self.query = nn.Conv2d(self.channels, self.dim, 1, bias=False)
         self.key = nn.Conv2d(self.channels, self.dim, 1, bias=False)
@@ -51,7 +55,7 @@ class AttentionNeck(Neck):
         if backbone.out_channels != self.channels:
             raise ConfigError(f"the attention neck was built for {self.channels} channels but the backbone's last "
                               f"stage has {backbone.out_channels}")
-        return 2 * self.channels
+        return self.embedding.out_dim(backbone) + self.channels
 
     def _scores(self, maps: torch.Tensor, pooled: torch.Tensor, partner: torch.Tensor | None) -> torch.Tensor:
         """mean_m S[m, n] of Eq. 8 for every sample, shape (B, H, W)."""
@@ -78,11 +82,10 @@ class AttentionNeck(Neck):
 
     def forward(self, maps: torch.Tensor, partner: torch.Tensor | None = None) -> torch.Tensor:
         """``partner``: index (B,) of each sample's same-class partner in training (None: self-attention)."""
-        pooled = maps.mean((2, 3))
-        scores = self._scores(maps, pooled, partner)
+        scores = self._scores(maps, maps.mean((2, 3)), partner)
         attention = scores.flatten(1).softmax(1).view_as(scores)
         highlighted = torch.einsum("bhw,bchw->bc", attention, maps)
-        return torch.cat([pooled, highlighted], 1)
+        return torch.cat([self.embedding(maps), highlighted], 1)
 
 
 def same_class_partners(labels: torch.Tensor, mode: str = "random") -> torch.Tensor:
