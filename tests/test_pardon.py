@@ -14,7 +14,14 @@ import torch
 from torch import nn
 
 from fedstyle.algorithms import METHODS
-from fedstyle.algorithms.pardon import PARDON, SERVER_CLUSTERS, VIEW, feature_regularizer, triplet_loss
+from fedstyle.algorithms.pardon import (
+    PARDON,
+    SERVER_CLUSTERS,
+    VIEW,
+    feature_regularizer,
+    originals_batch_norm,
+    triplet_loss,
+)
 from fedstyle.data.client import ClientData
 from fedstyle.data.transforms import BatchTransform
 from fedstyle.errors import ConfigError
@@ -285,14 +292,17 @@ def test_reference_code_sets_the_public_codes_choices_unless_given():
     hp = PARDON.resolve({"reference_code": True, "margin": 1.0})
     assert (hp["negatives"], hp["normalize"], hp["distance"], hp["ce_views"], hp["reg_scale"]) == \
         ("random", True, "euclidean", "original", "element")
+    assert (hp["hinge"], hp["batchnorm_stats"]) == (True, "frozen")  # TripletMarginLoss; its frozen BatchNorm
     assert (hp["transfer_alpha"], hp["server_partition"], hp["median"], hp["local_features"]) == \
         (0.5, "finest", "lower", "flat")
     assert hp["margin"] == 1.0  # given explicitly: kept
     assert PARDON.resolve({"reference_code": True, "style_backend": "fft"})["local_features"] == "style"
     assert PARDON.resolve({"local_partition": "3"})["local_partition"] == "3"
-    defaults = PARDON.resolve({})  # FaceNet-style normalised triplet, L_reg on the code's scale
+    defaults = PARDON.resolve({})  # the code's normalised Euclidean triplet with Eq. 7's mean negative, L_reg on
     assert (defaults["normalize"], defaults["reg_scale"], defaults["distance"], defaults["negatives"]) == \
-        (True, "element", "squared", "mean")
+        (True, "element", "euclidean", "mean")  # the code's scale
+    # L_CE on the originals (Sec. III-B), whose BatchNorm statistics the transfers do not touch
+    assert (defaults["ce_views"], defaults["batchnorm_stats"], defaults["hinge"]) == ("original", "originals", True)
 
 
 @pytest.mark.parametrize("given,message", [
@@ -374,3 +384,182 @@ def test_resumed_run_equals_uninterrupted(tiny_config, tmp_path, monkeypatch):
     interrupt_and_resume(config, tmp_path / "cut", monkeypatch, at_round=2)
     assert len(evaluations(tmp_path / "full")) == 3
     assert evaluations(tmp_path / "cut") == evaluations(tmp_path / "full")
+
+
+# -- BatchNorm in the forward of [x; x'] (batchnorm_stats) -------------------------------------------------------------
+def bn_states(model: nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v.clone() for k, v in model.state_dict().items()
+            if k.endswith(("running_mean", "running_var", "num_batches_tracked"))}
+
+
+def paired_features(model: nn.Module, x: torch.Tensor, xp: torch.Tensor, mode: str) -> torch.Tensor:
+    algo = PARDON({"style_backend": "fft", "batchnorm_stats": mode}, num_classes=4, num_clients=1)
+    with algo._batch_norm(model, x.shape[0]):
+        return model.features(torch.cat([x, xp]))
+
+
+@pytest.mark.parametrize("backbone,size", [("convnet", 16), ("cnn_digitsdg", 16), ("resnet18", 32),
+                                           ("efficientnet_lite0", 32)])
+def test_transfers_change_neither_the_originals_features_nor_the_running_statistics(backbone, size):
+    """batchnorm_stats=originals: x's features and the running statistics after the forward of [x; x'] are
+    those of a forward of x alone, on backbones with BatchNorm (ConvNet, ResNet, EfficientNet) and without."""
+    torch.manual_seed(0)
+    model = build_model(backbone, 4, size).train()
+    for block in model.modules():  # EfficientNet's stochastic depth draws per row: not what is compared here
+        if hasattr(block, "drop_rate"):
+            block.drop_rate = 0.0
+    x, xp = torch.randn(6, 3, size, size), 3.0 * torch.randn(6, 3, size, size) + 2.0  # x' of another style
+    alone = copy_model(model)
+    with torch.no_grad():
+        expected = alone.features(x)
+        z_all = paired_features(model, x, xp, "originals")
+    torch.testing.assert_close(z_all[:6], expected, rtol=1e-5, atol=1e-5)
+    after, reference = bn_states(model), bn_states(alone)
+    assert after.keys() == reference.keys() and (backbone == "cnn_digitsdg") == (not after)
+    for key, value in reference.items():
+        torch.testing.assert_close(after[key], value, rtol=1e-6, atol=1e-7)
+    assert all(type(m).forward is m.forward.__func__ for m in model.modules())  # the layers' forward restored
+    if after:  # the old joint batch mixes x' into both: the checks above can fail
+        joint = copy_model(alone)
+        with torch.no_grad():
+            z_joint = paired_features(joint, x, xp, "joint")
+        assert (z_joint[:6] - expected).abs().max() > 1e-2
+        assert any(not torch.allclose(v, reference[k]) for k, v in bn_states(joint).items() if "running" in k)
+
+
+def copy_model(model: nn.Module) -> nn.Module:
+    import copy
+
+    return copy.deepcopy(model)
+
+
+def test_transfers_are_normalised_with_the_originals_batch_statistics_by_hand():
+    """One BatchNorm layer, one channel: x = (1, 3) has mean 2 and biased variance 1, so x' = (4, 0) gives
+    ((4 - 2) / 1, (0 - 2) / 1) * weight + bias; x keeps (-1, 1); the running mean moves to 0.9 * 0 + 0.1 * 2
+    and the running variance (unbiased, n = 2: 2) to 0.9 * 1 + 0.1 * 2, as after x alone."""
+    layer = nn.BatchNorm1d(1, eps=1e-12)
+    with torch.no_grad():
+        layer.weight.fill_(2.0)
+        layer.bias.fill_(0.5)
+    batch = torch.tensor([[1.0], [3.0], [4.0], [0.0]], requires_grad=True)
+    with originals_batch_norm(layer, 2):
+        out = layer(batch)
+    torch.testing.assert_close(out.detach(), torch.tensor([[-1.5], [2.5], [4.5], [-3.5]]))
+    torch.testing.assert_close(layer.running_mean, torch.tensor([0.2]))
+    torch.testing.assert_close(layer.running_var, torch.tensor([1.1]))
+    assert int(layer.num_batches_tracked) == 1
+    # the transfers' outputs depend on x through its statistics: their loss reaches x's gradient
+    out[2:].sum().backward()
+    assert batch.grad[:2].abs().sum() > 0
+    layer.eval()  # eval mode: the running statistics, as without the block
+    with originals_batch_norm(layer, 2):
+        torch.testing.assert_close(layer(batch), nn.functional.batch_norm(
+            batch, layer.running_mean, layer.running_var, layer.weight, layer.bias, eps=1e-12))
+
+
+def test_frozen_batch_norm_uses_and_keeps_the_running_statistics():
+    torch.manual_seed(0)
+    model = build_model("convnet", 4, SIZE).train()
+    model.backbone.layer1[1].running_mean.fill_(0.3)  # not the identity statistics of a fresh layer
+    before = bn_states(model)
+    x, xp = torch.randn(4, 3, SIZE, SIZE), torch.randn(4, 3, SIZE, SIZE)
+    with torch.no_grad():
+        z_all = paired_features(model, x, xp, "frozen")
+        expected = model.eval().features(torch.cat([x, xp]))
+    model.train()
+    torch.testing.assert_close(z_all, expected)
+    assert all(torch.equal(v, before[k]) for k, v in bn_states(model).items())
+    assert all(m.training for m in model.modules())  # modes restored
+
+
+def test_a_training_step_moves_the_running_statistics_as_a_step_on_the_originals_alone():
+    """pair_loss with the defaults: after one forward/backward/step the BatchNorm buffers equal those of a
+    CE step on x alone (the transfers enter the loss, not the statistics)."""
+    class Ctx:
+        def log(self, name, value):
+            pass
+
+    torch.manual_seed(0)
+    model = build_model("convnet", 4, SIZE).train()
+    alone = copy_model(model)
+    x, xp, y = torch.randn(8, 3, SIZE, SIZE), torch.randn(8, 3, SIZE, SIZE) * 2, torch.arange(8) % 4
+    algo = PARDON({"style_backend": "fft"}, num_classes=4, num_clients=1)
+    assert (algo.hp["ce_views"], algo.hp["batchnorm_stats"]) == ("original", "originals")
+    for net, loss_fn in ((model, lambda: algo.pair_loss(Ctx(), model, x, xp, y)),
+                         (alone, lambda: nn.functional.cross_entropy(alone(x), y))):
+        optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
+        optimizer.zero_grad()
+        loss_fn().backward()
+        optimizer.step()
+    for key, value in bn_states(alone).items():
+        torch.testing.assert_close(bn_states(model)[key], value, rtol=1e-6, atol=1e-7)
+
+
+# -- Eq. 7's distance, margin and hinge on a trained model ---------------------------------------------------------------
+def test_margin_is_on_the_euclidean_distance_it_was_chosen_for():
+    """Unit features, anchor 0 at |z - z^p| = 0.5 from its positive and 0.75 from its negative: the public
+    code's margin 0.3 on the Euclidean distance is not met (0.5 - 0.75 + 0.3 = 0.05), on the squared
+    distance it is (0.25 - 0.5625 + 0.3 = -0.0125): the default is the distance the margin was chosen for.
+    Anchor 1 coincides with its positive and lies far from its negative: 0 either way."""
+    def on_circle(d):  # the unit vector at Euclidean distance d from (1, 0), above (d > 0) or below (d < 0)
+        angle = 2 * math.asin(abs(d) / 2)
+        return [math.cos(angle), math.copysign(math.sin(angle), d)]
+
+    z = torch.tensor([on_circle(0.0), on_circle(-0.75)])
+    zp = torch.tensor([on_circle(0.5), on_circle(-0.75)])
+    y = torch.tensor([0, 1])
+    hp = PARDON.resolve({})
+    assert (hp["distance"], hp["margin"], hp["normalize"], hp["hinge"]) == ("euclidean", 0.3, True, True)
+    assert float(triplet_loss(z, zp, y, margin=0.3, distance="euclidean", reduction="sum")) == pytest.approx(0.05, abs=1e-5)
+    assert float(triplet_loss(z, zp, y, margin=0.3, distance="squared", reduction="sum")) == 0.0
+    # Eq. 7 as printed, no [.]_+: anchor 0 gives -0.0125 and anchor 1 0 - 1.1860^2 + 0.3 (|z_1 - z_0^p| =
+    # 2 sin((angle(0.5) + angle(0.75)) / 2)) on the squared distance
+    far = 2 * math.sin((2 * math.asin(0.25) + 2 * math.asin(0.375)) / 2)
+    unclipped = triplet_loss(z, zp, y, margin=0.3, distance="squared", reduction="sum", hinge=False)
+    assert float(unclipped) == pytest.approx(-0.0125 + 0.3 - far ** 2, abs=1e-6)
+
+
+def synthetic_pairs(n=64, classes=4, seed=0):
+    """Images of 4 classes (a bright square in one of four quadrants on noise) and their transfers to
+    another "style" (inverted colours, lower contrast), normalised like model inputs."""
+    g = torch.Generator().manual_seed(seed)
+    y = torch.arange(n) % classes
+    x = torch.rand(n, 3, SIZE, SIZE, generator=g) * 0.5
+    for i, label in enumerate(y.tolist()):
+        r, c = divmod(label, 2)
+        x[i, :, r * 8 : r * 8 + 8, c * 8 : c * 8 + 8] += 0.5
+    xp = 1.0 - 0.6 * x + 0.1 * torch.rand(n, 3, SIZE, SIZE, generator=g)
+    return (x - 0.5) / 0.5, (xp - 0.5) / 0.5, y
+
+
+class LogOnly:
+    def log(self, name, value):
+        pass
+
+
+def test_triplet_has_a_gradient_on_a_trained_model():
+    """After 40 steps of PARDON's loss with the defaults the model classifies the training pairs, and the
+    triplet term still has a value and a gradient (the old squared distance with margin 0.3 is met by then)."""
+    torch.manual_seed(0)
+    x, xp, y = synthetic_pairs()
+    model = build_model("convnet", 4, SIZE).train()
+    algo = PARDON({"style_backend": "fft"}, num_classes=4, num_clients=1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    for step in range(40):
+        rows = torch.randperm(len(y))[:16]
+        loss = algo.pair_loss(LogOnly(), model, x[rows], xp[rows], y[rows])
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    with originals_batch_norm(model, len(y)):
+        z_all = model.features(torch.cat([x, xp]))
+    z, zp = z_all[: len(y)], z_all[len(y):]
+    assert (model.head(z).argmax(1) == y).float().mean() > 0.9  # trained
+    hp = algo.hp
+    triplet = triplet_loss(z, zp, y, margin=hp["margin"], distance=hp["distance"], normalize=hp["normalize"])
+    model.zero_grad()
+    triplet.backward()
+    grad = torch.sqrt(sum(p.grad.square().sum() for p in model.parameters() if p.grad is not None))
+    assert float(triplet.detach()) > 0.005 and float(grad) > 0  # measured: 0.037 and 1.07
+    squared = triplet_loss(z.detach(), zp.detach(), y, margin=0.3, distance="squared", normalize=True)
+    assert float(squared) < 0.005  # measured: 0 — the margin 0.3 on the squared distance is met: no gradient
