@@ -124,6 +124,20 @@ class ProjectionNeck(Neck):
         self._pool = backbone.pool
         self._out_dim = int(out_dim)
         self.proj = nn.Sequential(nn.Linear(d, d), nn.ReLU(), nn.Linear(d, self._out_dim))
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Kaiming normal (fan_in) for the ReLU layer and for the linear one, zero biases: the
+        variance-preserving init the backbones' convolutions get. PyTorch's default Linear init (the
+        public code's) shrinks the signal by ~sqrt(3) per layer, so two extra layers before the
+        classifier made a from-scratch ConvNet learn far slower than FedAvg's (the learning check,
+        tests/test_learning.py: best source-validation accuracy 28 % against FedAvg's 53 % on the same
+        budget; 39 % with this init)."""
+        first, last = self.proj[0], self.proj[2]
+        nn.init.kaiming_normal_(first.weight, mode="fan_in", nonlinearity="relu")
+        nn.init.kaiming_normal_(last.weight, mode="fan_in", nonlinearity="linear")
+        nn.init.zeros_(first.bias)
+        nn.init.zeros_(last.bias)
 
     def out_dim(self, backbone: Backbone) -> int:
         return self._out_dim
