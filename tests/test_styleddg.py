@@ -173,6 +173,102 @@ def test_the_three_steps_need_a_neighbour_style_only_for_the_shift():
     assert shifted
 
 
+# -- Eq. 19 through a full forward pass (issue 21 §4) -----------------------------------------------------
+class RecordingBackbone(ToyBackbone):
+    """ToyBackbone with two channels that keeps each stage's input: layer2's input is what the style
+    hook returned after layer1, i.e. the restyled features."""
+
+    feature_dim = 2
+
+    def __init__(self):
+        super().__init__()
+        self.inputs: dict[str, torch.Tensor] = {}
+
+    def run_stage(self, name, x):
+        self.inputs[name] = x.detach().clone()
+        return super().run_stage(name, x)
+
+
+def _maps_with_styles(mu, sigma):
+    """(B, C, 2, 2) maps whose (b, c) map is [[m - s, m + s], [m + s, m - s]]: mean m, std s exactly."""
+    mu, sigma = torch.tensor(mu).view(4, 2, 1, 1), torch.tensor(sigma).view(4, 2, 1, 1)
+    pattern = torch.tensor([[-1.0, 1.0], [1.0, -1.0]])
+    return mu + sigma * pattern
+
+
+# batch of B = 4, C = 2 at layer1; rows are samples, columns channels
+ORIGINAL_MU = [[1.0, 4.0], [2.0, 0.0], [3.0, 2.0], [4.0, -2.0]]
+ORIGINAL_SIGMA = [[1.0, 1.0], [2.0, 3.0], [1.0, 2.0], [2.0, 3.0]]
+NEIGHBOUR_MU, NEIGHBOUR_SIGMA = [6.0, 0.0], [1.0, 2.0]  # psi_j's mu_bar, sigma_bar (no noise: shift_noise=false)
+SHIFT_IDX, EXPLORE_IDX, MIX_PERM = [2, 0, 3, 1], [1, 3, 0, 2], [3, 2, 1, 0]  # randperm draws, in this order
+LAMBDA = [0.5, 0.25, 0.75, 0.5]
+# By hand:
+#   StyleShift (Eq. 16-17), samples 2, 0 (SHIFT_IDX[:2]) take (6, 0) / (1, 2):
+#     mu_s = [[6, 0], [2, 0], [6, 0], [4, -2]]             E_b mu_s = [4.5, -0.5]
+#     sigma_s = [[1, 2], [2, 3], [1, 2], [2, 3]]           E_b sigma_s = [1.5, 2.5]
+#   StyleExplore (Eq. 18, alpha = 3, centre E_b of the shift output), samples 1, 3 (EXPLORE_IDX[:2]):
+#     mu_e[1] = [2 + 3(2 - 4.5), 0 + 3(0 + 0.5)] = [-5.5, 1.5]     mu_e[3] = [4 - 1.5, -2 - 4.5] = [2.5, -6.5]
+#     sigma_e[1] = [2 + 1.5, 3 + 1.5] = [3.5, 4.5]                  sigma_e[3] = [3.5, 4.5]
+#     mu_e = [[6, 0], [-5.5, 1.5], [6, 0], [2.5, -6.5]]     sigma_e = [[1, 2], [3.5, 4.5], [1, 2], [3.5, 4.5]]
+#   permuted by pi = (3, 2, 1, 0):
+#     mu_e[pi] = [[2.5, -6.5], [6, 0], [-5.5, 1.5], [6, 0]]   sigma_e[pi] = [[3.5, 4.5], [1, 2], [3.5, 4.5], [1, 2]]
+#   Eq. 19 with Eq. 4-5 (mix_from=shifted): lambda mu_s + (1 - lambda) mu_e[pi]
+#     b0: .5 [6, 0] + .5 [2.5, -6.5] = [4.25, -3.25]        .5 [1, 2] + .5 [3.5, 4.5] = [2.25, 3.25]
+#     b1: .25 [2, 0] + .75 [6, 0] = [5, 0]                  .25 [2, 3] + .75 [1, 2] = [1.25, 2.25]
+#     b2: .75 [6, 0] + .25 [-5.5, 1.5] = [3.125, 0.375]     .75 [1, 2] + .25 [3.5, 4.5] = [1.625, 2.625]
+#     b3: .5 [4, -2] + .5 [6, 0] = [5, -1]                  .5 [2, 3] + .5 [1, 2] = [1.5, 2.5]
+#   Fig. 1(c) (mix_from=explored): lambda mu_e + (1 - lambda) mu_e[pi] — differs on the explored b1, b3
+#     b1: .25 [-5.5, 1.5] + .75 [6, 0] = [3.125, 0.375]     .25 [3.5, 4.5] + .75 [1, 2] = [1.625, 2.625]
+#     b3: .5 [2.5, -6.5] + .5 [6, 0] = [4.25, -3.25]        .5 [3.5, 4.5] + .5 [1, 2] = [2.25, 3.25]
+EXPECTED = {
+    "shifted": ([[4.25, -3.25], [5.0, 0.0], [3.125, 0.375], [5.0, -1.0]],
+                [[2.25, 3.25], [1.25, 2.25], [1.625, 2.625], [1.5, 2.5]]),
+    "explored": ([[4.25, -3.25], [3.125, 0.375], [3.125, 0.375], [4.25, -3.25]],
+                 [[2.25, 3.25], [1.625, 2.625], [1.625, 2.625], [2.25, 3.25]]),
+}
+
+
+class _FixedLambda:
+    def sample(self, shape):
+        return torch.tensor(LAMBDA).view(shape)
+
+
+def _restyled_by_a_training_forward(monkeypatch, **hp) -> torch.Tensor:
+    """One ``training_loss`` call (hook, backbone, neck, head, loss) with the draws fixed; returns the
+    features the hook handed on after layer1."""
+    algo = _algo(stages="layer1", p=1.0, shift_noise=False, **hp)
+    model = Classifier(RecordingBackbone(), 4)
+    algo.configure_model(model)
+    model.train()
+    draws = [torch.tensor(d) for d in (SHIFT_IDX, EXPLORE_IDX, MIX_PERM)]
+    monkeypatch.setattr(torch, "randperm", lambda n, device=None: draws.pop(0))
+    monkeypatch.setattr(algo, "_beta_for", lambda device: _FixedLambda())
+    psi = torch.tensor([NEIGHBOUR_MU, NEIGHBOUR_SIGMA, [0.0, 0.0], [0.0, 0.0]])
+    x = _maps_with_styles(ORIGINAL_MU, ORIGINAL_SIGMA)
+    loss = algo.training_loss(_ctx(), model, x, torch.tensor([0, 1, 2, 3]), {1: {"layer1": psi}})
+    assert torch.isfinite(loss) and draws == []  # shift, explore and mix each drew their permutation
+    return model.backbone.inputs["layer2"]
+
+
+@pytest.mark.parametrize("mix_from", [None, "shifted", "explored"])
+def test_eq19_mixes_the_shift_output_with_permuted_explored_styles_by_hand_values(monkeypatch, mix_from):
+    hp = {} if mix_from is None else {"mix_from": mix_from}
+    restyled = _restyled_by_a_training_forward(monkeypatch, **hp)
+    mu, sigma = channel_stats(restyled)
+    expected_mu, expected_sigma = EXPECTED[mix_from or "shifted"]  # the default follows Eq. 19
+    assert torch.allclose(mu.view(4, 2), torch.tensor(expected_mu), atol=1e-5), mu.view(4, 2)
+    assert torch.allclose(sigma.view(4, 2), torch.tensor(expected_sigma), atol=1e-4), sigma.view(4, 2)
+
+
+def test_mix_from_default_is_eq19_and_the_figure_reading_stays_an_option():
+    hp = StyleDDG.resolve({})
+    assert hp["mix_from"] == "shifted"
+    spec = {h.name: h for h in StyleDDG.HPARAMS}["mix_from"]
+    assert set(spec.choices) == {"shifted", "explored"} and "Eq. 19" in spec.help and "Fig. 1c" in spec.help
+    # the paper's values elsewhere stay the defaults (issue 21 §5: sensitivity runs are options)
+    assert hp["alpha"] == 3.0 and hp["stages"] == "layer1,layer2,layer3" and hp["p"] == 0.5
+
+
 # -- on a graph ----------------------------------------------------------------------------------------
 def _ring_sim(steps=3, n=5, **hp):
     algo, model = make_model("styleddg", hp=hp, n_clients=n)

@@ -29,7 +29,10 @@ The style steps at a stage that fires, on features h (B x C x H x W) with per-sa
   mu_e = mu + alpha (mu - E_b[mu]) and likewise sigma, alpha = 3 (``explore_styles``); no
   oversampling (the batch keeps its size, unlike StableFDG).
 - **MixStyle** (Eq. 19): lambda ~ Beta(0.1, 0.1) per sample, a random permutation pi of the batch,
-  mu_mix = lambda mu_e + (1 - lambda) mu_e[pi], likewise sigma.
+  StyleExplore(x) = MixStyle_lambda(x, mu_e[pi], sigma_e[pi]), which by Eq. 4-5 restyles x to
+  mu_mix = lambda mu(x) + (1 - lambda) mu_e[pi], likewise sigma, where x is the StyleShift output
+  (Eq. 23 feeds StyleExplore the StyleShift output): the sample's own operand is its *shifted*
+  style, the explored styles enter only through the permuted operand (``mix_from``, below).
 
 The three steps act on statistics only, so the stage output is one AdaIN of h to the final
 (mu_mix, sigma_mix) — equal to applying the three AdaINs in turn, up to the 1e-6 inside sigma.
@@ -52,10 +55,16 @@ Ambiguities settled (hyperparameter, default first):
 - ``explore_center``: E_b in Eq. 18 is the mean over the batch being explored, i.e. the StyleShift
   output (``shifted``, Fig. 1(b): "concatenates the original plus the shifted points"); ``original``
   uses the mean of the device's own styles before the shift (what the public StableFDG code does).
-- ``mix_from``: Fig. 1(c) mixes *within* the explored styles, lambda mu_e + (1 - lambda) mu_e[pi]
-  (``explored``, default: MixStyle applied to the explored batch); Eq. 19 read literally mixes the
-  StyleShift output's own statistics with the permuted explored ones, lambda mu(x) + (1 - lambda)
-  mu_e[pi] (``shifted``).
+- ``mix_from``: the operand lambda multiplies in MixStyle. ``shifted`` (default) follows Eq. 19 with
+  Eq. 4-5: lambda mu(x) + (1 - lambda) mu_e[pi], x the StyleShift output — the equation the
+  paper's objective (Eq. 21-23) and convergence analysis are written for. Fig. 1(c) says instead
+  "apply MixStyle within" the explored styles, lambda mu_e + (1 - lambda) mu_e[pi] (``explored``).
+  They differ on the explored half only: with lambda ~ Beta(0.1, 0.1) near 0 or 1, Eq. 19 gives an
+  explored style to about a quarter of the batch (the samples whose lambda is near 0 and whose
+  partner pi(b) was explored), the figure's reading to about half (an explored sample keeps its
+  explored style when lambda is near 1). Measured (issue 21, digits4 -> mnistm, m = 3 complete
+  graph, benchmarks/styleddg_table.py's budget): ``shifted`` 59.0 / 57.7 (seeds 0, 1) against
+  ``explored`` 51.6 +- 3.2 (3 seeds).
 - ``share_stats``: Eq. 15 takes the statistics of h_theta,l(x_i), the training forward's features,
   so psi_i is computed with BatchNorm normalising by the batch's own statistics as in training
   (``train``, default) — without changing the running statistics or counters
@@ -121,9 +130,11 @@ class StyleDDG(Algorithm):
 
     HPARAMS = (
         HParam("stages", "layer1,layer2,layer3", "backbone stages whose batch style is shared (Eq. 15) and restyled "
-               "(Eq. 16-19); the paper: ResNet blocks 1-3"),
+               "(Eq. 16-19); the paper: ResNet blocks 1-3 (stages=layer1 is a sensitivity option, reported in "
+               "benchmarks/RESULTS.md)"),
         HParam("p", 0.5, "probability p_l that the style steps run at a stage (Eq. 21)", low=0.0, high=1.0),
-        HParam("alpha", 3.0, "StyleExplore extrapolation alpha (Eq. 18; 0 = no exploration)", low=0.0),
+        HParam("alpha", 3.0, "StyleExplore extrapolation alpha (Eq. 18; the paper's 3; 0 = no exploration; "
+               "alpha=1 is a sensitivity option, reported in benchmarks/RESULTS.md)", low=0.0),
         HParam("mix_alpha", 0.1, "Beta(mix_alpha, mix_alpha) of MixStyle's lambda (Eq. 19)"),
         HParam("ops", "shift,explore,mix", "style steps that run when a stage fires (the paper: all three; "
                "a subset is an ablation)"),
@@ -133,9 +144,10 @@ class StyleDDG(Algorithm):
                choices=("stage", "iteration")),
         HParam("explore_center", "shifted", "E_b of Eq. 18 over the StyleShift output (shifted) or over the "
                "device's own styles (original, as the public StableFDG code)", choices=("shifted", "original")),
-        HParam("mix_from", "explored", "MixStyle within the explored styles (explored, Fig. 1c) or the shifted "
-               "styles mixed with permuted explored ones (shifted, Eq. 19 literally)",
-               choices=("explored", "shifted")),
+        HParam("mix_from", "shifted", "MixStyle's own operand: the StyleShift output's styles mixed with the "
+               "permuted explored ones, lambda mu(x) + (1-lambda) mu_e[pi] (shifted, Eq. 19 with Eq. 4-5), or "
+               "mixing within the explored styles, lambda mu_e + (1-lambda) mu_e[pi] (explored, Fig. 1c)",
+               choices=("shifted", "explored")),
         HParam("negative_sigma", "keep", "a sigma extrapolated below 0 (Eq. 18): keep it (AdaIN inverts the "
                "map's contrast, Eq. 1 as written) or clamp it at 1e-6 (the map goes flat)", choices=("keep", "clamp")),
         HParam("share_stats", "train", "psi_i from BatchNorm with batch statistics as in training (train, Eq. 15; "
@@ -258,10 +270,11 @@ class StyleDDG(Algorithm):
             floor = 1e-6 if self.hp["negative_sigma"] == "clamp" else None
             e_mu, e_sigma = explore_styles(new_mu[idx], new_sigma[idx], self.hp["alpha"], center, min_sigma=floor)
             new_mu, new_sigma = new_mu.index_copy(0, idx, e_mu), new_sigma.index_copy(0, idx, e_sigma)
-        if "mix" in self.steps:  # Eq. 19
+        if "mix" in self.steps:  # Eq. 19: MixStyle_lambda(x, mu_e[pi], sigma_e[pi]), x the StyleShift output
             lam = self._beta_for(h.device).sample((batch, 1, 1, 1)).to(h.dtype)
             perm = torch.randperm(batch, device=h.device)
-            own_mu, own_sigma = (new_mu, new_sigma) if self.hp["mix_from"] == "explored" else (shift_mu, shift_sigma)
+            # lambda's operand: mu(x) of the StyleShift output (Eq. 4-5 inside Eq. 19) or mu_e (Fig. 1c)
+            own_mu, own_sigma = (shift_mu, shift_sigma) if self.hp["mix_from"] == "shifted" else (new_mu, new_sigma)
             new_mu = lam * own_mu + (1 - lam) * new_mu[perm]
             new_sigma = lam * own_sigma + (1 - lam) * new_sigma[perm]
         return restyle(h, mu, sigma, new_mu, new_sigma), shifted
