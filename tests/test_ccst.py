@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from fedstyle.algorithms import METHODS
+from fedstyle.algorithms import ccst as ccst_module
 from fedstyle.cli.main import main
 from fedstyle.data.transforms import BatchTransform
 from fedstyle.errors import ConfigError
@@ -78,9 +79,9 @@ def make_clients(n=3, per_client=PER_CLIENT):
 def simulator(hp=None, clients=None, method="ccst"):
     seed_everything(0)
     model = build_model("convnet", 4, SIZE)
-    algo = METHODS.get(method)({"style_backend": "fake_tag", **(hp or {})}, num_classes=4, num_clients=3)
-    algo.configure_model(model)
     clients = clients if clients is not None else make_clients()
+    algo = METHODS.get(method)({"style_backend": "fake_tag", **(hp or {})}, num_classes=4, num_clients=len(clients))
+    algo.configure_model(model)
     settings = FederationSettings(rounds=1, lr=0.05, batch_size=8, local_steps=1)
     return StarSimulator(algo, model, clients, settings, seed=0, device=torch.device("cpu"))
 
@@ -158,6 +159,126 @@ def test_plan_draws_k_distinct_domains_and_styles_within_the_drawn_domain():
             chosen = batch[(batch >= 0) & (owner[batch.clamp(min=0)] == dom)]
             assert len(set(chosen.tolist())) <= 1
     assert torch.equal(plan_cross_client(200, bank, own=1, k=3, seed=7).style_row, plan.style_row)  # seeded
+
+
+# -- keep_original: Algorithm 1 (own_domain) against originals always kept ------------------------
+MANY, TINY = 100, 2  # 100 clients of d = 2 images: the many-clients setting where Algorithm 1 loses the originals
+TAG0 = 50  # client c's images are filled with TAG0 + c, so a transfer output's constant value names its client
+
+
+def make_many_clients(n=MANY, per_client=TINY):
+    """Client c: images filled with TAG0 + c except one pixel per image (so an original is never a constant
+    image and no two originals are equal); its overall tag still rounds to TAG0 + c (the odd pixel moves
+    the mean by at most (TAG0 + 98) / 768 < 0.2)."""
+    clients = []
+    for c in range(n):
+        images = torch.full((per_client, 3, SIZE, SIZE), TAG0 + c, dtype=torch.uint8)
+        images[:, 0, 0, 0] = torch.arange(per_client, dtype=torch.uint8) + 1
+        clients.append(ClientData(images, torch.arange(per_client) % 4, torch.full((per_client,), c), TRANSFORM))
+    return clients
+
+
+def restyled_client(output: torch.Tensor) -> int | None:
+    """The client whose style made ``output`` (a constant image of its tag), None for an original."""
+    value = int(output.flatten()[0])
+    return value - TAG0 if bool((output == value).all()) else None
+
+
+def test_keep_original_always_at_100_tiny_clients_gives_d_originals_plus_d_k_restyled():
+    k, d = 3, TINY
+    originals = make_many_clients()
+    always = simulator({"k": k, "keep_original": "always"}, clients=make_many_clients())
+    info = always.setup()
+    for c, data in enumerate(always.clients):
+        # by hand: d originals + d * K restyled = 2 + 6 = 8 images, image i's original first, then its K copies
+        assert len(data) == d + d * k == 8
+        assert torch.equal(data.labels, originals[c].labels.repeat_interleave(k + 1))
+        for i in range(d):
+            outputs = data.images[i * (k + 1) : (i + 1) * (k + 1)]
+            assert torch.equal(outputs[0], originals[c].images[i])
+            styled = [restyled_client(o) for o in outputs[1:]]
+            assert None not in styled and c not in styled and len(set(styled)) == k  # K distinct other clients
+    assert info["augmented_images"] == MANY * 8 and info["stylized_images"] == MANY * d * k
+
+    # the default, Algorithm 1: d * K = 6 images; the original only where the client drew itself
+    default = simulator({"k": k}, clients=make_many_clients())
+    info = default.setup()
+    kept_per_client = []
+    for c, data in enumerate(default.clients):
+        assert len(data) == d * k == 6
+        kept = 0
+        for i in range(d):
+            outputs = data.images[i * k : (i + 1) * k]
+            drawn = [restyled_client(o) for o in outputs]
+            kept += drawn.count(None)
+            assert all(torch.equal(o, originals[c].images[i]) for o, who in zip(outputs, drawn) if who is None)
+            drawn = [c if who is None else who for who in drawn]  # the original stands for the own domain
+            assert len(set(drawn)) == k  # K distinct domains of the bank, the own one at most once
+        kept_per_client.append(kept)
+    # the own domain is drawn with probability K / N = 3 / 100 per image: most clients keep no original at all
+    assert sum(kept_per_client) == MANY * d * k - info["stylized_images"]
+    assert info["augmented_images"] == MANY * d * k
+    assert sum(n == 0 for n in kept_per_client) >= 80
+
+
+def test_keep_original_always_with_k_n_minus_1_holds_the_images_of_algorithm1_with_k_n():
+    """The paper's setting (clients = domains, K = N = 3): every image keeps its original and gets the other
+    two domains; keep_original=always with K = N - 1 = 2 gives the same images (in another order)."""
+    paper = simulator({"k": 3}, clients=make_clients())
+    paper.setup()
+    always = simulator({"k": 2, "keep_original": "always"}, clients=make_clients())
+    always.setup()
+    for a, b in zip(paper.clients, always.clients):
+        assert len(a) == len(b) == 3 * PER_CLIENT
+        for i in range(PER_CLIENT):
+            ours = sorted(tuple(o.flatten().tolist()) for o in a.images[3 * i : 3 * i + 3])
+            theirs = sorted(tuple(o.flatten().tolist()) for o in b.images[3 * i : 3 * i + 3])
+            assert ours == theirs
+
+
+def test_plan_keep_original_always_puts_the_original_first_and_k_other_domains():
+    owner = torch.tensor([0] * 4 + [1] * 6 + [2] * 5)
+    bank = StyleBank(Style("x", "y", {"s": torch.zeros(15, 1)}), owner)
+    plan = plan_cross_client(200, bank, own=1, k=2, seed=7, keep_original="always")
+    rows = plan.style_row.view(200, 3)
+    assert torch.equal(plan.source, torch.arange(200).repeat_interleave(3))
+    assert bool((rows[:, 0] == -1).all()) and bool((rows[:, 1:] >= 0).all())
+    assert bool((owner[rows[:, 1:]] != 1).all()) and bool((owner[rows[:, 1]] != owner[rows[:, 2]]).all())
+    # the default is Algorithm 1, unchanged by naming it
+    assert torch.equal(plan_cross_client(200, bank, own=1, k=3, seed=7).style_row,
+                       plan_cross_client(200, bank, own=1, k=3, seed=7, keep_original="own_domain").style_row)
+    with pytest.raises(ConfigError, match="k=3 restyled copies.*only 2 domains besides client 1"):
+        plan_cross_client(10, bank, own=1, k=3, seed=7, keep_original="always")
+    with pytest.raises(ConfigError, match="not one of own_domain, always"):
+        plan_cross_client(10, bank, own=1, k=1, seed=7, keep_original="sometimes")
+
+
+def test_keep_original_hparam_default_label_and_limits():
+    ccst = METHODS.get("ccst")
+    assert ccst.resolve({})["keep_original"] == "own_domain"  # Algorithm 1 by default
+    hp = ccst.resolve({"keep_original": "always", "k": 2})
+    assert ccst.display_name(hp) == "CCST (overall, K=2 + original)"
+    with pytest.raises(ConfigError, match="not one of own_domain, always"):
+        ccst.resolve({"keep_original": "yes"})
+    with pytest.raises(ConfigError, match="k=3 restyled copies.*choose k <= 2"):
+        ccst({"keep_original": "always", "k": 3}, num_classes=4, num_clients=3)
+    ccst({"keep_original": "always", "k": 2}, num_classes=4, num_clients=3)  # K = N - 1 is allowed
+
+
+def test_cache_key_holds_keep_original(tmp_path, monkeypatch):
+    """An entry made under one keep_original is never reused under the other, even for an identical plan."""
+    real = ccst_module.plan_cross_client
+
+    def same_plan(*args, keep_original, **kwargs):  # both settings get Algorithm 1's plan: only the key differs
+        return real(*args, keep_original="own_domain", **kwargs)
+
+    monkeypatch.setattr(ccst_module, "plan_cross_client", same_plan)
+    assert "cache_hits" not in simulator({"k": 2}).setup()
+    assert simulator({"k": 2}).setup()["cache_hits"] == 3  # same setting: reused
+    info = simulator({"k": 2, "keep_original": "always"}).setup()
+    assert "cache_hits" not in info and info["stylized_images"] > 0  # other setting: generated anew
+    recipes = [json.loads(p.read_text()) for p in (tmp_path / "cache" / "ccst").glob("*/recipe.json")]
+    assert sorted(r["keep_original"] for r in recipes) == ["always"] * 3 + ["own_domain"] * 3
 
 
 def test_k_larger_than_the_bank_is_a_clear_error(tiny_config, tmp_path):

@@ -15,6 +15,23 @@ Setup exchange, before round 0 (each client is one domain, as in the paper):
    (``cache_dir()/ccst/<key>``), and replace the client's data (labels repeated); a rerun or a
    resumed run reuses them.
 
+The original image (``keep_original``). Algorithm 1 (lines 4-5) keeps an image's original only when
+the client draws its own domain, which happens with probability K / N for N clients. In the paper's
+experiments every client is a domain and K = N = 3 sources, so every image keeps its original plus
+N - 1 restyled copies; with many clients per domain it almost never does: a 62-image client at
+N = 100 clients and K = 3 draws its own domain for 62 x 3 / 100 = 1.9 of its 186 outputs in
+expectation, so it trains on restyled images almost only.
+
+* ``keep_original=own_domain`` (default): Algorithm 1 as written, d x K outputs (Section 3.2.3);
+* ``keep_original=always``: every original plus K restyled copies drawn without replacement among
+  the *other* clients' styles, d x (K + 1) outputs, K <= N - 1; at K = N - 1 the same images as
+  Algorithm 1 at K = N (the paper's setting).
+
+The clients' domains are known neither to the server nor to each other (a client may hold several
+domains under a mixed partition), so the K draws are over distinct clients, as in Algorithm 1, not
+over distinct domains. The setting enters the stylization cache key. With local training by
+epochs, ``always`` gives (K + 1) / K as many steps; the benchmarks train fixed step counts.
+
 Training is then FedAvg on the augmented data; the local options compose as for every method
 (``--hp style=mixstyle`` gives CCST + MixStyle, ``--hp local_bn=true`` CCST + FedBN).
 
@@ -22,12 +39,13 @@ Hyperparameter spelling: ``style=single`` / ``style=overall`` (the issue's and p
 accepted as shorthands for ``style_type``; ``style`` otherwise keeps its meaning for every method
 (the feature-level op: none, mixstyle, dsu).
 
-Defaults: overall style, K = 3 (the paper's best); J = ceil(d / 32), the paper's value (Section
-4.2: "the value of M is ceil(dataset_size / 32)", i.e. one style per batch of 32); alpha = 1 as
-the public code. ``reference_code=true`` reproduces the public code's two other choices: in single
-mode one random style per batch of 32 consecutive content images (not per image), and client
-models averaged with equal weights (``aggregation=uniform`` unless given). Its other quirks (styles
-at 512 x 512, validation drawn from the augmented list) are not reproduced.
+Defaults: overall style, K = 3 (the paper's best), ``keep_original=own_domain`` (Algorithm 1);
+J = ceil(d / 32), the paper's value (Section 4.2: "the value of M is ceil(dataset_size / 32)",
+i.e. one style per batch of 32); alpha = 1 as the public code. ``reference_code=true`` reproduces
+the public code's two other choices: in single mode one random style per batch of 32 consecutive
+content images (not per image), and client models averaged with equal weights
+(``aggregation=uniform`` unless given). Its other quirks (styles at 512 x 512, validation drawn
+from the augmented list) are not reproduced.
 """
 
 from __future__ import annotations
@@ -41,7 +59,7 @@ from fedstyle.algorithms.style_exchange import StyleExchange
 from fedstyle.errors import ConfigError
 from fedstyle.seeding import derive_seed
 from fedstyle.style.transfer import DEFAULT_BACKEND, TRANSFER_BACKENDS
-from fedstyle.style.transfer.augment import plan_cross_client
+from fedstyle.style.transfer.augment import KEEP_ORIGINAL, plan_cross_client
 
 #: images per style draw in the public code's single mode (its batch size; also the paper's J = d / 32)
 REFERENCE_BATCH = 32
@@ -53,13 +71,18 @@ class CCST(StyleExchange):
     name = "ccst"
     label = "CCST"
     summary = ("cross-client style transfer: clients share styles, every image gets K styles of the bank "
-               "(own domain = original), then FedAvg on the d x K images")
+               "(own domain = original; keep_original=always: original + K others), then FedAvg on the images")
     paper = ("Chen et al., Federated domain generalization for image recognition via cross-client style transfer, "
              "WACV 2023")
     HPARAMS = (
         HParam("style_type", "overall", "single-image style bank (Eq. 7) or overall domain style (Eq. 8); "
                "also given as style=single|overall", choices=_STYLE_TYPES),
-        HParam("k", 3, "augmentation level K: styles per image, distinct domains drawn without replacement", low=1),
+        HParam("k", 3, "augmentation level K: styles per image, distinct domains drawn without replacement "
+               "(keep_original=always: restyled copies besides the original, from other clients)", low=1),
+        HParam("keep_original", "own_domain", "when an image's original is in the augmented data: own_domain = "
+               "only when the K draws hit the client's own domain (Algorithm 1, the paper; d x K images; "
+               "with many clients almost never); always = every original plus K restyled copies from K "
+               "distinct other clients (d x (K + 1) images; K <= clients - 1)", choices=KEEP_ORIGINAL),
         HParam("j", 0, "single-image styles each client uploads (0: ceil(d/32), the paper's value)", low=0),
         HParam("style_backend", DEFAULT_BACKEND, "image style transfer backend, a name registered in "
                f"fedstyle.style.transfer ({', '.join(TRANSFER_BACKENDS.names())})"),
@@ -93,13 +116,18 @@ class CCST(StyleExchange):
 
     def __init__(self, hparams: Mapping[str, Any] | None = None, *, num_classes: int, num_clients: int):
         super().__init__(hparams, num_classes=num_classes, num_clients=num_clients)
-        if self.hp["k"] > num_clients:  # fail before any style work; setup_download checks the actual bank
-            raise ConfigError(f"k={self.hp['k']} styles per image, but there are only {num_clients} source clients "
+        k = self.hp["k"]  # fail before any style work; setup_download checks the actual bank
+        if self.hp["keep_original"] == "always" and k > num_clients - 1:
+            raise ConfigError(f"k={k} restyled copies per image from other clients' styles, but there are only "
+                              f"{num_clients} source clients ({num_clients - 1} besides each client); choose "
+                              f"k <= {num_clients - 1}, or keep_original=own_domain (Algorithm 1, k <= {num_clients})")
+        if k > num_clients:
+            raise ConfigError(f"k={k} styles per image, but there are only {num_clients} source clients "
                               f"(domains of the style bank); choose k <= {num_clients}")
 
     @classmethod
     def display_name(cls, hp: Mapping[str, Any]) -> str:
-        inside = [hp["style_type"], f"K={hp['k']}"]
+        inside = [hp["style_type"], f"K={hp['k']}" + (" + original" if hp["keep_original"] == "always" else "")]
         if hp["style_backend"] != DEFAULT_BACKEND:
             inside.append(hp["style_backend"])
         if hp["reference_code"]:
@@ -131,6 +159,10 @@ class CCST(StyleExchange):
         seed, n = derive_seed(ctx.seed, "ccst-plan"), len(ctx.data)
 
         def plan_for(bank):
-            return plan_cross_client(n, bank, own=ctx.client_id, k=hp["k"], seed=seed, per_batch=per_batch)
+            return plan_cross_client(n, bank, own=ctx.client_id, k=hp["k"], seed=seed, per_batch=per_batch,
+                                     keep_original=hp["keep_original"])
 
-        return self.augment(ctx, broadcast, plan_for, hp["alpha"], {"style_type": hp["style_type"]})
+        # keep_original is in the key by name, not only through the plan's digest: an entry made under one
+        # setting is never reused under the other
+        recipe = {"style_type": hp["style_type"], "keep_original": hp["keep_original"]}
+        return self.augment(ctx, broadcast, plan_for, hp["alpha"], recipe)

@@ -7,13 +7,15 @@ The pieces of a setup-phase style exchange (CCST Section 3.2, Algorithm 1):
 * :class:`StyleBank` — the server's concatenation of every client's styles (Eq. 9, 10) with, per
   style, the client (= domain) it came from, as a payload;
 * :class:`AugmentPlan` and :func:`plan_cross_client` — which content image and which bank style
-  every output image uses (Algorithm 1: K distinct domains per image, own domain = original);
+  every output image uses (Algorithm 1: K distinct domains per image, own domain = original; or,
+  ``keep_original="always"``, the original plus K distinct other domains);
 * :func:`stylize_to_style` — every image restyled to one style, through the same cache;
 * :func:`stylize_cached` — the output images generated once, in batches, into a memory-mapped
   uint8 cache entry ``cache_dir()/<namespace>/<key>/images.npy`` keyed by everything that changes
   the pixels (the content images' bytes, the plan — hence bank, K, seed —, backend, encoder,
-  options, alpha), written under a temporary name and renamed, so a rerun or a resumed run reuses
-  it and a crash leaves nothing half-written. The key leaves out the device: a GPU's FFT or
+  options, alpha, and the method's recipe, e.g. CCST's style type and ``keep_original``), written
+  under a temporary name and renamed, so a rerun or a resumed run reuses it and a crash leaves
+  nothing half-written. The key leaves out the device: a GPU's FFT or
   convolutions may round one pixel in 10^5 differently (measured: at most one grey level with
   ``fft``), and whichever entry was generated first is reused;
 """
@@ -193,32 +195,61 @@ class AugmentPlan:
         return tensor_digest(*parts)
 
 
-def plan_cross_client(num_images: int, bank: StyleBank, own: int, k: int, seed: int, per_batch: int = 0) -> AugmentPlan:
-    """CCST Algorithm 1 at client ``own``: K distinct bank domains per image, drawn uniformly without
-    replacement; the own domain keeps the original, another domain gives a style drawn uniformly
-    from that domain's block (its overall style when the block has one row).
+#: :func:`plan_cross_client`'s rules for the original image (CCST's ``keep_original``)
+KEEP_ORIGINAL = ("own_domain", "always")
+
+
+def plan_cross_client(num_images: int, bank: StyleBank, own: int, k: int, seed: int, per_batch: int = 0,
+                      keep_original: str = "own_domain") -> AugmentPlan:
+    """Which style every output image of client ``own`` gets (CCST Section 3.2.3).
+
+    ``keep_original="own_domain"`` — CCST Algorithm 1, the paper's: K distinct bank domains per
+    image, drawn uniformly without replacement; the own domain keeps the original, another domain
+    gives a style drawn uniformly from that domain's block (its overall style when the block has one
+    row). d x K outputs; the original is among them only when the own domain is drawn (probability
+    K / N for N domains: always when K = N, as in the paper's experiments with one client per domain).
+
+    ``keep_original="always"``: every image's original, then K distinct domains drawn the same way
+    among the *other* domains of the bank (K <= N - 1), each a restyled copy: d x (K + 1) outputs.
+    At K = N - 1 it holds the same images as Algorithm 1 at K = N.
 
     ``per_batch > 0`` (the public code): the style of a domain is drawn once per run of
     ``per_batch`` consecutive images instead of once per image. Outputs are image-major:
-    output ``i * k + j`` is image i's j-th draw.
+    output ``i * k + j`` is image i's j-th draw (``always``: ``i * (k + 1)`` is image i's original,
+    ``i * (k + 1) + 1 + j`` its j-th draw).
     """
+    if keep_original not in KEEP_ORIGINAL:
+        raise ConfigError(f"keep_original={keep_original!r} is not one of {', '.join(KEEP_ORIGINAL)}")
     ids, first, counts = bank.blocks()
     n = len(ids)
-    if k > n:
+    always = keep_original == "always"
+    # positions into ids that may be drawn: every domain (Algorithm 1) or every domain but the own one
+    drawable = (ids != own).nonzero().flatten() if always else torch.arange(n)
+    if k > len(drawable):
+        if always:
+            raise ConfigError(
+                f"k={k} restyled copies per image from other clients' styles, but the style bank holds only "
+                f"{len(drawable)} domains besides client {own}'s (clients {ids.tolist()}); choose k <= "
+                f"{len(drawable)} (keep_original=always draws the K domains without replacement among the others)"
+            )
         raise ConfigError(
             f"k={k} styles per image, but the style bank holds only {n} domains (clients {ids.tolist()}); "
             f"choose k <= {n} (Algorithm 1 draws the K domains without replacement)"
         )
     g = torch.Generator().manual_seed(seed)
-    picks = torch.rand(num_images, n, generator=g).argsort(dim=1)[:, :k]  # positions into ids, distinct per row
+    # positions into ids, distinct per row
+    picks = drawable[torch.rand(num_images, len(drawable), generator=g).argsort(dim=1)[:, :k]]
     if per_batch > 0:
         u = torch.rand(math.ceil(num_images / per_batch), n, generator=g)
         u = u[torch.arange(num_images) // per_batch].gather(1, picks)
     else:
         u = torch.rand(num_images, k, generator=g)
     rows = first[picks] + (u * counts[picks]).long().clamp_max(counts[picks] - 1)
-    rows = torch.where(ids[picks] == own, torch.full_like(rows, -1), rows)
-    return AugmentPlan(torch.arange(num_images).repeat_interleave(k), rows.reshape(-1))
+    rows = torch.where(ids[picks] == own, torch.full_like(rows, -1), rows)  # Algorithm 1 line 5; never under always
+    if always:
+        rows = torch.cat([torch.full((num_images, 1), -1, dtype=rows.dtype), rows], dim=1)
+    per_image = rows.shape[1]
+    return AugmentPlan(torch.arange(num_images).repeat_interleave(per_image), rows.reshape(-1))
 
 
 # -- generation into the cache --------------------------------------------------------------------
