@@ -110,7 +110,10 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=None, help="default: the scale's")
     parser.add_argument("--fashion-root", default=None, help="folder of fashion4's idx files (default: Debian's)")
     parser.add_argument("--with-reference", action="store_true",
-                        help="add a row StableFDG (reference code): exploration once per batch, as the public code")
+                        help="add a row StableFDG (reference code): the public code's choices (reference_code=true: "
+                        "oversampling only at the first firing stage, k-means centres for the first half of the "
+                        "batch, next-sample attention partners, no sharing in round 0, equal client weights); "
+                        "exploration is once per forward in both rows")
     parser.add_argument("--rows", nargs="+", default=None,
                         help="run only these rows (folder names: fedavg fedbn mixstyle dsu ccst feddg_fft stablefdg "
                         "stablefdg_style_only stablefdg_attention_only; default: all)")
