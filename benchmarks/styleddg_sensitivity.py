@@ -28,7 +28,12 @@ def main() -> None:
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     args = parser.parse_args()
+    if not args.config.is_file():
+        parser.error(f"--config {args.config}: no such file; give the config.json of a StyleDDG run of "
+                     "benchmarks/styleddg_table.py (runs/styleddg/<dataset>/<network>/styleddg/seed0/<target>/)")
     base = json.loads(args.config.read_text())
+    if base.get("method") != "styleddg":
+        parser.error(f"--config {args.config} is a {base.get('method')!r} run; give a StyleDDG run's config.json")
     for name in args.variants:
         for seed in args.seeds:
             out = args.out / name / f"seed{seed}"
