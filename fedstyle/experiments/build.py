@@ -90,6 +90,15 @@ def resolve_config(config: RunConfig, dataset: DomainDataset) -> RunConfig:
     )
 
 
+def load_config_dataset(config: RunConfig, progress: bool = True) -> DomainDataset:
+    """The dataset a run of ``config`` trains and tests on (``per_class``: its fixed subset)."""
+    dataset = load_dataset(config.dataset, data_root=config.data_root, resolution=config.resolution,
+                           skip_bad_images=config.skip_bad_images, progress=progress)
+    if config.per_class is not None:
+        dataset = dataset.subset_per_class(config.per_class)
+    return dataset
+
+
 def build_experiment(config: RunConfig, progress: bool = True) -> Experiment:
     config.validate()
     method_cls = METHODS.get(config.method)
@@ -103,13 +112,7 @@ def build_experiment(config: RunConfig, progress: bool = True) -> Experiment:
                           f"{config.topology}; {fix}")
     method_cls.resolve(config.hparams)  # fail on a bad --hp before loading data
     device = resolve_device(config.device)
-    dataset = load_dataset(
-        config.dataset,
-        data_root=config.data_root,
-        resolution=config.resolution,
-        skip_bad_images=config.skip_bad_images,
-        progress=progress,
-    )
+    dataset = load_config_dataset(config, progress)
     config = resolve_config(config, dataset)
     split = make_split(
         dataset, config.protocol, targets=list(config.targets), val_domain=config.val_domain,
@@ -130,6 +133,7 @@ def build_experiment(config: RunConfig, progress: bool = True) -> Experiment:
     model = build_model(config.backbone, dataset.num_classes, dataset.resolution, config.pretrained, config.weights)
     algorithm = method_cls(config.hparams, num_classes=dataset.num_classes, num_clients=len(specs))
     algorithm.configure_model(model)
+    model.set_batchnorm(config.batchnorm)  # after configure_model: a method's neck may add BatchNorm layers
     model.to(device=device, memory_format=torch.channels_last)  # matches BatchTransform's NHWC output
 
     clients = shared_clients(dataset, split, specs, transform)

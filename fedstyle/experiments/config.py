@@ -49,6 +49,8 @@ class RunConfig:
     data_root: str | None = _opt(None, "folder of a folder dataset (root/<domain>/<class>/<image>) or of fashion4's idx files")
     skip_bad_images: bool = _opt(False, "skip unreadable images (counted and reported) instead of stopping")
     resolution: int | None = _opt(None, "image side in pixels (default: the dataset's)")
+    per_class: int | None = _opt(None, "use at most N images per class in every domain, the same seeded pick in every "
+                                 "run (default: all); e.g. 200 gives fashion4 PACS's size, ~2,000 images per domain")
     augment: str | None = _opt(None, "training augmentation: none, crop, crop_flip (default: the dataset's)")
     # protocol
     protocol: str = _opt("lodo", "evaluation protocol", choices=("lodo", "ltdo", "single_source"))
@@ -76,6 +78,9 @@ class RunConfig:
     backbone: str = _opt("auto", "network: convnet, resnet18, resnet50, efficientnet_lite0 (auto: by dataset)")
     pretrained: bool = _opt(False, "start from ImageNet weights (resnets need --weights FILE)")
     weights: str | None = _opt(None, "torchvision checkpoint file for a resnet backbone")
+    batchnorm: str = _opt("train", "BatchNorm in training: train (batch statistics, running ones updated), eval (the "
+                          "running statistics, ImageNet's when pretrained, never updated; weights still train), frozen "
+                          "(eval, weights fixed too)", choices=("train", "eval", "frozen"))
     rounds: int = _opt(20, "communication rounds (peer-to-peer: epochs of iterations)")
     local_epochs: int = _opt(1, "local epochs per round")
     local_steps: int = _opt(0, "local steps per round (overrides --local-epochs when > 0)")
@@ -187,6 +192,11 @@ class RunConfig:
     def validate(self) -> None:
         """Check option types, values and combinations that need no dataset (those are checked later)."""
         self.check_types()
+        for f in dataclasses.fields(self):
+            choices = f.metadata.get("choices")
+            if choices and getattr(self, f.name) not in choices:
+                raise ConfigError(f"--{f.name.replace('_', '-')} {getattr(self, f.name)!r} is not one of "
+                                  f"{', '.join(map(str, choices))}")
         checks = [
             (self.rounds >= 1, "--rounds must be at least 1"),
             (self.local_epochs >= 1 or self.local_steps > 0, "--local-epochs must be at least 1"),
@@ -198,6 +208,7 @@ class RunConfig:
             (self.alpha > 0, "--alpha must be positive"),
             (0 <= self.lam <= 1, "--lam must be in [0, 1]"),
             (self.clients is None or self.clients >= 1, "--clients must be at least 1"),
+            (self.per_class is None or self.per_class >= 1, f"--per-class must be at least 1, got {self.per_class}"),
             (self.eval_every >= 1, "--eval-every must be at least 1"),
             (0 <= self.val_fraction < 1, "--val-fraction must be in [0, 1)"),
             (self.radius > 0, "--radius must be positive"),

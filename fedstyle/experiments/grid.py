@@ -578,12 +578,11 @@ class _Datasets:
         self.checked: set[tuple] = set()
 
     def get(self, config: RunConfig):
-        from fedstyle.data import load_dataset
+        from fedstyle.experiments.build import load_config_dataset
 
-        key = (config.dataset, config.data_root, config.resolution, config.skip_bad_images)
+        key = (config.dataset, config.data_root, config.resolution, config.skip_bad_images, config.per_class)
         if key not in self.loaded:
-            self.loaded[key] = load_dataset(config.dataset, data_root=config.data_root, resolution=config.resolution,
-                                            skip_bad_images=config.skip_bad_images, progress=self.progress)
+            self.loaded[key] = load_config_dataset(config, progress=self.progress)
         return self.loaded[key]
 
     def check(self, config: RunConfig) -> None:
@@ -591,7 +590,8 @@ class _Datasets:
         from fedstyle.partition import make_partition, make_split
         from fedstyle.seeding import derive_seed
 
-        key = (config.dataset, config.data_root, config.resolution, config.protocol, tuple(config.targets),
+        key = (config.dataset, config.data_root, config.resolution, config.per_class, config.protocol,
+               tuple(config.targets),
                config.val_domain, config.source, config.val_fraction, config.partition, config.clients,
                config.alpha, config.lam, config.min_client_size, config.seed)
         if key in self.checked:

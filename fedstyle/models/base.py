@@ -17,6 +17,9 @@ from torch import nn
 
 from fedstyle.errors import ConfigError
 
+#: How a classifier's BatchNorm layers train (:meth:`Classifier.set_batchnorm`).
+BATCHNORM_MODES = ("train", "eval", "frozen")
+
 #: ``hook(stage_name, output) -> output`` called after each stage by :meth:`Backbone.forward_stages`
 StageHook = Callable[[str, torch.Tensor], torch.Tensor]
 
@@ -165,6 +168,32 @@ class Classifier(nn.Module):
         self.num_classes = int(num_classes)
         self.neck: Neck = PooledNeck(backbone)
         self.head = nn.Linear(backbone.feature_dim, num_classes)
+        self.batchnorm = "train"
+
+    def set_batchnorm(self, mode: str) -> None:
+        """How BatchNorm layers behave in training, for fine-tuning a pretrained backbone.
+
+        ``train`` (default): batch statistics, running statistics updated. ``eval``: BatchNorm
+        stays in eval mode whatever ``model.train()`` says (the running statistics, ImageNet's for a
+        pretrained backbone, normalise every batch and are never updated; the affine weight and bias
+        still train): the usual choice for small batches, and the PARDON reference code's "frozen
+        BatchNorm". ``frozen``: as ``eval``, and the affine parameters are fixed too.
+        """
+        if mode not in BATCHNORM_MODES:
+            raise ConfigError(f"batchnorm must be one of {', '.join(BATCHNORM_MODES)}, got {mode!r}")
+        self.batchnorm = mode
+        for module in self.modules():
+            if isinstance(module, nn.modules.batchnorm._BatchNorm):
+                module.requires_grad_(mode != "frozen")
+        self.train(self.training)
+
+    def train(self, mode: bool = True) -> "Classifier":
+        super().train(mode)
+        if mode and self.batchnorm != "train":
+            for module in self.modules():
+                if isinstance(module, nn.modules.batchnorm._BatchNorm):
+                    module.eval()
+        return self
 
     def set_neck(self, neck: Neck) -> None:
         """Replace the neck and build a fresh head for its output width."""

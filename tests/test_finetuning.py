@@ -1,0 +1,113 @@
+"""Settings of the pretrained track: BatchNorm modes for fine-tuning, a fixed per-class subset of a dataset."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from torch import nn
+
+from fedstyle.errors import ConfigError
+from fedstyle.experiments.build import load_config_dataset
+from fedstyle.experiments.runner import run_experiment
+from fedstyle.models import build_model
+
+from conftest import TINY_PER_CLASS  # tests/conftest.py
+
+
+def _bn_layers(model):
+    return [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+
+
+def _step(model, x, y):
+    model.train()
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.SGD(params, lr=0.1)
+    opt.zero_grad()
+    nn.functional.cross_entropy(model(x), y).backward()
+    opt.step()
+
+
+@pytest.mark.parametrize("backbone", ["convnet", "efficientnet_lite0"])
+def test_batchnorm_modes_keep_or_update_running_statistics_and_weights(backbone):
+    torch.manual_seed(0)
+    x, y = torch.randn(8, 3, 32, 32) * 3 + 1, torch.arange(8) % 4
+    before = {}
+    after = {}
+    for mode in ("train", "eval", "frozen"):
+        torch.manual_seed(0)
+        # EfficientNet-Lite0 pretrained: its random init under ReLU6 saturates without batch statistics
+        model = build_model(backbone, 4, 32, pretrained=backbone == "efficientnet_lite0")
+        model.set_batchnorm(mode)
+        bn = _bn_layers(model)
+        before[mode] = [(b.running_mean.clone(), b.weight.detach().clone()) for b in bn]
+        _step(model, x, y)
+        after[mode] = [(b.running_mean.clone(), b.weight.detach().clone()) for b in bn]
+        # train() keeps BatchNorm in eval under eval / frozen; the rest of the model trains
+        assert model.training and all(b.training == (mode == "train") for b in bn)
+        assert model.head.training
+    moved_stats = lambda m: any(not torch.equal(a[0], b[0]) for a, b in zip(before[m], after[m]))  # noqa: E731
+    moved_weights = lambda m: any(not torch.equal(a[1], b[1]) for a, b in zip(before[m], after[m]))  # noqa: E731
+    assert moved_stats("train") and moved_weights("train")
+    assert not moved_stats("eval") and moved_weights("eval")
+    assert not moved_stats("frozen") and not moved_weights("frozen")
+
+
+def test_eval_mode_normalises_a_training_batch_with_the_running_statistics():
+    torch.manual_seed(0)
+    model = build_model("convnet", 4, 32)
+    model.set_batchnorm("eval")
+    first = _bn_layers(model)[0]
+    first.running_mean.fill_(0.5)
+    first.running_var.fill_(4.0)
+    model.train()
+    x = torch.randn(6, 3, 32, 32)
+    seen = {}  # the BatchNorm's own input and output
+    handle = first.register_forward_hook(lambda m, i, o: seen.update(input=i[0], output=o.clone()))  # before an in-place ReLU
+    model(x)
+    handle.remove()
+    expected = (seen["input"] - 0.5) / torch.sqrt(torch.tensor(4.0) + first.eps) * first.weight.view(1, -1, 1, 1) \
+        + first.bias.view(1, -1, 1, 1)
+    torch.testing.assert_close(seen["output"], expected)
+
+
+def test_an_unknown_batchnorm_mode_is_refused_naming_the_choices(tiny_config, tmp_path):
+    with pytest.raises(ConfigError, match="train, eval, frozen"):
+        run_experiment(tiny_config.updated(batchnorm="sometimes"), tmp_path / "a", quiet=True)
+    assert not (tmp_path / "a").exists()
+
+
+def test_a_run_with_frozen_batchnorm_keeps_the_initial_statistics(tiny_config, tmp_path):
+    from safetensors.torch import load_file
+
+    run_experiment(tiny_config.updated(batchnorm="eval"), tmp_path / "eval", quiet=True)
+    run_experiment(tiny_config, tmp_path / "train", quiet=True)
+    weights = {name: load_file(tmp_path / name / "checkpoint.safetensors") for name in ("eval", "train")}
+    key = next(k for k in weights["eval"] if k.startswith("global/") and k.endswith("running_var"))
+    assert torch.equal(weights["eval"][key], torch.ones_like(weights["eval"][key]))  # never updated
+    assert not torch.equal(weights["train"][key], torch.ones_like(weights["train"][key]))
+    config = json.loads((tmp_path / "eval" / "config.json").read_text())
+    assert config["batchnorm"] == "eval"
+
+
+def test_per_class_takes_the_same_seeded_subset_of_every_domain(tiny_config):
+    full = load_config_dataset(tiny_config, progress=False)
+    small = load_config_dataset(tiny_config.updated(per_class=5), progress=False)
+    again = load_config_dataset(tiny_config.updated(per_class=5, seed=7), progress=False)  # the run's seed: no effect
+    for d in full.domains:
+        assert small.class_counts(d).tolist() == [5] * full.num_classes
+        assert torch.equal(small.images[d], again.images[d])
+        # every kept image is one of the domain's, with its label
+        flat = full.images[d].flatten(1)
+        for image, label in zip(small.images[d], small.labels[d]):
+            match = (flat == image.flatten()).all(1).nonzero().flatten()
+            assert len(match) and int(full.labels[d][match[0]]) == int(label)
+    everything = load_config_dataset(tiny_config.updated(per_class=TINY_PER_CLASS + 10), progress=False)
+    assert all(torch.equal(everything.labels[d], full.labels[d]) for d in full.domains)  # a cap above the size keeps all
+
+
+def test_per_class_below_one_is_refused(tiny_config, tmp_path):
+    with pytest.raises(ConfigError, match="--per-class must be at least 1"):
+        run_experiment(tiny_config.updated(per_class=0), tmp_path / "a", quiet=True)
+    assert not (tmp_path / "a").exists()
