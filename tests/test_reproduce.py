@@ -219,3 +219,67 @@ def test_the_method_benchmarks_grids_are_expressible(tiny_root, tmp_path):
     plan = plan_grid(parse_grid(fedgca, "fedgca.toml"), tmp_path)
     assert [r.rel for r in plan.runs] == ["fedavg-rc/source=red/seed0/others", "fedavg-rc/source=red/seed1/others"]
     assert plan.runs[0].config.augment == "crop"
+
+
+# ----------------------------------------------------------------------------- the pretrained track
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_every_preset_has_a_pretrained_track_of_valid_scales(name):
+    """--track pretrained: an ImageNet-pretrained EfficientNet-Lite0 with BatchNorm in eval mode on a
+    PACS-like fashion4 subset, the same rows and claims as the default track, smoke the smallest scale."""
+    data = read_toml(preset_path(name))
+    default = parse_grid(data, f"preset {name}", scale="small")
+    assert "tracks" in data and "pretrained" in data["tracks"]
+    runs = {}
+    for scale in data["tracks"]["pretrained"]["scales"]:
+        grid = parse_grid(data, f"preset {name}", scale=scale, track="pretrained")
+        assert grid.all_variants == default.all_variants and grid.claims == default.claims
+        base = grid.base
+        assert base["backbone"] == "efficientnet_lite0" and base["pretrained"] is True
+        assert base["batchnorm"] == "eval" and base["resolution"] == 64 and base["per_class"] >= 50
+        assert "The pretrained track:" in grid.paper.note
+        runs[scale] = len(grid.variants) * len(grid.seeds or [0]) * base["rounds"]
+    assert runs["smoke"] == min(runs.values()) and len(runs) == 3
+
+
+def test_a_track_changes_settings_never_rows_or_claims():
+    from fedstyle.experiments.tracks import apply_track
+
+    data = {"base": {"lr": 0.05, "hparams": {"a": 1}}, "variant": [{"name": "x", "method": "fedavg"}],
+            "tracks": {"t": {"base": {"lr": 0.001, "hparams": {"b": 2}}, "seeds": [0],
+                             "variant_hparams": {"x": {"k": 3}}, "note": "short"}}}
+    assert "tracks" not in apply_track(data, None, "f")
+    applied = apply_track(data, "t", "f")
+    assert applied["base"] == {"lr": 0.001, "hparams": {"a": 1, "b": 2}} and applied["seeds"] == [0]
+    assert applied["variant"] == [{"name": "x", "method": "fedavg", "hparams": {"k": 3}}]
+    assert applied["paper"]["note"] == "The t track: short"
+    assert data["base"]["lr"] == 0.05 and "hparams" not in data["variant"][0]  # the file's data is not changed
+    with pytest.raises(ConfigError, match="has no track 'u'; choose one of: t"):
+        apply_track(data, "u", "f")
+    with pytest.raises(ConfigError, match="cannot change 'variant'"):
+        apply_track({**data, "tracks": {"t": {"variant": []}}}, "t", "f")
+    with pytest.raises(ConfigError, match="names 'y', which is no variant"):
+        apply_track({**data, "tracks": {"t": {"variant_hparams": {"y": {}}}}}, "t", "f")
+    with pytest.raises(ConfigError, match="has no tracks; drop --track t"):
+        apply_track({"variant": []}, "t", "f")
+
+
+def test_reproduce_runs_the_pretrained_track(tiny_root, tmp_path, capsys):
+    """The ccst preset's pretrained smoke scale end to end on the tiny folder dataset (EfficientNet-Lite0
+    with the package's ImageNet weights at 16 px, BatchNorm in eval mode), and --list shows the track."""
+    out = tmp_path / "ccst-pretrained"
+    tiny = ["--set", "dataset=folder", "--set", f"data_root={tiny_root}", "--set", "resolution=16",
+            "--set", "batch_size=8", "--set", "min_client_size=2", "--set", 'targets=["grey"]',
+            "--set", "hparams.style_backend=fft"]
+    code = main(["reproduce", "ccst", "--track", "pretrained", "--scale", "smoke", "--out", str(out), *tiny,
+                 "--device", "cpu", "--only", "variant=fedavg,mixstyle", "--quiet"])
+    assert code == 0
+    configs = [json.loads(p.read_text()) for p in out.glob("*/*/config.json")] or \
+        [json.loads(p.read_text()) for p in out.rglob("config.json")]
+    assert len(configs) == 2
+    assert all(c["backbone"] == "efficientnet_lite0" and c["pretrained"] and c["batchnorm"] == "eval"
+               and c["per_class"] == 50 for c in configs)
+    assert "The pretrained track:" in (out / "report.md").read_text()
+    assert main(["reproduce", "--list"]) == 0
+    assert "--track pretrained: ImageNet-pretrained EfficientNet-Lite0" in capsys.readouterr().out

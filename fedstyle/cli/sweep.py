@@ -69,10 +69,14 @@ how many seeds, and whether the gap exceeds the seeds' standard deviation. Prese
 shipped in fedstyle/experiments/presets/ (`fedstyle reproduce --list`); PAPER may also be a path to
 such a file. Same execution options as `fedstyle sweep`."""
 
+FROM_SCRATCH = "from-scratch"
+
 REPRODUCE_EPILOG = """\
 examples:
   fedstyle reproduce --list
   fedstyle reproduce ccst                         the smoke scale: a first look, minutes on 2 CPU cores
+  fedstyle reproduce ccst --track pretrained --scale small --workers 2
+                                                  the paper's claims with an ImageNet-pretrained backbone
   fedstyle reproduce ccst --scale full --device cuda --workers 8
   fedstyle reproduce pardon --scale small          PARDON's Table II rows on digits4 -> mnistm, 3 seeds
   fedstyle reproduce fedgca --scale full --device cuda --workers 12
@@ -198,7 +202,7 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
     from fedstyle.experiments.grid import load_grid
 
     stop_on_sigterm()
-    grid = load_grid(args.file, scale=args.scale, overrides=_overrides(args))
+    grid = load_grid(args.file, scale=args.scale, overrides=_overrides(args), track=args.track)
     out = Path(args.out or grid.out or Path("runs") / Path(args.file).stem)
     return _run(grid, out, args)
 
@@ -213,17 +217,25 @@ def _cmd_reproduce(args: argparse.Namespace) -> int:
         for name, data in list_presets():
             paper = data.get("paper", {})
             print(f"{name:10s} {data.get('title', '')}" + (f" — {paper.get('cite')}" if paper.get("cite") else ""))
+            print(f"  --track {FROM_SCRATCH} (default)")
             for scale, table in data.get("scales", {}).items():
                 print(f"    --scale {scale:6s} {table.get('description', '')}")
+            for track, table in data.get("tracks", {}).items():
+                print(f"  --track {track}: {table.get('description', '')}")
+                for scale, scale_table in table.get("scales", data.get("scales", {})).items():
+                    print(f"    --scale {scale:6s} {scale_table.get('description', '')}")
             for result in paper.get("results", []):
-                print(f"    paper's numbers: {result.get('name', result.get('dataset'))} ({result.get('source', '')})")
+                print(f"  paper's numbers: {result.get('name', result.get('dataset'))} ({result.get('source', '')})")
         return 0
     if not args.paper:
         raise ConfigError("name a paper (`fedstyle reproduce --list` shows them), e.g. fedstyle reproduce ccst")
     stop_on_sigterm()
     path = preset_path(args.paper)
-    grid = parse_grid(read_toml(path), f"preset {args.paper}", scale=args.scale, overrides=_overrides(args))
-    out = Path(args.out or Path("runs") / "reproduce" / f"{path.stem}-{args.scale}")
+    track = None if args.track in (None, FROM_SCRATCH) else args.track
+    grid = parse_grid(read_toml(path), f"preset {args.paper}", scale=args.scale, overrides=_overrides(args),
+                      track=track)
+    folder = f"{path.stem}-{track}-{args.scale}" if track else f"{path.stem}-{args.scale}"
+    out = Path(args.out or Path("runs") / "reproduce" / folder)
     return _run(grid, out, args)
 
 
@@ -233,6 +245,8 @@ def add_sweep_commands(sub: argparse._SubParsersAction) -> None:
                            formatter_class=argparse.RawDescriptionHelpFormatter)
     sweep.add_argument("file", metavar="FILE.toml", help="the sweep file")
     sweep.add_argument("--scale", help="the scale to run, for a file with [scales.NAME] tables")
+    sweep.add_argument("--track", help="the track to run, for a file with [tracks.NAME] tables (default: the file's "
+                       "own settings)")
     _execution_flags(sweep, "the file's `out`, else runs/<file name>")
     sweep.set_defaults(func=_cmd_sweep)
 
@@ -243,5 +257,9 @@ def add_sweep_commands(sub: argparse._SubParsersAction) -> None:
     reproduce.add_argument("--list", action="store_true", help="the presets, their scales and the paper's numbers")
     reproduce.add_argument("--scale", default="smoke",
                            help="smoke (minutes on 2 CPU cores), small, full (the benchmark's setting); default smoke")
-    _execution_flags(reproduce, "runs/reproduce/<paper>-<scale>")
+    reproduce.add_argument("--track", default=FROM_SCRATCH,
+                           help=f"{FROM_SCRATCH} (default: a small network trained from scratch, the benchmark "
+                           "tables' setting) or pretrained (an ImageNet-pretrained EfficientNet-Lite0 fine-tuned with "
+                           "the paper's optimiser, closer to the papers; slower)")
+    _execution_flags(reproduce, "runs/reproduce/<paper>-<scale>, or <paper>-<track>-<scale>")
     reproduce.set_defaults(func=_cmd_reproduce)

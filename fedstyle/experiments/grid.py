@@ -75,7 +75,7 @@ from fedstyle.experiments.rundir import CONFIG, DONE
 
 #: keys of a sweep file that are not crossed settings
 GRID_KEYS = ("name", "title", "description", "out", "seeds", "targets", "base", "variant", "hparams", "scales",
-             "report_by", "paper", "claim", "claims")
+             "report_by", "paper", "claim", "claims", "tracks")
 VARIANT_KEYS = ("name", "method", "label", "hparams", "seeds", "targets")
 SCALE_KEYS = ("description", "seeds", "targets", "base", "variants", "hparams")
 #: settings that never change a run's result: a finished run made with other values is reused
@@ -484,9 +484,12 @@ def read_toml(path: str | Path) -> dict:
 
 
 def parse_grid(data: Mapping[str, Any], where: str, *, scale: str | None = None,
-               overrides: Sequence[tuple[str, Any]] = ()) -> Grid:
-    """A :class:`Grid` from a sweep file's TOML data (one scale of it), with ``--set`` overrides applied."""
+               overrides: Sequence[tuple[str, Any]] = (), track: str | None = None) -> Grid:
+    """A :class:`Grid` from a sweep file's TOML data (one track and scale of it), with ``--set`` overrides applied."""
     from fedstyle.experiments.paper import parse_claims, parse_paper
+    from fedstyle.experiments.tracks import apply_track
+
+    data = apply_track(data, track, where)
 
     all_variants = [v.get("name") for v in data.get("variant", []) if isinstance(v, Mapping)]
     labels = {v.get("name"): str(v.get("label", v.get("name"))) for v in data.get("variant", [])
@@ -561,9 +564,10 @@ def parse_grid(data: Mapping[str, Any], where: str, *, scale: str | None = None,
     return grid
 
 
-def load_grid(path: str | Path, *, scale: str | None = None, overrides: Sequence[tuple[str, Any]] = ()) -> Grid:
+def load_grid(path: str | Path, *, scale: str | None = None, overrides: Sequence[tuple[str, Any]] = (),
+              track: str | None = None) -> Grid:
     """Read and parse a sweep file."""
-    return parse_grid(read_toml(path), str(path), scale=scale, overrides=overrides)
+    return parse_grid(read_toml(path), str(path), scale=scale, overrides=overrides, track=track)
 
 
 # ----------------------------------------------------------------------------- expansion and validation

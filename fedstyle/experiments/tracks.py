@@ -1,0 +1,84 @@
+"""Tracks of a sweep file: the same rows and claims under another training recipe.
+
+A preset compares methods under one recipe (its ``[base]``, crossed keys and ``[scales]``). A
+track is a second recipe for the same comparison, chosen with ``--track NAME``: the paper's rows,
+numbers and claims stay, the settings change. ``fedstyle reproduce ccst --track pretrained`` runs
+CCST's table with an ImageNet-pretrained EfficientNet-Lite0 instead of a ConvNet from scratch::
+
+    [tracks.pretrained]
+    description = "ImageNet-pretrained EfficientNet-Lite0 on fashion4 at 64 px ..."
+    note = "what differs from the paper on this track (appended to the paper's note)"
+    targets = ["sketch"]                  # any top-level key of the file: crossed keys, seeds, targets
+    [tracks.pretrained.base]              # merged into [base] (hparams merged key by key)
+    backbone = "efficientnet_lite0"
+    pretrained = true
+    [tracks.pretrained.variant_hparams]   # per row: merged into that variant's hparams
+    ccst = { style_backend = "lite" }
+    [tracks.pretrained.scales.small]      # the track's own scales replace the file's
+    ...
+
+Without ``--track`` the file is read as it is and its ``[tracks]`` table is ignored.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any, Mapping
+
+from fedstyle.errors import ConfigError
+
+#: what a track may not change: the rows, the paper and its claims are the comparison itself
+FIXED_KEYS = ("name", "variant", "paper", "claim", "claims", "tracks", "out")
+
+
+def track_names(data: Mapping[str, Any]) -> list[str]:
+    tracks = data.get("tracks", {})
+    return list(tracks) if isinstance(tracks, Mapping) else []
+
+
+def apply_track(data: Mapping[str, Any], track: str | None, where: str) -> dict[str, Any]:
+    """``data`` (a sweep file's TOML) with track ``track`` applied; without a track, ``[tracks]`` dropped."""
+    rest = {k: copy.deepcopy(v) for k, v in data.items() if k != "tracks"}
+    if track is None:
+        return rest
+    tracks = data.get("tracks")
+    if not isinstance(tracks, Mapping) or not tracks:
+        raise ConfigError(f"{where}: has no tracks; drop --track {track}")
+    if track not in tracks:
+        raise ConfigError(f"{where}: has no track {track!r}; choose one of: {', '.join(tracks)}")
+    chosen = tracks[track]
+    if not isinstance(chosen, Mapping):
+        raise ConfigError(f"{where}: [tracks.{track}] must be a table")
+    chosen = copy.deepcopy(dict(chosen))
+    base = chosen.pop("base", {})
+    if not isinstance(base, Mapping):
+        raise ConfigError(f"{where}: [tracks.{track}.base] must be a table of run settings")
+    merged = dict(rest.get("base", {}))
+    for key, value in base.items():
+        if key == "hparams" and isinstance(value, Mapping):
+            merged["hparams"] = {**dict(merged.get("hparams", {})), **value}
+        else:
+            merged[key] = value
+    rest["base"] = merged
+    note = chosen.pop("note", None)
+    if note:
+        paper = dict(rest.get("paper", {}))
+        paper["note"] = f"{paper.get('note', '')} The {track} track: {note}".strip()
+        rest["paper"] = paper
+    per_row = chosen.pop("variant_hparams", {})
+    if not isinstance(per_row, Mapping):
+        raise ConfigError(f"{where}: [tracks.{track}.variant_hparams] must map a variant name to its hparams")
+    variants = {v.get("name"): v for v in rest.get("variant", []) if isinstance(v, dict)}
+    for name, hparams in per_row.items():
+        if name not in variants:
+            raise ConfigError(f"{where}: [tracks.{track}.variant_hparams] names {name!r}, which is no variant; "
+                              f"variants: {', '.join(map(str, variants))}")
+        if not isinstance(hparams, Mapping):
+            raise ConfigError(f"{where}: [tracks.{track}.variant_hparams] {name} must be a table of NAME = VALUE")
+        variants[name]["hparams"] = {**dict(variants[name].get("hparams", {})), **hparams}
+    for key, value in chosen.items():
+        if key in FIXED_KEYS:
+            raise ConfigError(f"{where}: [tracks.{track}] cannot change {key!r}: a track keeps the rows, the "
+                              "paper and its claims, and changes the settings")
+        rest[key] = value
+    return rest
