@@ -72,6 +72,7 @@ from fedstyle.algorithms import METHODS
 from fedstyle.errors import ConfigError, FedstyleError
 from fedstyle.experiments.config import RunConfig
 from fedstyle.experiments.rundir import CONFIG, DONE
+from fedstyle.experiments.tracks import apply_track, merge_settings
 
 #: keys of a sweep file that are not crossed settings
 GRID_KEYS = ("name", "title", "description", "out", "seeds", "targets", "base", "variant", "hparams", "scales",
@@ -347,14 +348,7 @@ def _targets(value: Any, where: str) -> Any:
     return out
 
 
-def _merge(base: dict, extra: Mapping) -> dict:
-    merged = copy.deepcopy(base)
-    for key, value in extra.items():
-        if key == "hparams" and isinstance(value, Mapping):
-            merged.setdefault("hparams", {}).update(value)
-        else:
-            merged[key] = copy.deepcopy(value)
-    return merged
+_merge = merge_settings
 
 
 def _parse_variant(raw: Any, index: int, where: str) -> VariantSpec:
@@ -487,8 +481,6 @@ def parse_grid(data: Mapping[str, Any], where: str, *, scale: str | None = None,
                overrides: Sequence[tuple[str, Any]] = (), track: str | None = None) -> Grid:
     """A :class:`Grid` from a sweep file's TOML data (one track and scale of it), with ``--set`` overrides applied."""
     from fedstyle.experiments.paper import parse_claims, parse_paper
-    from fedstyle.experiments.tracks import apply_track
-
     data = apply_track(data, track, where)
 
     all_variants = [v.get("name") for v in data.get("variant", []) if isinstance(v, Mapping)]

@@ -31,6 +31,17 @@ from fedstyle.errors import ConfigError
 FIXED_KEYS = ("name", "variant", "paper", "claim", "claims", "tracks", "out")
 
 
+def merge_settings(base: Mapping[str, Any], extra: Mapping[str, Any]) -> dict:
+    """``base`` updated by ``extra`` (a copy); ``hparams`` tables are merged key by key."""
+    merged = copy.deepcopy(dict(base))
+    for key, value in extra.items():
+        if key == "hparams" and isinstance(value, Mapping):
+            merged.setdefault("hparams", {}).update(value)
+        else:
+            merged[key] = copy.deepcopy(value)
+    return merged
+
+
 def track_names(data: Mapping[str, Any]) -> list[str]:
     tracks = data.get("tracks", {})
     return list(tracks) if isinstance(tracks, Mapping) else []
@@ -53,13 +64,7 @@ def apply_track(data: Mapping[str, Any], track: str | None, where: str) -> dict[
     base = chosen.pop("base", {})
     if not isinstance(base, Mapping):
         raise ConfigError(f"{where}: [tracks.{track}.base] must be a table of run settings")
-    merged = dict(rest.get("base", {}))
-    for key, value in base.items():
-        if key == "hparams" and isinstance(value, Mapping):
-            merged["hparams"] = {**dict(merged.get("hparams", {})), **value}
-        else:
-            merged[key] = value
-    rest["base"] = merged
+    rest["base"] = merge_settings(rest.get("base", {}), base)
     note = chosen.pop("note", None)
     if note:
         paper = dict(rest.get("paper", {}))
