@@ -435,6 +435,27 @@ def test_workers_stop_when_the_sweep_process_is_killed(tiny_config, tmp_path):
         time.sleep(0.5)
 
 
+def test_a_worker_whose_interrupt_is_swallowed_exits_after_the_grace(tmp_path):
+    """The interrupt can be lost (Python only prints a KeyboardInterrupt raised in a weakref
+    callback): a worker whose sweep is gone still exits, ``grace`` seconds after its interrupt."""
+    import subprocess
+    import sys
+    import time
+
+    script = tmp_path / "worker.py"
+    script.write_text(textwrap.dedent("""
+        import signal, time
+        from fedstyle.experiments.sweep import _watch_parent
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # the interrupt goes nowhere, as when swallowed
+        _watch_parent(parent=-1, poll=0.05, grace=0.5)  # -1 is nobody's pid: "the parent is gone"
+        time.sleep(60)
+    """))
+    start = time.monotonic()
+    worker = subprocess.run([sys.executable, str(script)], timeout=30)
+    assert worker.returncode == 130
+    assert time.monotonic() - start < 20
+
+
 def _workers_of(parent: int) -> list[int]:
     """The pool worker processes a sweep process started (Linux /proc)."""
     found = []

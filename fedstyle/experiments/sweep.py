@@ -213,10 +213,17 @@ def _cpu_count() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
-def _watch_parent(parent: int, poll: float = 1.0) -> None:
+def _watch_parent(parent: int, poll: float = 1.0, grace: float = 10.0) -> None:
     """Interrupt this worker as Ctrl-C would once the sweep process that started it is gone (killed,
     or ended by a SIGTERM it did not pass on): its run stops — resumable from its last checkpoint,
-    its lock released — instead of running on, unseen, beside the next sweep."""
+    its lock released — instead of running on, unseen, beside the next sweep.
+
+    A run unwinds from the interrupt in well under a second (it writes nothing on the way out), but
+    Python can swallow the KeyboardInterrupt — raised inside a weakref callback such as the import
+    machinery's module-lock cleanup it is only printed as "Exception ignored" — and the run trains
+    on. So a worker still alive ``grace`` seconds after the interrupt exits outright: the kernel
+    releases its run directory's flock, and the last checkpoint (written atomically) stays resumable.
+    """
     import signal
     import threading
 
@@ -224,6 +231,8 @@ def _watch_parent(parent: int, poll: float = 1.0) -> None:
         while os.getppid() == parent:
             time.sleep(poll)
         os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(grace)
+        os._exit(130)
 
     threading.Thread(target=watch, name="fedstyle-parent-watch", daemon=True).start()
 
