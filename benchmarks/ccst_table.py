@@ -61,7 +61,8 @@ def setup_table(out: Path) -> str:
     for (dataset, label), setups in groups.items():
 
         def mean(key: str) -> float:
-            values = [s[key] for s in setups if key in s]
+            # stylize=lazy makes the images during training: its rate is training_stylized_images_per_s
+            values = [s.get(key, s.get(f"training_{key}")) for s in setups if key in s or f"training_{key}" in s]
             return statistics.fmean(values) if values else float("nan")
 
         lines.append(f"| {dataset} | {label} | {mean('style_images_per_s'):,.0f} | "

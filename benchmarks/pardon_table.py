@@ -168,7 +168,8 @@ def setup_table(groups: list[Group]) -> str:
             seen.add((group.dataset, v.name, group.folder))
 
             def mean(key: str, spec: str) -> str:
-                values = [s[key] for s in setups if key in s]
+                # stylize=lazy makes the images during training: its rate is training_stylized_images_per_s
+                values = [s.get(key, s.get(f"training_{key}")) for s in setups if key in s or f"training_{key}" in s]
                 return format(statistics.fmean(values), spec) if values else "—"
 
             cached = sum(1 for s in setups if s.get("cache_hits"))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 import torch
 
@@ -77,10 +78,13 @@ def make_clients(n=3, per_client=PER_CLIENT):
 
 
 def simulator(hp=None, clients=None, method="ccst"):
+    """A star simulator over ``clients``; stylize=eager unless ``hp`` says otherwise, so that the setup's
+    metrics count every generated image (the lazy default is tested against it below)."""
     seed_everything(0)
     model = build_model("convnet", 4, SIZE)
     clients = clients if clients is not None else make_clients()
-    algo = METHODS.get(method)({"style_backend": "fake_tag", **(hp or {})}, num_classes=4, num_clients=len(clients))
+    hp = {"style_backend": "fake_tag", "stylize": "eager", **(hp or {})}
+    algo = METHODS.get(method)(hp, num_classes=4, num_clients=len(clients))
     algo.configure_model(model)
     settings = FederationSettings(rounds=1, lr=0.05, batch_size=8, local_steps=1)
     return StarSimulator(algo, model, clients, settings, seed=0, device=torch.device("cpu"))
@@ -328,7 +332,9 @@ def test_second_setup_reuses_the_cache_without_transfer_calls():
     assert FakeTag.calls > calls
 
 
-def test_a_failed_generation_leaves_nothing_on_disk(tmp_path, monkeypatch):
+def test_a_failed_generation_keeps_only_complete_rows_and_a_rerun_finishes_it(tmp_path, monkeypatch):
+    """A transfer that fails mid-setup (out of memory, a kill) leaves the entry with only whole rows marked
+    made; the next run makes the rest, and its images equal those of a run with an empty cache."""
     original = FakeTag.transfer
 
     def failing(self, content, style, alpha=1.0):
@@ -340,10 +346,20 @@ def test_a_failed_generation_leaves_nothing_on_disk(tmp_path, monkeypatch):
     with pytest.raises(RuntimeError, match="out of memory"):
         simulator({"k": 2, "transfer_batch": 8}).setup()
     root = tmp_path / "cache" / "ccst"
-    assert list(root.iterdir()) == []  # no entry, no staging folder
+    [entry] = [p for p in root.iterdir()]  # the entry (no staging folder left) of the client that failed
+    made = np.load(entry / "made.npy")
+    assert 0 < made.sum() < len(made)  # the batch before the failure is kept, the failed one is not marked
+    images = np.load(entry / "images.npy")
+    assert (images[made == 0] == 0).all()  # unmarked rows were never written
     monkeypatch.setattr(FakeTag, "transfer", original)
-    info = simulator({"k": 2, "transfer_batch": 8}).setup()
-    assert "cache_hits" not in info and len(list(root.iterdir())) == 3
+    resumed = simulator({"k": 2, "transfer_batch": 8})
+    info = resumed.setup()
+    assert info["cached_images"] == made.sum() and info["stylized_images"] > 0
+    monkeypatch.setenv("FEDSTYLE_CACHE", str(tmp_path / "fresh"))
+    fresh = simulator({"k": 2, "transfer_batch": 8})
+    fresh.setup()
+    for a, b in zip(resumed.clients, fresh.clients):
+        assert torch.equal(a.images, b.images)
 
 
 def test_grayscale_and_zero_variance_clients_through_the_fft_backend():
@@ -406,8 +422,8 @@ def _strip(obj):
     """Drop wall-clock times and cache facts, which differ between otherwise identical runs."""
     if isinstance(obj, dict):
         return {k: _strip(v) for k, v in obj.items()
-                if k != "seconds" and not k.endswith(("_seconds", "_per_s")) and k != "cache_hits"
-                and not (k == "stylized_images")}
+                if k != "seconds" and not k.endswith(("_seconds", "_per_s"))
+                and k not in ("cache_hits", "cached_images", "stylized_images", "style_cache_hits")}
     return obj
 
 
@@ -420,7 +436,10 @@ def test_run_logs_setup_and_resume_equals_uninterrupted(tiny_config, tmp_path, m
     full = run_experiment(config, tmp_path / "full", quiet=True)
     first = json.loads((tmp_path / "full" / "metrics.jsonl").read_text().splitlines()[0])
     assert first["event"] == "setup" and first["augmented_images"] > 0 and first["style_seconds"] > 0
-    assert first["setup_bytes_up"] > 0 and full["setup"]["stylized_images"] == first["stylized_images"]
+    assert first["setup_bytes_up"] > 0 and first["cached_images"] == 0 and "stylized_images" not in first
+    made = [r["train_metrics"]["stylized_images"] for r in map(json.loads, (tmp_path / "full" / "metrics.jsonl")
+            .read_text().splitlines()[1:]) if "stylized_images" in r.get("train_metrics", {})]
+    assert made and made[0] > 0  # stylize=lazy: the images are made by the training batches that read them
     assert full["label"] == "CCST (overall, K=2, fft)"
 
     original = StarSimulator.run_round

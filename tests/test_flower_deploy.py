@@ -29,6 +29,7 @@ from fedstyle.runtimes.flower.deployment import (  # noqa: E402
     deploy_run,
     load_settings,
 )
+from run_records import evaluations  # noqa: E402
 
 # each message starts a ClientApp process (Flower's design): ~10-60 s per run; on pytest-xdist workers the
 # deployments run one after another on one worker while the other worker runs the rest
@@ -55,10 +56,6 @@ def two_sites(tiny_config):
 
 def records(run_dir):
     return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
-
-
-def evaluations(run_dir):
-    return [{k: v for k, v in r.items() if k != "seconds"} for r in records(run_dir) if "event" not in r]
 
 
 def global_weights(run_dir):

@@ -17,6 +17,7 @@ from probes import ExchangeProbe as SharedExchangeProbe  # noqa: E402
 from fedstyle.experiments.runner import run_experiment, start_run_dir  # noqa: E402
 from fedstyle.runtimes.flower.clientapp import app as client_app  # noqa: E402
 from fedstyle.runtimes.flower.serverapp import FaultPolicy, SiteError, serve  # noqa: E402
+from run_records import evaluations  # noqa: E402
 
 CLIENT_APP_RAISED_EXCEPTION, NODE_UNAVAILABLE = 2, 5  # flwr.common.constant.ErrorCode
 
@@ -66,11 +67,6 @@ class FakeGrid:
 
     def pull_messages(self, ids):
         return [self.replies.pop(i) for i in list(ids) if i in self.replies]
-
-
-def evaluations(run_dir):
-    lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return [{k: v for k, v in r.items() if k != "seconds"} for r in lines if "event" not in r]
 
 
 def events(run_dir):

@@ -13,13 +13,9 @@ pytest.importorskip("ray", reason="--backend flower-sim needs fedstyle[flower-si
 from safetensors.torch import load_file  # noqa: E402
 
 from fedstyle.experiments.runner import run_experiment  # noqa: E402
+from run_records import evaluations  # noqa: E402
 
 pytestmark = pytest.mark.slow  # Ray starts in ~10 s
-
-
-def evaluations(run_dir):
-    lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return [{k: v for k, v in r.items() if k != "seconds"} for r in lines if "event" not in r]
 
 
 @pytest.fixture

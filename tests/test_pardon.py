@@ -38,6 +38,7 @@ from fedstyle.style.transfer.interpolation import (
     median_style,
 )
 from tiny import interrupt_and_resume
+from run_records import evaluations
 
 EPS_STD = math.sqrt(ADAIN_EPS)
 
@@ -181,7 +182,8 @@ def simulator(hp=None, clients=None, rounds=1):
     seed_everything(0)
     clients = clients if clients is not None else make_clients()
     model = build_model("convnet", 4, SIZE)
-    algo = PARDON({"style_backend": "fft", **(hp or {})}, num_classes=4, num_clients=len(clients))
+    # stylize=eager: the setup makes (and counts) every transfer; the lazy default is tested against it below
+    algo = PARDON({"style_backend": "fft", "stylize": "eager", **(hp or {})}, num_classes=4, num_clients=len(clients))
     algo.configure_model(model)
     settings = FederationSettings(rounds=rounds, lr=0.05, batch_size=8, local_steps=2)
     return StarSimulator(algo, model, clients, settings, seed=0, device=torch.device("cpu"))
@@ -212,7 +214,9 @@ def test_the_broadcast_holds_only_the_global_style():
     one_up = payload_nbytes(uploads[0])
     assert info["setup_bytes_up"] == 5 * one_up and info["setup_bytes_down"] == 5 * one_up  # one style each way
     assert info["style_images"] == 5 * 20 and info["augmented_images"] == 5 * 20
-    assert info["style_images_per_s"] > 0 and info["stylized_images_per_s"] > 0 and info["style_clusters"] >= 5
+    # the uploads above filled the style cache: the setup loaded every client's style (no rate) and transferred
+    assert info["style_cache_hits"] == 5 and "style_images_per_s" not in info
+    assert info["stylized_images_per_s"] > 0 and info["style_clusters"] >= 5
 
 
 def test_each_image_is_transferred_to_sg_once_and_rides_along_aligned():
@@ -343,10 +347,6 @@ def test_pardon_under_flower_sim_equals_the_simulator(tiny_config, tmp_path):
 
     from fedstyle.experiments.runner import run_experiment
 
-    def evaluations(run_dir):
-        lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
-        return [{k: v for k, v in r.items() if k != "seconds"} for r in lines if "event" not in r]
-
     def setup_bytes(run_dir):
         setup = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[0])
         return setup["setup_bytes_up"], setup["setup_bytes_down"], setup["style_images"]
@@ -370,13 +370,7 @@ def test_pardon_under_flower_sim_equals_the_simulator(tiny_config, tmp_path):
 
 def test_resumed_run_equals_uninterrupted(tiny_config, tmp_path, monkeypatch):
     """The setup exchange (S_g) and the restyled cache come back from the checkpoint on resume."""
-    import json
-
     from fedstyle.experiments.runner import run_experiment
-
-    def evaluations(run_dir):
-        lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
-        return [{k: v for k, v in r.items() if k != "seconds"} for r in lines if "event" not in r]
 
     config = tiny_config.updated(method="pardon", hparams={"style_backend": "fft"}, rounds=3, partition="per_domain",
                                  clients=6, clients_per_round=4)

@@ -11,7 +11,6 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
 
 from fedstyle.algorithms import METHODS
 from fedstyle.algorithms.fedavg import FedAvg
@@ -21,11 +20,7 @@ from fedstyle.experiments.checkpoint import CHECKPOINT, CheckpointError, load_ch
 from fedstyle.experiments.runner import divergence_warnings, resume_experiment, run_experiment
 from fedstyle.federation.rounds import TrainingDivergedError
 from fedstyle.io import DirectoryLock, LockedError, remove_leftovers, temp_prefix
-
-
-def evaluations(run_dir: Path) -> list[dict]:
-    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return [{k: v for k, v in r.items() if k != "seconds"} for r in rows if "event" not in r]
+from run_records import evaluations
 
 
 def interrupted_run(config, out: Path, monkeypatch, after_round: int):

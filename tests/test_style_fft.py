@@ -132,17 +132,19 @@ def test_mismatched_styles_are_refused():
 
 
 def test_stylize_to_one_style_is_cached_and_row_aligned():
-    from fedstyle.style.transfer.augment import stylize_to_style
+    from fedstyle.style.transfer.stylize import stylize_to_style
 
     backend = TRANSFER_BACKENDS.get("fft")(device="cpu")
     g = torch.Generator().manual_seed(0)
     images = torch.randint(0, 256, (5, 3, 16, 16), generator=g, dtype=torch.uint8)
     style = backend.dataset_style([torch.randint(0, 256, (4, 3, 16, 16), generator=g, dtype=torch.uint8)])
-    out, metrics = stylize_to_style("test-one-style", {"case": 1}, images, style, backend, 1.0, 2)
+    out, metrics = stylize_to_style("test-one-style", {"case": 1}, images, style, backend, 1.0, 2, mode="eager")
     assert out.shape == images.shape and metrics["stylized_images"] == 5
     expected = backend.transfer(images, style.select(torch.zeros(5, dtype=torch.long)), 1.0)
     assert torch.equal(out, expected)  # row i is image i restyled
-    again, metrics = stylize_to_style("test-one-style", {"case": 1}, images, style, backend, 1.0, 2)
+    again, metrics = stylize_to_style("test-one-style", {"case": 1}, images, style, backend, 1.0, 2, mode="eager")
     assert metrics.get("cache_hits") == 1.0 and torch.equal(again, out)
+    lazy, metrics = stylize_to_style("test-one-style", {"case": 1}, images, style, backend, 1.0, 2)  # default: lazy
+    assert metrics["cached_images"] == 5 and torch.equal(lazy.materialize(), out) and lazy.count.images == 0
     with pytest.raises(ConfigError, match="one style"):
         stylize_to_style("test-one-style", {}, images, Style.concat([style, style]), backend, 1.0, 2)

@@ -5,15 +5,18 @@ Setup exchange, before round 0 (each client is one domain, as in the paper):
 1. each client computes its style with the style backend (AdaIN statistics for ``adain`` and the
    offline default; the amplitude spectrum for ``fft``) — ``style_type=single``: a local bank of J
    single-image styles of images drawn with the seed (Eq. 6, 7); ``overall``: its overall domain
-   style over all pixels of all images (Eq. 8) — and uploads it (bytes counted);
+   style over all pixels of all images (Eq. 8), by default approximated on a class-stratified sample
+   of ``style_images`` = 2,048 images (Section 3.2's "Computation and communication trade-off";
+   0 = every image) — and uploads it (bytes counted);
 2. the server concatenates the clients' styles into the bank B (Eq. 9, 10) and broadcasts it,
    remembering which client each style came from;
 3. each client draws, for every image, K domains of B without replacement: its own domain keeps
    the original image, another domain restyles the image to that domain's overall style, or
    (single) to one style drawn at random from that domain's bank, per image (Algorithm 1). The
-   d x K outputs are generated once, in batches, into the tensor cache
-   (``cache_dir()/ccst/<key>``), and replace the client's data (labels repeated); a rerun or a
-   resumed run reuses them.
+   d x K outputs replace the client's data (labels repeated). Each is made once into the tensor
+   cache (``cache_dir()/ccst/<key>``): by default (``stylize=lazy``) when a training batch first
+   reads it, so a run pays for the images it trains on; ``stylize=eager`` makes all at setup, as
+   the paper (same pixels). A rerun or a resumed run reuses what is made.
 
 The original image (``keep_original``). Algorithm 1 (lines 4-5) keeps an image's original only when
 the client draws its own domain, which happens with probability K / N for N clients. In the paper's
@@ -42,9 +45,9 @@ accepted as shorthands for ``style_type``; ``style`` otherwise keeps its meaning
 Defaults: overall style, K = 3 (the paper's best), ``keep_original=own_domain`` (Algorithm 1);
 J = ceil(d / 32), the paper's value (Section 4.2: "the value of M is ceil(dataset_size / 32)",
 i.e. one style per batch of 32); alpha = 1 as the public code. ``reference_code=true`` reproduces
-the public code's two other choices: in single mode one random style per batch of 32 consecutive
-content images (not per image), and client models averaged with equal weights
-(``aggregation=uniform`` unless given). Its other quirks (styles at 512 x 512, validation drawn
+the public code's other choices: in single mode one random style per batch of 32 consecutive
+content images (not per image), client models averaged with equal weights
+(``aggregation=uniform`` unless given), and the overall style over every image (``style_images=0``). Its other quirks (styles at 512 x 512, validation drawn
 from the augmented list) are not reproduced.
 """
 
@@ -55,7 +58,7 @@ from typing import Any, Mapping
 
 from fedstyle.algorithms.hparams import HParam
 from fedstyle.algorithms.registry import register_method
-from fedstyle.algorithms.style_exchange import StyleExchange
+from fedstyle.algorithms.style_exchange import STYLE_IMAGES, StyleExchange
 from fedstyle.errors import ConfigError
 from fedstyle.seeding import derive_seed
 from fedstyle.style.transfer import DEFAULT_BACKEND, TRANSFER_BACKENDS
@@ -77,6 +80,7 @@ class CCST(StyleExchange):
     HPARAMS = (
         HParam("style_type", "overall", "single-image style bank (Eq. 7) or overall domain style (Eq. 8); "
                "also given as style=single|overall", choices=_STYLE_TYPES),
+        STYLE_IMAGES,
         HParam("k", 3, "augmentation level K: styles per image, distinct domains drawn without replacement "
                "(keep_original=always: restyled copies besides the original, from other clients)", low=1),
         HParam("keep_original", "own_domain", "when an image's original is in the augmented data: own_domain = "
@@ -91,7 +95,8 @@ class CCST(StyleExchange):
         HParam("decoder_weights", "", "adain backend: path of decoder.pth; lite: a `fedstyle style train-decoder` "
                "file (default: the shipped one)"),
         HParam("reference_code", False, "public code's choices: one random style per batch of 32 images "
-               "(single mode) and equal client weights (aggregation=uniform)"),
+               "(single mode), equal client weights (aggregation=uniform), overall style over all images "
+               "(style_images=0)"),
     )
 
     @classmethod
@@ -112,6 +117,8 @@ class CCST(StyleExchange):
                                   f"style_backend={hp['style_backend']}")
         if hp["reference_code"] and "aggregation" not in given:
             hp["aggregation"] = "uniform"  # the public code averages client models with equal weights
+        if hp["reference_code"] and "style_images" not in given:
+            hp["style_images"] = 0  # the public code's overall style is over every image
         return hp
 
     def __init__(self, hparams: Mapping[str, Any] | None = None, *, num_classes: int, num_clients: int):

@@ -4,7 +4,8 @@
 Setup exchange, once before round 0 (Eq. 1-5; the clustering lives in
 :mod:`fedstyle.style.transfer.interpolation`):
 
-1. every client encodes its images with the style backend's encoder (``style_backend``: ``lite``,
+1. every client encodes its images (a class-stratified sample of ``style_images``, 2,048 by default;
+   0 = all, as the paper) with the style backend's encoder (``style_backend``: ``lite``,
    the offline default; ``adain``, the paper's VGG-19 AdaIN; ``fft``, amplitude spectra), clusters
    them with FINCH (cosine) on their per-image styles [mu, sigma] (``local_features=style``, cheap)
    or on their flattened feature maps (``local_features=flat``, the public code), keeps the
@@ -15,14 +16,15 @@ Setup exchange, once before round 0 (Eq. 1-5; the clustering lives in
    as the global interpolation style S_g. **Only S_g is broadcast**: no client ever receives
    another client's style, and the server keeps nothing but the number of its clusters;
 3. every client transfers each of its images to S_g once (Eq. 6, AdaIN with content/style
-   interpolation ``transfer_alpha``), in batches, into the tensor cache (``cache_dir()/pardon``),
-   and attaches the result as an *aligned view* of its data.
+   interpolation ``transfer_alpha``) into the tensor cache (``cache_dir()/pardon``) and attaches the
+   result as an *aligned view* of its data: with ``stylize=lazy`` (default) an image is transferred
+   when a batch first reads it, with ``eager`` all at setup; the pixels are the same.
 
 Local training (Eq. 7-9): each batch x comes with x' = its transfer to S_g under the **identical**
-random crop and flip (``ctx.batches(views=True)``). Because S_g is fixed for the whole run, the
-transfer is done once in the setup and each step only gathers rows of a cached uint8 tensor — no
-encoder or decoder runs during training, which is what makes PARDON cheap here (one forward pass
-of 2B images per step). z = model.features(x) and z^p = model.features(x') are the featurizer's
+random crop and flip (``ctx.batches(views=True)``). Because S_g is fixed for the whole run, each
+image is transferred once and later steps only gather rows of a cached uint8 tensor — once every
+image a run reads has been made, no encoder or decoder runs during training (one forward pass of 2B
+images per step). z = model.features(x) and z^p = model.features(x') are the featurizer's
 output (the neck: pooled features for ResNets, the flattened C x h x w map on the ConvNet). The loss is
 
     L = CE + gamma1 * L_T + gamma2 * L_reg                                                (Eq. 9)
@@ -88,10 +90,10 @@ images): CE alone 62.7 %, + L_T squared 64.6 %, + L_T Euclidean (default) 68.1 %
 given explicitly: one random negative, L2-normalised features, non-squared distance with the hinge,
 CE on the originals only, frozen BatchNorm, L_reg averaged over elements, transfer_alpha 0.5, the finest FINCH partition on
 the server, the lower median, flattened feature maps for the local clustering (encoder backends;
-``fft`` keeps its per-image spectra). The public code's optimiser (Adam, lr 3e-5) is a run setting
-shared with every other method, so it is not switched by the method: give ``--optimizer adam --lr
-3e-5 --weight-decay 0 --lr-schedule constant`` (a warning says so when reference_code runs with
-another optimiser). Not reproduced: its pretrained ResNet-50 (``--backbone resnet50
+``fft`` keeps its per-image spectra) of all local images (``style_images=0``). The public code's
+optimiser (Adam, lr 3e-5) is a run setting shared with every other method, so it is not switched by
+the method: give ``--optimizer adam --lr 3e-5 --weight-decay 0 --lr-schedule constant`` (a warning
+says so when reference_code runs with another optimiser). Not reproduced: its pretrained ResNet-50 (``--backbone resnet50
 --pretrained`` comes close) with a 2048 -> 2048 featurizer head, its encoder read before the ReLU of conv4_1 on ImageNet-normalised inputs.
 """
 
@@ -109,11 +111,12 @@ from torch import nn
 from fedstyle.algorithms.base import ClientResult, check_finite
 from fedstyle.algorithms.hparams import HParam
 from fedstyle.algorithms.registry import register_method
-from fedstyle.algorithms.style_exchange import StyleExchange, check_style_backend
+from fedstyle.algorithms.style_exchange import STYLE_IMAGES, StyleExchange, check_style_backend
 from fedstyle.errors import ConfigError
 from fedstyle.models.batchnorm import BATCHNORM_TYPES
 from fedstyle.style.transfer import DEFAULT_BACKEND, TRANSFER_BACKENDS, Style
-from fedstyle.style.transfer.augment import pop_style_cost, record_style_cost, stylize_to_style
+from fedstyle.style.transfer.augment import pop_style_cost, record_style_cost
+from fedstyle.style.transfer.stylize import cached_style, stylize_to_style
 from fedstyle.style.transfer.fft import DEFAULT_BAND
 from fedstyle.style.transfer.interpolation import (
     LOCAL_FEATURES,
@@ -132,7 +135,7 @@ SERVER_CLUSTERS = "pardon/server_clusters"  # server.state: the number of client
 REFERENCE = {"negatives": "random", "normalize": True, "distance": "euclidean", "hinge": True, "ce_views": "original",
              "batchnorm_stats": "frozen",
              "reg_scale": "element", "transfer_alpha": 0.5, "server_partition": "finest", "median": "lower",
-             "local_features": "flat", "gamma1": 0.75, "gamma2": 0.2, "margin": 0.3}
+             "local_features": "flat", "gamma1": 0.75, "gamma2": 0.2, "margin": 0.3, "style_images": 0}
 _warned_optimizer = False
 
 
@@ -254,6 +257,7 @@ class PARDON(StyleExchange):
         HParam("decoder_weights", "", "adain backend: path of decoder.pth; lite: a `fedstyle style train-decoder` "
                "file (default: the shipped one)"),
         HParam("band", DEFAULT_BAND, "fft backend: half-width of the exchanged low-frequency square", low=0.0, high=1.0),
+        STYLE_IMAGES,
         HParam("local_features", "style", "what FINCH clusters a client's images on: per-image style [mu, sigma] "
                "(style) or flattened encoder feature maps (flat, the public code)", choices=LOCAL_FEATURES),
         HParam("local_partition", "coarsest", "FINCH partition inside a client (Eq. 1): finest, coarsest (paper and "
@@ -339,11 +343,21 @@ class PARDON(StyleExchange):
         """The client style: FINCH clusters of the local images, their styles, the mean (Eq. 1-2)."""
         backend = self.backend(ctx)
         start = time.perf_counter()
-        local = local_style(backend, ctx.data.images, features=self.hp["local_features"],
-                            partition=self._partition(self.hp["local_partition"]), batch_size=self.hp["transfer_batch"])
-        record_style_cost(ctx.state, time.perf_counter() - start, local.images)
-        ctx.state[_CLUSTERS] = torch.tensor(float(local.clusters), dtype=torch.float64)
-        return local.style.to_payload()
+        images = self.images_for_style(ctx, "pardon-style")  # all, or the class-stratified style_images sample
+        recipe = {"method": self.name, "local_features": self.hp["local_features"],
+                  "local_partition": self.hp["local_partition"], "backend_options": self.cache_options()}
+
+        def compute():
+            with self.progress_bar(len(images), f"client {ctx.client_id} style") as tick:
+                local = local_style(backend, images, features=self.hp["local_features"],
+                                    partition=self._partition(self.hp["local_partition"]),
+                                    batch_size=self.hp["transfer_batch"], progress=tick)
+            return local.style, {"images": local.images, "clusters": local.clusters}
+
+        style, numbers, hit = cached_style(recipe, images, backend, compute)  # a rerun does not encode again
+        record_style_cost(ctx.state, time.perf_counter() - start, numbers["images"], cached=hit)
+        ctx.state[_CLUSTERS] = torch.tensor(float(numbers["clusters"]), dtype=torch.float64)
+        return style.to_payload()
 
     def setup_broadcast(self, uploads, server):
         """S_g from the client styles (Eq. 3-5); the broadcast holds S_g and nothing else."""
@@ -358,11 +372,10 @@ class PARDON(StyleExchange):
         s_g = Style.from_payload(broadcast)
         backend = self.backend(ctx)
         backend.check(s_g)
-        # weight paths do not enter the cache key: the encoder id and weight fingerprint identify the weights
-        options = {k: v for k, v in self.backend_options().items() if not k.endswith("_weights")}
-        views, metrics = stylize_to_style(self.name, {"method": self.name, "backend_options": options},
+        views, metrics = stylize_to_style(self.name, {"method": self.name, "backend_options": self.cache_options()},
                                           ctx.data.images, s_g, backend, self.hp["transfer_alpha"],
-                                          self.hp["transfer_batch"], progress=self.progress)
+                                          self.hp["transfer_batch"], progress=self.progress,
+                                          mode=self.hp["stylize"])
         ctx.data.set_view(VIEW, views)
         metrics.update(pop_style_cost(ctx.state))
         if _CLUSTERS in ctx.state:
@@ -402,16 +415,17 @@ class PARDON(StyleExchange):
         optimizer = ctx.train.make_optimizer(model.parameters())
         total = torch.zeros((), device=ctx.device)
         steps = 0
-        for x, y, _, views in ctx.batches(views=True):
-            loss = self.pair_loss(ctx, model, x, views[VIEW], y)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-            total += loss.detach()
-            steps += 1
+        with self.count_stylized(ctx) as made:  # transfers to S_g made by this round's batches (stylize=lazy)
+            for x, y, _, views in ctx.batches(views=True):
+                loss = self.pair_loss(ctx, model, x, views[VIEW], y)
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                optimizer.step()
+                total += loss.detach()
+                steps += 1
         mean_loss = float(total) / max(1, steps)
         check_finite(mean_loss, ctx)
-        return ClientResult(train_loss=mean_loss, metrics=ctx.logged_metrics())
+        return ClientResult(train_loss=mean_loss, metrics={**ctx.logged_metrics(), **made})
 
     def _warn_optimizer(self, ctx) -> None:
         global _warned_optimizer

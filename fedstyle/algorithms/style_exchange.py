@@ -1,16 +1,28 @@
-"""Base class of the setup-phase style exchanges (CCST, FedDG-FFT): upload a style, broadcast the
-bank, augment the local data into the cache. The pieces live in :mod:`fedstyle.style.transfer.augment`;
-this class wires them to the algorithm hooks. Subclasses say which backend, which styles, which plan.
+"""Base class of the setup-phase style exchanges (CCST, PARDON, FedDG-FFT): upload a style, broadcast
+the bank, augment the local data into the cache. The pieces live in :mod:`fedstyle.style.transfer.augment`
+(styles, bank, plan) and :mod:`fedstyle.style.transfer.stylize` (making and caching); this class wires
+them to the algorithm hooks. Subclasses say which backend, which styles, which plan.
+
+Cost (issue 27): the generated images are made when a training batch first reads them
+(``stylize=lazy``, default; ``eager`` makes all of them at setup, the papers' procedure, same pixels),
+and a client's overall or clustered style is computed from a class-stratified sample of
+``style_images`` images (:data:`STYLE_IMAGES`; 0 = all, the papers' definition). Each round's
+metrics carry ``stylized_images`` and ``stylize_seconds``: what the client's batches made that round.
 """
 
 from __future__ import annotations
 
+import sys
 import time
-from typing import Any, Callable, Mapping
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator, Mapping
+
+import torch
 
 from fedstyle.algorithms.base import Algorithm
 from fedstyle.algorithms.hparams import HParam
 from fedstyle.algorithms.context import ClientContext
+from fedstyle.data.lazy import LazyImages
 from fedstyle.errors import ConfigError
 from fedstyle.payload import Payload
 from fedstyle.seeding import derive_seed
@@ -23,8 +35,16 @@ from fedstyle.style.transfer.augment import (
     pop_style_cost,
     record_style_cost,
     resolve_style_device,
-    stylize_cached,
+    style_sample,
 )
+from fedstyle.style.transfer.stylize import STYLIZE_MODES, cached_style, made_so_far, stylize_cached
+
+#: how many images a client's overall (CCST) or clustered (PARDON) style is computed from; shared by the
+#: methods that compute one (CCST's single-image bank and FedDG-FFT's spectra draw their own images)
+STYLE_IMAGES = HParam(
+    "style_images", 2048, "images a client's overall/clustered style is computed from: a class-stratified random "
+    "sample (CCST Sec. 3.2's approximation; 2,048 is its appendix B's timing set); 0 = all images (Eq. 8 / "
+    "PARDON Eq. 1-2 exactly)", low=0)
 
 
 def check_style_backend(method: str, hp: Mapping[str, Any], backend_key: str = "style_backend") -> None:
@@ -57,6 +77,9 @@ class StyleExchange(Algorithm):
     HPARAMS = (
         HParam("transfer_batch", 64, "images per style computation / transfer batch", low=1),
         HParam("style_device", "auto", "device of the style backend (auto: the run's --device)"),
+        HParam("stylize", "lazy", "when the style-transferred images are made: lazy = when a training batch first "
+               "reads them (a run pays for the images it trains on; same pixels), eager = all at setup (the "
+               "papers' procedure)", choices=STYLIZE_MODES),
     )
 
     # -- what subclasses choose ---------------------------------------------------------
@@ -78,13 +101,45 @@ class StyleExchange(Algorithm):
             built[key] = make_backend(self.backend_name(), device, **options)
         return built[key]
 
+    def cache_options(self) -> dict[str, Any]:
+        """The backend options that enter cache keys: weight paths do not (the encoder id and the weights'
+        fingerprint identify the weights, wherever the files lie)."""
+        return {k: v for k, v in self.backend_options().items() if not k.endswith("_weights")}
+
+    def images_for_style(self, ctx: ClientContext, purpose: str) -> torch.Tensor:
+        """The client's images a style is computed from: all, or the ``style_images`` sample."""
+        images = ctx.data.images
+        rows = style_sample(ctx.data.labels, self.hp.get("style_images", 0), derive_seed(ctx.seed, purpose, "sample"))
+        return images if rows is None else images.index_select(0, rows.to(images.device))
+
+    @contextmanager
+    def progress_bar(self, total: int, desc: str) -> Iterator[Callable[[int], None]]:
+        """A tqdm bar (counts, rate, time left) on stderr when ``progress`` allows; yields ``tick(n)``."""
+        from tqdm.auto import tqdm
+
+        show = sys.stderr.isatty() if self.progress is None else self.progress
+        with tqdm(total=total, desc=desc, unit="img", disable=not show, leave=False, file=sys.stderr) as bar:
+            yield bar.update
+
     def upload_style(self, ctx: ClientContext, style_type: str, count: int, purpose: str) -> Payload:
-        """The client's style payload (``single``: ``count`` images drawn with the seed; ``overall``)."""
+        """The client's style payload (``single``: ``count`` images drawn with the seed; ``overall``: over
+        the ``style_images`` sample), computed once per images and recipe (:func:`cached_style`)."""
         backend = self.backend(ctx)
         start = time.perf_counter()
-        style, used = client_style(backend, ctx.data.images, style_type=style_type, count=count,
-                                   seed=derive_seed(ctx.seed, purpose), batch_size=self.hp["transfer_batch"])
-        record_style_cost(ctx.state, time.perf_counter() - start, used)
+        images = self.images_for_style(ctx, purpose) if style_type == "overall" else ctx.data.images
+        seed = derive_seed(ctx.seed, purpose)
+        recipe = {"method": self.name, "style_type": style_type, "count": count, "seed": seed,
+                  "backend_options": self.cache_options()}
+
+        def compute():
+            total = len(images) if style_type == "overall" else min(count, len(images))
+            with self.progress_bar(total, f"client {ctx.client_id} style") as tick:
+                style, used = client_style(backend, images, style_type=style_type, count=count, seed=seed,
+                                           batch_size=self.hp["transfer_batch"], progress=tick)
+            return style, {"images": used}
+
+        style, numbers, hit = cached_style(recipe, images, backend, compute)
+        record_style_cost(ctx.state, time.perf_counter() - start, numbers["images"], cached=hit)
         return style.to_payload()
 
     def setup_broadcast(self, uploads: dict[int, Payload], server) -> Payload:
@@ -103,11 +158,32 @@ class StyleExchange(Algorithm):
         backend = self.backend(ctx)
         backend.check(bank.style)  # refuse a foreign bank before planning with it
         plan = plan_for(bank)
-        # weight paths do not enter the key: the encoder id and decoder fingerprint identify the weights
-        options = {k: v for k, v in self.backend_options().items() if not k.endswith("_weights")}
-        images, metrics = stylize_cached(self.name, dict(recipe, method=self.name, backend_options=options),
-                                         ctx.data.images, plan, bank, backend, alpha, self.hp["transfer_batch"],
-                                         progress=self.progress)
+        recipe = dict(recipe, method=self.name, backend_options=self.cache_options())
+        images, metrics = stylize_cached(self.name, recipe, ctx.data.images, plan, bank, backend, alpha,
+                                         self.hp["transfer_batch"], progress=self.progress, mode=self.hp["stylize"])
         ctx.data.replace(images, plan.source)  # labels, domains (and any views) follow their source rows
         metrics.update(pop_style_cost(ctx.state))
         return metrics
+
+    # -- images made during training ----------------------------------------------------------------
+    def local_train(self, ctx, model, payload):
+        with self.count_stylized(ctx) as made:
+            result = super().local_train(ctx, model, payload)
+        result.metrics.update(made)
+        return result
+
+    @contextmanager
+    def count_stylized(self, ctx: ClientContext) -> Iterator[dict[str, float]]:
+        """Fills the yielded dict with ``stylized_images`` / ``stylize_seconds``: what the client's lazy
+        stores (data and views) made inside the block (0 once everything read was made; nothing when
+        the client has no lazy store, e.g. stylize=eager). Costs, like timings: they depend on what the
+        cache held, not on the run's results."""
+        def stores():
+            return [s for s in (ctx.data.pool.images, *ctx.data.views.values()) if isinstance(s, LazyImages)]
+
+        images, seconds = made_so_far(*stores())
+        made: dict[str, float] = {}
+        yield made
+        if stores():
+            images_after, seconds_after = made_so_far(*stores())
+            made.update(stylized_images=images_after - images, stylize_seconds=seconds_after - seconds)

@@ -229,6 +229,8 @@ def load_entry(directory: Path) -> DomainDataset:
 #: top-level folders of the cache that hold derived data, by kind (everything else is a decoded dataset)
 DERIVED_KINDS = {
     "ccst": "CCST's stylized copies (per client, bank, K, seed)",
+    "pardon": "PARDON's transfers to its interpolation style S_g",
+    "client_styles": "CCST's and PARDON's client styles (the setup's style computation)",
     "feddg_fft": "FedDG-FFT's amplitude-exchanged copies",
     "style": "lite decoders written by `fedstyle style train-decoder`",
     "adain": "AdaIN weights copied into the cache",

@@ -11,6 +11,10 @@ variant of image i, e.g. PARDON's transfer of image i to the global style). A ba
 each view beside the image, cut by the *same* random crop and flip, because the views are
 augmented together with the image as extra channels of one batch. Views (and the images a method
 puts in with :meth:`ClientData.replace`, CCST's augmented set say) belong to the client.
+
+Images and views may be :class:`fedstyle.data.lazy.LazyImages` (generated rows made when a batch
+first reads them): batches read only their rows; ``images`` and the views' ``index_select`` make
+what they read.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from typing import Callable, Iterator, Mapping
 
 import torch
 
+from fedstyle.data.lazy import LazyImages, read_images
 from fedstyle.errors import ConfigError
 
 
@@ -100,7 +105,7 @@ class ClientData:
         return self._rows
 
     def _take(self, tensor: torch.Tensor) -> torch.Tensor:
-        return tensor if self._rows is None else tensor.index_select(0, self._rows)
+        return read_images(tensor, self._rows)  # a LazyImages store makes the rows it lacks
 
     @property
     def images(self) -> torch.Tensor:
@@ -126,7 +131,7 @@ class ClientData:
         return data
 
     # -- aligned views ------------------------------------------------------------------
-    def set_view(self, name: str, images: torch.Tensor) -> None:
+    def set_view(self, name: str, images: torch.Tensor | LazyImages) -> None:
         """Attach ``images`` (uint8, one row per sample, same H x W) as the aligned view ``name``."""
         if images.dim() != 4 or images.dtype != torch.uint8 or len(images) != len(self):
             raise ConfigError(f"view {name!r} must be uint8 (N, C, H, W) with N = {len(self)} rows, got "
@@ -138,7 +143,7 @@ class ClientData:
         device = self._pool.device
         self.views[name] = images if images.device == device else images.to(device)
 
-    def replace(self, images: torch.Tensor, source: torch.Tensor) -> None:
+    def replace(self, images: torch.Tensor | LazyImages, source: torch.Tensor) -> None:
         """Make the samples ``images`` with the labels, domains and views of rows ``source`` (in place:
         the runtime keeps this object across rounds). CCST's augmented set, for example. The client
         then owns its samples (they leave the shared pool)."""

@@ -409,6 +409,14 @@ def divergence_warnings(records: list[dict[str, Any]], num_classes: int, lr: flo
     return out
 
 
+def _lazy_stylize_rate(records: list[dict[str, Any]]) -> dict[str, float]:
+    """``stylized_images_per_s`` of the images made by training batches (CCST/PARDON, stylize=lazy):
+    the rounds' stylized images over their stylization seconds (both means over the clients), or {}."""
+    images = sum(r.get("train_metrics", {}).get("stylized_images", 0.0) for r in records)
+    seconds = sum(r.get("train_metrics", {}).get("stylize_seconds", 0.0) for r in records)
+    return {"training_stylized_images_per_s": images / seconds} if images and seconds > 0 else {}
+
+
 def make_summary(exp: Experiment, records: list[dict[str, Any]], selector: Selector) -> dict[str, Any]:
     setup = _setup_record(records)
     records = [r for r in records if "round" in r and "event" not in r]
@@ -443,7 +451,7 @@ def make_summary(exp: Experiment, records: list[dict[str, Any]], selector: Selec
     if "per_edge_iteration" in last:
         summary["traffic"]["per_edge_iteration"] = last["per_edge_iteration"]
     if setup:
-        summary["setup"] = setup
+        summary["setup"] = dict(setup, **_lazy_stylize_rate(records))
     if config.val_domain:
         summary["val_domain"] = config.val_domain
     if "device_target_acc" in last:

@@ -1,52 +1,35 @@
-"""Cross-client style augmentation, shared by CCST and FedDG-FFT (and reusable by later methods).
+"""Cross-client style augmentation, shared by CCST, PARDON and FedDG-FFT (and reusable by later methods).
 
 The pieces of a setup-phase style exchange (CCST Section 3.2, Algorithm 1):
 
 * :func:`client_style` — what a client uploads: J single-image styles of randomly drawn images
-  (CCST Eq. 6, 7) or its overall style over all images (Eq. 8);
+  (CCST Eq. 6, 7) or its overall style over all images (Eq. 8), or over a class-stratified sample
+  of them (:func:`style_sample`, the approximation CCST Section 3.2 suggests);
 * :class:`StyleBank` — the server's concatenation of every client's styles (Eq. 9, 10) with, per
   style, the client (= domain) it came from, as a payload;
 * :class:`AugmentPlan` and :func:`plan_cross_client` — which content image and which bank style
   every output image uses (Algorithm 1: K distinct domains per image, own domain = original; or,
-  ``keep_original="always"``, the original plus K distinct other domains);
-* :func:`stylize_to_style` — every image restyled to one style, through the same cache;
-* :func:`stylize_cached` — the output images generated once, in batches, into a memory-mapped
-  uint8 cache entry ``cache_dir()/<namespace>/<key>/images.npy`` keyed by everything that changes
-  the pixels (the content images' bytes, the plan — hence bank, K, seed —, backend, encoder,
-  options, alpha, and the method's recipe, e.g. CCST's style type and ``keep_original``), written
-  under a temporary name and renamed, so a rerun or a resumed run reuses it and a crash leaves
-  nothing half-written. The key leaves out the device: a GPU's FFT or
-  convolutions may round one pixel in 10^5 differently (measured: at most one grey level with
-  ``fft``), and whichever entry was generated first is reused;
+  ``keep_original="always"``, the original plus K distinct other domains).
+
+Making the images (and caching the clients' styles) is :mod:`fedstyle.style.transfer.stylize`'s part.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 import math
-import os
-import shutil
-import sys
-import time
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
-import numpy as np
 import torch
 
 from fedstyle.devices import resolve_device
 from fedstyle.errors import ConfigError
-from fedstyle.io import make_staging_dir
 from fedstyle.payload import Payload
 from fedstyle.style.transfer.base import TRANSFER_BACKENDS, Style, StyleMismatchError, StyleTransfer
 
-#: bump when the cache entry layout or the generation procedure changes
-CACHE_VERSION = 1
-_IMAGES, _RECIPE = "images.npy", "recipe.json"
 # ctx.state keys carrying the style computation's cost from setup_upload to setup_download
-_STYLE_SECONDS, _STYLE_IMAGES = "setup/style_seconds", "setup/style_images"
+_STYLE_SECONDS, _STYLE_IMAGES, _STYLE_HIT = "setup/style_seconds", "setup/style_images", "setup/style_cache_hit"
 
 
 def make_backend(name: str, device: torch.device | str, **options: Any) -> StyleTransfer:
@@ -89,38 +72,83 @@ def weights_fingerprint(backend: StyleTransfer) -> str:
 
 # -- the client's style ---------------------------------------------------------------------------
 def client_style(
-    backend: StyleTransfer, images: torch.Tensor, *, style_type: str, count: int, seed: int, batch_size: int
+    backend: StyleTransfer, images: torch.Tensor, *, style_type: str, count: int, seed: int, batch_size: int,
+    progress: Callable[[int], None] | None = None,
 ) -> tuple[Style, int]:
     """A client's style upload and how many images it was computed from.
 
     ``single``: the styles of ``count`` images drawn without replacement with ``seed`` (all of them
-    if ``count`` exceeds the data); ``overall``: the backend's dataset style over every image.
+    if ``count`` exceeds the data); ``overall``: the backend's dataset style over every image (pass a
+    :func:`style_sample` of them to approximate it). ``progress(n)`` is called after each batch.
     """
     n = int(images.shape[0])
     if n == 0:
         raise StyleMismatchError("a client with no images has no style; choose a partition that leaves no client empty")
-    batches = range(0, n, batch_size)
+    tick = progress or (lambda _: None)
+
+    def counted(batch: torch.Tensor) -> torch.Tensor:
+        tick(len(batch))
+        return batch
+
     if style_type == "overall":
-        return backend.dataset_style(images[s : s + batch_size] for s in batches), n
+        return backend.dataset_style(counted(images[s : s + batch_size]) for s in range(0, n, batch_size)), n
     if style_type != "single":
         raise ConfigError(f"style type {style_type!r} is not single or overall")
     count = min(int(count), n)
     chosen = torch.randperm(n, generator=torch.Generator().manual_seed(seed))[:count].sort().values
-    parts = [backend.image_styles(images[chosen[s : s + batch_size]]) for s in range(0, count, batch_size)]
+    parts = [backend.image_styles(counted(images[chosen[s : s + batch_size]])) for s in range(0, count, batch_size)]
     return Style.concat(parts), count
 
 
-def record_style_cost(state: dict[str, torch.Tensor], seconds: float, images: int) -> None:
-    """Keep the style computation's time and image count until :func:`pop_style_cost` (setup_download)."""
-    state[_STYLE_SECONDS] = torch.tensor(float(seconds), dtype=torch.float64)
+def style_sample(labels: torch.Tensor, count: int, seed: int) -> torch.Tensor | None:
+    """Sorted rows of a class-stratified random sample of ``count`` images, or None for all of them
+    (``count`` 0 or at least the number of images).
+
+    CCST Section 3.2 ("Computation and communication trade-off"): "choosing a relatively large portion
+    of images from each class to approximate the overall domain style". Class c gets ``count * n_c /
+    n`` rows rounded by largest remainder (ties to the smaller class id), so the sample keeps the
+    client's class mix; the rows of each class are drawn without replacement with ``seed``.
+    """
+    labels = labels.detach().to("cpu", torch.long).reshape(-1)
+    n = len(labels)
+    if count <= 0 or count >= n:
+        return None
+    classes, sizes = torch.unique(labels, return_counts=True)
+    exact = sizes.to(torch.float64) * count / n
+    quota = exact.floor().long()
+    short = count - int(quota.sum())
+    if short:  # largest remainders first; a stable sort keeps ties in class order
+        order = torch.sort(exact - quota, descending=True, stable=True).indices
+        quota[order[:short]] += 1
+    g = torch.Generator().manual_seed(seed)
+    picks = []
+    for c, q in zip(classes.tolist(), quota.tolist()):
+        members = (labels == c).nonzero().flatten()
+        picks.append(members[torch.randperm(len(members), generator=g)[:q]])
+    return torch.cat(picks).sort().values
+
+
+def record_style_cost(state: dict[str, torch.Tensor], seconds: float, images: int, cached: bool = False) -> None:
+    """Keep the style computation's time and image count until :func:`pop_style_cost` (setup_download);
+    ``cached``: the style came from the cache (a hit is counted; no time, so no rate)."""
     state[_STYLE_IMAGES] = torch.tensor(float(images), dtype=torch.float64)
+    if cached:
+        state[_STYLE_HIT] = torch.tensor(1.0, dtype=torch.float64)
+    else:
+        state[_STYLE_SECONDS] = torch.tensor(float(seconds), dtype=torch.float64)
 
 
 def pop_style_cost(state: dict[str, torch.Tensor]) -> dict[str, float]:
-    """``{"style_seconds", "style_images"}`` recorded at upload (removed from the client state), or {}."""
-    if _STYLE_SECONDS not in state:
+    """``{"style_images", "style_seconds"}`` recorded at upload, or ``{"style_images", "style_cache_hits": 1}``
+    when the style came from the cache (removed from the client state); {} when nothing was recorded."""
+    if _STYLE_IMAGES not in state:
         return {}
-    return {"style_seconds": float(state.pop(_STYLE_SECONDS)), "style_images": float(state.pop(_STYLE_IMAGES))}
+    out = {"style_images": float(state.pop(_STYLE_IMAGES))}
+    if _STYLE_HIT in state:
+        out["style_cache_hits"] = float(state.pop(_STYLE_HIT))
+    else:
+        out["style_seconds"] = float(state.pop(_STYLE_SECONDS))
+    return out
 
 
 # -- the server's bank ----------------------------------------------------------------------------
@@ -250,114 +278,3 @@ def plan_cross_client(num_images: int, bank: StyleBank, own: int, k: int, seed: 
         rows = torch.cat([torch.full((num_images, 1), -1, dtype=rows.dtype), rows], dim=1)
     per_image = rows.shape[1]
     return AugmentPlan(torch.arange(num_images).repeat_interleave(per_image), rows.reshape(-1))
-
-
-# -- generation into the cache --------------------------------------------------------------------
-def _complete(directory: Path, shape: tuple[int, ...]) -> bool:
-    try:
-        json.loads((directory / _RECIPE).read_text())
-        array = np.load(directory / _IMAGES, mmap_mode="r")
-    except (OSError, ValueError):
-        return False
-    return tuple(array.shape) == shape and array.dtype == np.uint8
-
-
-def stylize_cached(
-    namespace: str,
-    recipe: Mapping[str, Any],
-    images: torch.Tensor,
-    plan: AugmentPlan,
-    bank: StyleBank,
-    backend: StyleTransfer,
-    alpha: float,
-    batch_size: int,
-    progress: bool | None = None,
-) -> tuple[torch.Tensor, dict[str, float]]:
-    """The plan's output images (uint8, memory-mapped from the cache) and metrics of the work done.
-
-    Metrics: ``augmented_images`` always; ``stylized_images`` and ``stylize_seconds`` when the
-    images were generated now, ``cache_hits = 1`` when an earlier run's entry was reused.
-    ``progress`` None shows a bar only on a terminal.
-    """
-    from fedstyle.data.cache import cache_dir, recipe_key  # lazy: fedstyle.data is not needed to import styles
-
-    backend.check(bank.style)
-    images = images.detach().to("cpu")
-    if images.dim() != 4 or images.dtype != torch.uint8:
-        raise ConfigError(f"client images must be uint8 (N, C, H, W), got {images.dtype} {tuple(images.shape)}")
-    shape = (len(plan), 3, *images.shape[-2:])
-    key = dict(recipe, version=CACHE_VERSION, backend=backend.name, encoder=backend.encoder_id, alpha=float(alpha),
-               weights=weights_fingerprint(backend), images=tensor_digest(images), plan=plan.digest(),
-               bank=bank.digest())
-    target = cache_dir() / namespace / recipe_key(key)
-    metrics: dict[str, float] = {"augmented_images": float(len(plan))}
-    if not _complete(target, shape):
-        metrics.update(_generate(target, key, shape, images, plan, bank, backend, alpha, batch_size, progress))
-    else:
-        metrics["cache_hits"] = 1.0
-    array = np.load(target / _IMAGES, mmap_mode="c")  # copy-on-write: writable for torch, never written back
-    return torch.from_numpy(array), metrics
-
-
-def stylize_to_style(
-    namespace: str,
-    recipe: Mapping[str, Any],
-    images: torch.Tensor,
-    style: Style,
-    backend: StyleTransfer,
-    alpha: float,
-    batch_size: int,
-    progress: bool | None = None,
-) -> tuple[torch.Tensor, dict[str, float]]:
-    """Every image restyled to the one ``style`` (no bank: e.g. PARDON's transfer to its global
-    interpolation style S_g), generated once into the cache like :func:`stylize_cached`; row i of
-    the output is image i restyled, so it can ride along as an aligned view."""
-    if len(style) != 1:
-        raise ConfigError(f"stylize_to_style takes one style, got {len(style)}; use stylize_cached with a bank")
-    n = int(images.shape[0])
-    bank = StyleBank(style, torch.zeros(1, dtype=torch.long))
-    plan = AugmentPlan(torch.arange(n), torch.zeros(n, dtype=torch.long))
-    return stylize_cached(namespace, recipe, images, plan, bank, backend, alpha, batch_size, progress)
-
-
-def _generate(target, key, shape, images, plan, bank, backend, alpha, batch_size, progress) -> dict[str, float]:
-    from tqdm.auto import tqdm
-
-    from fedstyle.data.cache import _remove_stale_staging  # the dataset cache's rule for killed builds
-
-    target.parent.mkdir(parents=True, exist_ok=True)
-    _remove_stale_staging(target)
-    if target.exists():  # incomplete or damaged: rebuilt
-        shutil.rmtree(target, ignore_errors=True)
-    staging = make_staging_dir(target)
-    try:
-        array = np.lib.format.open_memmap(staging / _IMAGES, mode="w+", dtype=np.uint8, shape=shape)
-        out = torch.from_numpy(array)  # writes go to the memory-mapped file
-        rgb = images.expand(-1, 3, -1, -1) if images.shape[1] == 1 else images
-        keep = (plan.style_row < 0).nonzero().flatten()
-        for s in range(0, len(keep), 4096):
-            idx = keep[s : s + 4096]
-            out[idx] = rgb[plan.source[idx]]
-        todo = (plan.style_row >= 0).nonzero().flatten()
-        start = time.perf_counter()
-        show = sys.stderr.isatty() if progress is None else progress
-        with tqdm(total=len(todo), desc="stylizing", unit="img", disable=not show, leave=False, file=sys.stderr) as bar:
-            for s in range(0, len(todo), batch_size):
-                idx = todo[s : s + batch_size]
-                ratio = alpha if plan.ratio is None else plan.ratio[idx]
-                style = bank.style.select(plan.style_row[idx])
-                out[idx] = backend.transfer(images[plan.source[idx]], style, ratio).cpu()
-                bar.update(len(idx))
-        seconds = time.perf_counter() - start
-        array.flush()
-        del out, array
-        (staging / _RECIPE).write_text(json.dumps(key, indent=1, sort_keys=True))  # last: marks the entry complete
-        try:
-            os.replace(staging, target)
-        except OSError:  # another process finished the same entry first; its images are identical
-            if not _complete(target, shape):
-                raise
-    finally:
-        if staging.exists():
-            shutil.rmtree(staging, ignore_errors=True)
-    return {"stylized_images": float(len(todo)), "stylize_seconds": seconds}

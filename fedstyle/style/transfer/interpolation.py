@@ -44,6 +44,7 @@ import contextlib
 import io
 import warnings
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 import torch
@@ -144,16 +145,22 @@ class LocalStyle:
     images: int
 
 
-def image_features(backend: StyleTransfer, images: torch.Tensor, features: str, batch_size: int
-                   ) -> tuple[Style, torch.Tensor]:
-    """The per-image styles of ``images`` and the vectors FINCH clusters them on (N, F)."""
+def image_features(backend: StyleTransfer, images: torch.Tensor, features: str, batch_size: int,
+                   progress: Callable[[int], None] | None = None) -> tuple[Style, torch.Tensor]:
+    """The per-image styles of ``images`` and the vectors FINCH clusters them on (N, F);
+    ``progress(n)`` after each batch of n images."""
     if features not in LOCAL_FEATURES:
         raise ConfigError(f"local features {features!r} is not one of {', '.join(LOCAL_FEATURES)}")
     n = int(images.shape[0])
     if n == 0:
         raise StyleMismatchError("a client with no images has no style; choose a partition that leaves no client empty")
+    tick = progress or (lambda _: None)
     if features == "style":
-        style = Style.concat([backend.image_styles(images[s : s + batch_size]) for s in range(0, n, batch_size)])
+        parts = []
+        for s in range(0, n, batch_size):
+            parts.append(backend.image_styles(images[s : s + batch_size]))
+            tick(len(parts[-1]))
+        style = Style.concat(parts)
         return style, style_matrix(style)
     if not isinstance(backend, FeatureAdaIN):
         raise ConfigError(f"local_features=flat clusters encoder feature maps, which the {backend.name!r} backend has "
@@ -166,6 +173,7 @@ def image_features(backend: StyleTransfer, images: torch.Tensor, features: str, 
             means.append(mean.flatten(1).float().cpu())
             stds.append(std.flatten(1).float().cpu())
             flats.append(maps.flatten(1).float().cpu())
+            tick(len(maps))
     style = Style(backend.name, backend.encoder_id, {"mean": torch.cat(means), "std": torch.cat(stds)})
     return style, torch.cat(flats)
 
@@ -207,9 +215,11 @@ def median_style(style: Style, rule: str = "midpoint") -> Style:
 
 
 def local_style(backend: StyleTransfer, images: torch.Tensor, *, features: str = "style",
-                partition: str | int = "coarsest", batch_size: int = 64) -> LocalStyle:
-    """A client's style: FINCH clusters of its images (Eq. 1), each cluster's style (Eq. 2), their mean."""
-    per_image, vectors = image_features(backend, images, features, batch_size)
+                partition: str | int = "coarsest", batch_size: int = 64,
+                progress: Callable[[int], None] | None = None) -> LocalStyle:
+    """A client's style: FINCH clusters of its images (Eq. 1), each cluster's style (Eq. 2), their mean.
+    ``progress(n)`` after each batch of n images encoded."""
+    per_image, vectors = image_features(backend, images, features, batch_size, progress)
     device = getattr(backend, "device", None)
     labels = finch_partition(vectors, partition, device=device)
     clusters = cluster_styles(backend, per_image, labels, images, batch_size)
