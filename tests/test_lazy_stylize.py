@@ -240,3 +240,24 @@ def test_pardon_reuses_its_clustered_styles_with_their_cluster_counts():
     assert again["style_cache_hits"] == 3 and again["style_clusters"] == first["style_clusters"]
     other = simulator("pardon", {"style_backend": "fft", "local_partition": "finest"}).setup()
     assert "style_cache_hits" not in other  # the partition is part of the recipe
+
+
+def test_a_read_only_cache_without_the_entry_is_a_clear_error_and_styles_are_used_unkept(monkeypatch):
+    """As root chmod does not stop a write, so the refusals are simulated where the code writes."""
+    from fedstyle.style.transfer import stylize
+
+    def refuse(*args, **kwargs):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(stylize, "make_staging_dir", refuse)  # the entry cannot be created
+    sim = simulator("ccst", {"style_backend": "fake_tag", "k": 2})
+    with pytest.raises(ConfigError, match="not writable.*FEDSTYLE_CACHE"):
+        sim.setup()
+    monkeypatch.undo()
+    # the style's file cannot be written: the style is still computed and used, and the next run computes it again
+    import fedstyle.io
+
+    monkeypatch.setattr(fedstyle.io, "atomic_write", refuse)
+    info = simulator("ccst", {"style_backend": "fake_tag", "k": 2}).setup()
+    assert "style_cache_hits" not in info and info["style_images"] == 3 * PER_CLIENT
+    assert "style_cache_hits" not in simulator("ccst", {"style_backend": "fake_tag", "k": 2}).setup()

@@ -74,9 +74,12 @@ def cached_style(recipe: Mapping[str, Any], images: torch.Tensor, backend: Style
         pass
     style, numbers = compute()
     meta = {"backend": style.backend, "encoder": style.encoder, "numbers": numbers, "key": key}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write(path, lambda tmp: save_file({k: v.contiguous() for k, v in style.tensors.items()}, str(tmp),
-                                             metadata={"fedstyle": json.dumps(meta, sort_keys=True)}))
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(path, lambda tmp: save_file({k: v.contiguous() for k, v in style.tensors.items()}, str(tmp),
+                                                 metadata={"fedstyle": json.dumps(meta, sort_keys=True)}))
+    except PermissionError:  # a read-only cache: the style is used, only not kept for the next run
+        pass
     return style, numbers, False
 
 
@@ -92,32 +95,41 @@ def _open_entry(target: Path, key: Mapping[str, Any], shape: tuple[int, ...]) ->
     written (a read-only cache) is opened copy-on-write, so its missing rows are made in memory only.
     An entry is created in a staging folder and renamed into place, so it is never seen half-written.
     """
-    from fedstyle.data.cache import _remove_stale_staging  # the dataset cache's rule for killed builds
-
     if not _entry_ok(target, shape):
-        target.parent.mkdir(parents=True, exist_ok=True)
-        _remove_stale_staging(target)
-        if target.exists():  # damaged or an older layout: made anew
-            shutil.rmtree(target, ignore_errors=True)
-        staging = make_staging_dir(target)
         try:
-            # sparse files: rows take disk space as they are made
-            np.lib.format.open_memmap(staging / _IMAGES, mode="w+", dtype=np.uint8, shape=shape).flush()
-            np.lib.format.open_memmap(staging / _MADE, mode="w+", dtype=np.uint8, shape=shape[:1]).flush()
-            (staging / _RECIPE).write_text(json.dumps(key, indent=1, sort_keys=True))  # last: marks it complete
-            try:
-                os.replace(staging, target)
-            except OSError:  # another process created the same entry first: use that one
-                if not _entry_ok(target, shape):
-                    raise
-        finally:
-            if staging.exists():
-                shutil.rmtree(staging, ignore_errors=True)
+            _create_entry(target, key, shape)
+        except PermissionError as err:
+            raise ConfigError(f"the style cache {target.parent} is not writable and holds no images for this setting; "
+                              f"set FEDSTYLE_CACHE to a writable folder, or make this one writable") from err
     try:
         images, made = np.load(target / _IMAGES, mmap_mode="r+"), np.load(target / _MADE, mmap_mode="r+")
     except PermissionError:
         images, made = np.load(target / _IMAGES, mmap_mode="c"), np.load(target / _MADE, mmap_mode="c")
     return torch.from_numpy(images), made
+
+
+def _create_entry(target: Path, key: Mapping[str, Any], shape: tuple[int, ...]) -> None:
+    """An empty entry (no row made) at ``target``: staged, then renamed into place."""
+    from fedstyle.data.cache import _remove_stale_staging  # the dataset cache's rule for killed builds
+
+    target.parent.mkdir(parents=True, exist_ok=True)
+    _remove_stale_staging(target)
+    if target.exists():  # damaged or an older layout: made anew
+        shutil.rmtree(target, ignore_errors=True)
+    staging = make_staging_dir(target)
+    try:
+        # sparse files: rows take disk space as they are made
+        np.lib.format.open_memmap(staging / _IMAGES, mode="w+", dtype=np.uint8, shape=shape).flush()
+        np.lib.format.open_memmap(staging / _MADE, mode="w+", dtype=np.uint8, shape=shape[:1]).flush()
+        (staging / _RECIPE).write_text(json.dumps(key, indent=1, sort_keys=True))  # last: marks it complete
+        try:
+            os.replace(staging, target)
+        except OSError:  # another process created the same entry first: use that one
+            if not _entry_ok(target, shape):
+                raise
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging, ignore_errors=True)
 
 
 def _entry_ok(directory: Path, shape: tuple[int, ...]) -> bool:
