@@ -14,20 +14,14 @@ from fedstyle.data.transforms import BatchTransform
 from fedstyle.errors import ConfigError
 from fedstyle.federation.star import FederationSettings, StarSimulator
 from fedstyle.models import build_model
-from fedstyle.seeding import seed_everything
+from fedstyle.seeding import derive_seed, seed_everything
 from fedstyle.style.transfer.augment import style_sample
 from fedstyle.style.transfer.stylize import made_so_far
 
-from test_ccst import FakeTag  # noqa: F401  (registers the fake_tag backend)
+from test_ccst import FakeTag, fresh_cache  # noqa: F401  (the fake_tag backend; an empty cache per test)
 
 SIZE, PER_CLIENT = 16, 24
 TRANSFORM = BatchTransform((0.5, 0.5, 0.5), (0.5, 0.5, 0.5), "crop_flip")
-
-
-@pytest.fixture(autouse=True)
-def fresh_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("FEDSTYLE_CACHE", str(tmp_path / "cache"))
-    FakeTag.calls = 0
 
 
 def make_clients(n=3, per_client=PER_CLIENT):
@@ -190,8 +184,6 @@ def test_ccst_overall_style_is_the_mean_over_the_sample():
         ctx = sim.context(0, -1, "setup")
         upload = sim.algo.setup_upload(ctx, sim.model)
         images, labels = sim.clients[0].images, sim.clients[0].labels
-        from fedstyle.seeding import derive_seed
-
         rows = style_sample(labels, count, derive_seed(ctx.seed, "ccst-styles", "sample"))
         chosen = images if rows is None else images[rows]
         assert len(chosen) == (8 if count else PER_CLIENT)
@@ -261,3 +253,23 @@ def test_a_read_only_cache_without_the_entry_is_a_clear_error_and_styles_are_use
     info = simulator("ccst", {"style_backend": "fake_tag", "k": 2}).setup()
     assert "style_cache_hits" not in info and info["style_images"] == 3 * PER_CLIENT
     assert "style_cache_hits" not in simulator("ccst", {"style_backend": "fake_tag", "k": 2}).setup()
+
+
+def test_eager_stylization_into_a_read_only_cache_returns_the_images_it_made(tmp_path, monkeypatch):
+    """The rows made in a copy-on-write map are not on disk: eager mode must hand back that map."""
+    writable = simulator("ccst", {"style_backend": "fake_tag", "k": 2, "stylize": "eager"})
+    writable.setup()
+    monkeypatch.setenv("FEDSTYLE_CACHE", str(tmp_path / "read-only"))
+    simulator("ccst", {"style_backend": "fake_tag", "k": 2, "stylize": "lazy"}).setup()  # empty entries, nothing made
+    real_load = np.load
+
+    def read_only(path, mmap_mode=None, **kwargs):
+        if mmap_mode == "r+":
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_load(path, mmap_mode=mmap_mode, **kwargs)
+
+    monkeypatch.setattr(np, "load", read_only)
+    made_in_memory = simulator("ccst", {"style_backend": "fake_tag", "k": 2, "stylize": "eager"})
+    made_in_memory.setup()
+    for a, b in zip(writable.clients, made_in_memory.clients):
+        assert torch.equal(a.images, b.images)

@@ -12,7 +12,6 @@ metrics carry ``stylized_images`` and ``stylize_seconds``: what the client's bat
 
 from __future__ import annotations
 
-import sys
 import time
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator, Mapping
@@ -37,7 +36,7 @@ from fedstyle.style.transfer.augment import (
     resolve_style_device,
     style_sample,
 )
-from fedstyle.style.transfer.stylize import STYLIZE_MODES, cached_style, made_so_far, stylize_cached
+from fedstyle.style.transfer.stylize import STYLIZE_MODES, cached_style, image_bar, made_so_far, stylize_cached
 
 #: how many images a client's overall (CCST) or clustered (PARDON) style is computed from; shared by the
 #: methods that compute one (CCST's single-image bank and FedDG-FFT's spectra draw their own images)
@@ -112,14 +111,9 @@ class StyleExchange(Algorithm):
         rows = style_sample(ctx.data.labels, self.hp.get("style_images", 0), derive_seed(ctx.seed, purpose, "sample"))
         return images if rows is None else images.index_select(0, rows.to(images.device))
 
-    @contextmanager
-    def progress_bar(self, total: int, desc: str) -> Iterator[Callable[[int], None]]:
-        """A tqdm bar (counts, rate, time left) on stderr when ``progress`` allows; yields ``tick(n)``."""
-        from tqdm.auto import tqdm
-
-        show = sys.stderr.isatty() if self.progress is None else self.progress
-        with tqdm(total=total, desc=desc, unit="img", disable=not show, leave=False, file=sys.stderr) as bar:
-            yield bar.update
+    def progress_bar(self, total: int, desc: str):
+        """:func:`image_bar` shown as ``progress`` says (the runner's --quiet); yields ``tick(n)``."""
+        return image_bar(total, desc, self.progress)
 
     def upload_style(self, ctx: ClientContext, style_type: str, count: int, purpose: str) -> Payload:
         """The client's style payload (``single``: ``count`` images drawn with the seed; ``overall``: over

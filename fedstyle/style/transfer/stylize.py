@@ -24,8 +24,9 @@ import json
 import os
 import shutil
 import sys
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 import numpy as np
 import torch
@@ -177,27 +178,35 @@ def stylize_cached(
     key = dict(recipe, version=CACHE_VERSION, backend=backend.name, encoder=backend.encoder_id, alpha=float(alpha),
                weights=weights_fingerprint(backend), images=tensor_digest(images), plan=plan.digest(),
                bank=bank.digest())
-    store, made = _open_entry(cache_dir() / namespace / recipe_key(key), key, shape)
+    entry = cache_dir() / namespace / recipe_key(key)
+    store, made = _open_entry(entry, key, shape)
     count = MakeCount()
     lazy = LazyImages(store, made, _plan_maker(images, plan, bank, backend, alpha, count), batch_size=batch_size,
                       count=count)
-    metrics: dict[str, float] = {"augmented_images": float(len(plan)),
-                                 "cached_images": float(len(plan) - len(lazy.missing()))}
+    todo = len(lazy.missing())
+    metrics: dict[str, float] = {"augmented_images": float(len(plan)), "cached_images": float(len(plan) - todo)}
     if mode == "lazy":
         return lazy, metrics
-    from tqdm.auto import tqdm
-
-    show = sys.stderr.isatty() if progress is None else progress
-    todo = len(lazy.missing())
-    with tqdm(total=todo, desc="stylizing", unit="img", disable=not show, leave=False, file=sys.stderr) as bar:
-        lazy.ensure(progress=bar.update)
+    with image_bar(todo, "stylizing", progress) as tick:
+        lazy.ensure(progress=tick)
     if todo:
         metrics.update(stylized_images=float(count.transferred), stylize_seconds=count.seconds)
     else:
         metrics["cache_hits"] = 1.0
-    del store, made, lazy
-    entry = cache_dir() / namespace / recipe_key(key)
+    if made.mode == "c":  # a read-only cache: the rows just made live in this copy-on-write map only
+        return store, metrics
     return torch.from_numpy(np.load(entry / _IMAGES, mmap_mode="c")), metrics  # copy-on-write: never written back
+
+
+@contextmanager
+def image_bar(total: int, desc: str, show: bool | None = None) -> Iterator[Callable[[int], None]]:
+    """A tqdm bar over ``total`` images on stderr (counts, rate, time left), shown when ``show`` is true
+    (None: when stderr is a terminal); yields ``tick(n)``, to call after each n images."""
+    from tqdm.auto import tqdm
+
+    show = sys.stderr.isatty() if show is None else show
+    with tqdm(total=total, desc=desc, unit="img", disable=not show, leave=False, file=sys.stderr) as bar:
+        yield bar.update
 
 
 def _plan_maker(images: torch.Tensor, plan: AugmentPlan, bank: StyleBank, backend: StyleTransfer, alpha: float,
