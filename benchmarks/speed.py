@@ -282,7 +282,7 @@ STYLE_JOB = RunConfig(method="fedavg", dataset="digits4", targets=["mnist"], par
 
 def time_style_ops(rounds: int, device: str) -> dict[str, float]:
     """Seconds per round (training + evaluation) of FedAvg, MixStyle and DSU, rounds interleaved."""
-    from fedstyle.experiments.runner import evaluate_round
+    from fedstyle.experiments.summary import evaluate_round
 
     variants = {"fedavg": {}, "mixstyle": {"style": "mixstyle"}, "dsu": {"style": "dsu"}}
     exps = {name: build_experiment(STYLE_JOB.updated(device=device, hparams=hp), progress=False)

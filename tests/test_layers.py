@@ -1,32 +1,36 @@
 """The package's layers: every import points down (or stays inside its own layer).
 
 Walks every module of ``fedstyle/`` with ``ast`` — imports inside functions included — and fails
-on an import of a package above the importer's layer. The layers, bottom to top, are the ones
-README.md's architecture section draws.
+on an import of a package above the importer's layer. The layers, bottom to top, are read from the
+picture in docs/architecture.md, so the page and the code cannot drift apart; the page's "path of
+one round" must name files and definitions that exist.
 """
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "fedstyle"
+ARCHITECTURE = PACKAGE.parent / "docs" / "architecture.md"
+
+
+def layers_of_the_page(text: str) -> list[tuple[str, ...]]:
+    """The layers of the page's picture (the code block under "## The layers"), bottom to top:
+    ``core`` is the modules directly in ``fedstyle/``, any other name ``fedstyle.<name>``."""
+    section = text.split("## The layers", 1)[1]
+    block = section.split("```text", 1)[1].split("```", 1)[0]
+    names = [re.split(r"\s{2,}", line)[0] for line in block.splitlines() if line and not line[0].isspace()]
+    layers = [("fedstyle",) if name == "core" else tuple(f"fedstyle.{n.strip()}" for n in name.split(","))
+              for name in names]
+    return layers[::-1]
+
 
 #: bottom to top; a module may import its own layer and the layers below it
-LAYERS: list[tuple[str, ...]] = [
-    ("fedstyle", "fedstyle.errors", "fedstyle.io", "fedstyle.seeding", "fedstyle.registry", "fedstyle.devices",
-     "fedstyle.payload"),
-    ("fedstyle.data", "fedstyle.models"),
-    ("fedstyle.partition",),
-    ("fedstyle.style",),
-    ("fedstyle.algorithms",),
-    ("fedstyle.federation",),
-    ("fedstyle.experiments",),
-    ("fedstyle.runtimes",),
-    ("fedstyle.cli",),
-]
+LAYERS: list[tuple[str, ...]] = layers_of_the_page(ARCHITECTURE.read_text())
 
 
 def layer_of(module: str) -> int:
@@ -37,7 +41,7 @@ def layer_of(module: str) -> int:
             if (module == prefix or module.startswith(prefix + ".")) and len(prefix) > best_len:
                 best, best_len = index, len(prefix)
     if best is None:
-        raise AssertionError(f"{module} belongs to no layer; add it to LAYERS and README's architecture section")
+        raise AssertionError(f"{module} belongs to no layer; add it to the picture in docs/architecture.md")
     return best
 
 
@@ -135,3 +139,37 @@ def test_the_walker_sees_imports_inside_functions(tmp_path):
             test_imports_point_down(probe)
     finally:
         probe.unlink()
+
+
+def test_the_page_draws_every_subpackage_as_a_layer():
+    assert LAYERS[0] == ("fedstyle",) and len(LAYERS) == 9, LAYERS
+    drawn = {prefix for layer in LAYERS for prefix in layer}
+    for folder in sorted(p.parent for p in PACKAGE.glob("*/__init__.py")):
+        assert f"fedstyle.{folder.name}" in drawn, f"fedstyle/{folder.name} is in no layer of docs/architecture.md"
+
+
+def _definitions(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text())
+    names = set()
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.Assign):
+            names.update(t.id for t in node.targets if isinstance(t, ast.Name))
+    return names
+
+
+def test_the_path_of_one_round_names_files_and_definitions_that_exist():
+    text = ARCHITECTURE.read_text()
+    references = re.findall(r"`(fedstyle/[\w/]+(?:\.py)?)(?::(\w+))?", text)
+    assert len(references) > 20
+    for path, name in references:
+        target = PACKAGE.parent / path
+        assert target.exists(), f"docs/architecture.md names {path}, which does not exist"
+        if name:
+            assert name in _definitions(target), f"docs/architecture.md names {path}:{name}, which it does not define"
+
+
+def test_the_page_reader_sees_a_changed_picture():
+    page = "## The layers\n```text\ncli            x\n  |\ncore           y\n```\n"
+    assert layers_of_the_page(page) == [("fedstyle",), ("fedstyle.cli",)]

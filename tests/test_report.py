@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 
 from fedstyle.errors import ConfigError, DataError
-from fedstyle.experiments.plots import _average_curve, _mean_band
 from fedstyle.experiments.report import (
     collect,
     plot_accuracy,
@@ -20,6 +19,7 @@ from fedstyle.experiments.report import (
     to_text,
     write_report,
 )
+from fedstyle.experiments.report.plots import _average_curve, _mean_band
 
 # label -> seed -> target -> selected accuracy (fraction). Leave-one-domain-out: one target per run.
 ACCURACY = {

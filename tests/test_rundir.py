@@ -17,7 +17,8 @@ from fedstyle.algorithms.fedavg import FedAvg
 from fedstyle.cli.main import main
 from fedstyle.errors import ConfigError, FedstyleError
 from fedstyle.experiments.checkpoint import CHECKPOINT, CheckpointError, load_checkpoint
-from fedstyle.experiments.runner import divergence_warnings, resume_experiment, run_experiment
+from fedstyle.experiments.runner import resume_experiment, run_experiment
+from fedstyle.experiments.summary import divergence_warnings
 from fedstyle.federation.rounds import TrainingDivergedError
 from fedstyle.io import DirectoryLock, LockedError, remove_leftovers, temp_prefix
 from run_records import evaluations

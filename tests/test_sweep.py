@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
+import fedstyle.experiments.sweep.jobs as sweep_jobs  # attempt() looks run_experiment up there
 from fedstyle.cli.main import main
 from fedstyle.errors import ConfigError, FedstyleError
-from fedstyle.experiments import sweep as sweep_module
 from fedstyle.experiments.grid import parse_grid, parse_override, plan_grid
 from fedstyle.experiments.sweep import (
     LocalLauncher,
@@ -261,14 +261,14 @@ def test_finished_runs_are_skipped_interrupted_ones_resumed_and_a_changed_grid_r
 def test_a_failed_run_is_reported_and_the_others_go_on(tiny_root, tmp_path, monkeypatch, capsys):
     grid = write_grid(tmp_path, tiny_root, top='seeds = [0, 1]\ntargets = ["grey"]')
     out = tmp_path / "out"
-    real = sweep_module.run_experiment
+    real = sweep_jobs.run_experiment
 
     def flaky(config, run_dir, **kwargs):
         if config.seed == 0:
             raise RuntimeError("boom\nmore lines of it")
         return real(config, run_dir, **kwargs)
 
-    monkeypatch.setattr(sweep_module, "run_experiment", flaky)
+    monkeypatch.setattr(sweep_jobs, "run_experiment", flaky)
     assert main(["sweep", str(grid), "--out", str(out), "--quiet"]) == 1
     captured = capsys.readouterr()
     assert "failed: fedavg/seed0/grey: RuntimeError: boom (...)" in captured.err
@@ -362,14 +362,14 @@ def test_ray_gives_the_summaries_of_one_local_worker(tiny_root, tmp_path):
 
 
 def test_legacy_run_sweep_raises_after_running_the_others(tiny_config, tmp_path, monkeypatch):
-    real = sweep_module.run_experiment
+    real = sweep_jobs.run_experiment
 
     def flaky(config, run_dir, **kwargs):
         if config.seed == 0:
             raise FedstyleError("bad seed")
         return real(config, run_dir, **kwargs)
 
-    monkeypatch.setattr(sweep_module, "run_experiment", flaky)
+    monkeypatch.setattr(sweep_jobs, "run_experiment", flaky)
     jobs = plan_jobs(tiny_config, [Variant("fedavg", "fedavg")], [0, 1], ["grey"], tmp_path)
     with pytest.raises(FedstyleError, match="1 run\\(s\\) failed .* fedavg/seed0/grey: bad seed"):
         run_sweep(jobs, log=lambda _: None, quiet=True)
@@ -445,7 +445,7 @@ def test_a_worker_whose_interrupt_is_swallowed_exits_after_the_grace(tmp_path):
     script = tmp_path / "worker.py"
     script.write_text(textwrap.dedent("""
         import signal, time
-        from fedstyle.experiments.sweep import _watch_parent
+        from fedstyle.experiments.sweep.launchers import _watch_parent
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # the interrupt goes nowhere, as when swallowed
         _watch_parent(parent=-1, poll=0.05, grace=0.5)  # -1 is nobody's pid: "the parent is gone"
         time.sleep(60)

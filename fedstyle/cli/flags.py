@@ -23,7 +23,7 @@ def _add_config_flags(parser: argparse.ArgumentParser) -> None:
         helptext = meta["help"] + ("" if default in (None, [], {}) else f" (default: {default})")
         kwargs = dict(dest=f.name, help=helptext, default=argparse.SUPPRESS)
         if meta.get("repeat"):
-            kwargs.update(action="append", metavar="NAME=VALUE" if f.name == "hparams" else "DOMAIN")
+            kwargs.update(action="append", metavar={"hparams": "NAME=VALUE", "trackers": "NAME"}.get(f.name, "DOMAIN"))
         elif annotation.startswith("bool"):
             kwargs.update(action=argparse.BooleanOptionalAction)
         else:
@@ -72,7 +72,10 @@ def check_resume_flags(args: argparse.Namespace, accepted: tuple[str, ...] | Non
 
 
 def _resume_flags(accepted) -> str:
-    names = ["--" + name.replace("_", "-") for name in accepted if name != "quiet"] + ["--quiet"]
+    from fedstyle.experiments.config import RunConfig
+
+    flags = {f.name: _flag(f) for f in dataclasses.fields(RunConfig)}
+    names = [flags.get(name, "--" + name.replace("_", "-")) for name in accepted if name != "quiet"] + ["--quiet"]
     return ", ".join(names[:-1]) + " and " + names[-1] if len(names) > 1 else names[0]
 
 

@@ -101,6 +101,13 @@ class RunConfig:
     selection: str = _opt("auto", "model selection: source_val, heldout_val (ltdo), last, oracle (auto: source_val, "
                           "or heldout_val under ltdo)", choices=("auto",) + SELECTIONS)
     allow_oracle: bool = _opt(False, "permit --selection oracle (selects on the target: optimistic, labelled so)")
+    # tracking: where the run is also logged (never what it computes)
+    trackers: list = _opt([], "also log the run to an experiment tracker: mlflow or tensorboard (repeatable; needs "
+                          "pip install 'fedstyle[mlflow]' or 'fedstyle[tensorboard]'); params, per-round metrics, "
+                          "summary and plots", flag="--tracker", repeat=True)
+    mlflow_uri: str | None = _opt(None, "--tracker mlflow: tracking URI or folder (default: $MLFLOW_TRACKING_URI, "
+                                  "else the file store ./mlruns; no server or account needed)")
+    tensorboard_dir: str | None = _opt(None, "--tracker tensorboard: log folder (default: RUN_DIR/tensorboard)")
     # scale: where the clients run and what they keep in memory (never what the run computes)
     state_budget: str = _opt("auto", "bytes of per-client state (FedDyn's gradients, FedBN's local layers ...) kept in "
                              "memory between rounds; the rest waits in the run directory (client_states/, safetensors) "
@@ -227,6 +234,9 @@ class RunConfig:
             if not ok:
                 raise ConfigError(message)
         self.check_scale_settings()
+        from fedstyle.experiments.tracking import check_trackers
+
+        check_trackers(self)
         selection = self.resolved_selection()
         if selection == "oracle" and not self.allow_oracle:
             raise ConfigError("--selection oracle picks the model on the test domain (optimistic); "

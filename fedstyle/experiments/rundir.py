@@ -28,8 +28,10 @@ CONFIG, METRICS, SUMMARY, DONE, PARTITION = "config.json", "metrics.jsonl", "sum
 #: what ``fedstyle run --resume`` accepts besides the run directory: where and how the run executes,
 #: nothing that changes what it computes (--state-budget moves client states between memory and disk
 #: bit for bit; the Ray settings place the clients — a cluster may come back at another address; like
-#: --device, --client-cpus sets the actors' thread count, which can change floating-point rounding)
-RESUME_OPTIONS = ("device", "data_root", "quiet", "state_budget", "ray_address", "client_cpus", "client_gpus")
+#: --device, --client-cpus sets the actors' thread count, which can change floating-point rounding;
+#: --tracker and its settings only log the run elsewhere)
+RESUME_OPTIONS = ("device", "data_root", "quiet", "state_budget", "ray_address", "client_cpus", "client_gpus",
+                  "trackers", "mlflow_uri", "tensorboard_dir")
 
 
 def check_new_run_dir(out: Path) -> None:

@@ -18,11 +18,9 @@ cleaned up) is :mod:`fedstyle.experiments.rundir`'s.
 
 from __future__ import annotations
 
-import math
 import shutil
 import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -31,6 +29,8 @@ from fedstyle.experiments.backends import Backend, get_backend, refuse_peer_to_p
 from fedstyle.experiments.build import Experiment, build_experiment
 from fedstyle.experiments.checkpoint import CHECKPOINT, load_checkpoint, save_checkpoint
 from fedstyle.experiments.config import RunConfig
+from fedstyle.experiments.tracking import TENSORBOARD_DIR, TRACKING_FILE, Trackers, resolve_locations
+from fedstyle.experiments.summary import Selector, evaluate_round, make_summary, mean, setup_record
 from fedstyle.experiments.rundir import (
     CONFIG,
     DONE,
@@ -45,50 +45,11 @@ from fedstyle.experiments.rundir import (
     read_summary,
     RESUME_OPTIONS,
 )
-from fedstyle.federation.evaluate import evaluate
 from fedstyle.federation.rounds import mean_metrics
 from fedstyle.federation.states import STATES_DIR
 from fedstyle.io import DirectoryLock, atomic_write_json, atomic_write_text, json_text
 from fedstyle.federation.topology import save_graph_png
 from fedstyle.partition import format_partition_table, write_partition_json
-
-SELECTION_LABELS = {
-    "source_val": "source_val (best mean source-validation accuracy)",
-    "heldout_val": "heldout_val (best accuracy on the held-out validation domain)",
-    "last": "last (final round)",
-    "oracle": "oracle (best on the target — optimistic, not a valid model selection)",
-}
-
-
-@dataclass
-class Selector:
-    """Tracks the model chosen by the selection rule over evaluations."""
-
-    rule: str
-    best_score: float = -math.inf
-    best_round: int = 0
-    best_targets: dict[str, float] = field(default_factory=dict)
-
-    def score(self, record: dict[str, Any]) -> float:
-        if self.rule == "source_val":
-            values = list(record["source_val_acc"].values())
-        elif self.rule == "heldout_val":
-            values = list(record["heldout_val_acc"].values())
-        elif self.rule == "oracle":
-            values = list(record["target_acc"].values())
-        else:  # last
-            return float(record["round"])
-        return sum(values) / len(values) if values else -math.inf
-
-    def update(self, record: dict[str, Any]) -> None:
-        score = self.score(record)
-        if score > self.best_score:  # ties keep the earlier round
-            self.best_score, self.best_round, self.best_targets = score, record["round"], dict(record["target_acc"])
-
-    def state(self) -> dict[str, Any]:
-        return {"rule": self.rule, "best_score": self.best_score, "best_round": self.best_round,
-                "best_targets": self.best_targets}
-
 
 class Reporter:
     """Progress over rounds: a tqdm bar with live loss and accuracy, silent with quiet=True."""
@@ -122,59 +83,6 @@ class Reporter:
 def _number(value: float) -> str:
     """Counts as integers, measurements with two decimals."""
     return f"{int(value):,}" if float(value).is_integer() else f"{value:,.2f}"
-
-
-def _mean(values) -> float:
-    values = list(values)
-    return sum(values) / len(values) if values else float("nan")
-
-
-def evaluate_round(exp: Experiment, completed_rounds: int, train_loss: float, seconds: float,
-                   train_metrics: dict[str, float] | None = None) -> dict[str, Any]:
-    sim = exp.simulator
-    weights = sim.eval_weights()
-    record: dict[str, Any] = {
-        "round": completed_rounds,
-        "seconds": round(seconds, 4),
-        "train_loss": train_loss,
-        "source_val_acc": evaluate(exp.model, weights, exp.source_val, exp.transform, exp.device),
-        "target_acc": evaluate(exp.model, weights, exp.targets, exp.transform, exp.device),
-    }
-    if exp.heldout_val:
-        record["heldout_val_acc"] = evaluate(exp.model, weights, exp.heldout_val, exp.transform, exp.device)
-    devices = sim.device_weights()
-    if devices:  # peer-to-peer: the average model above, and every device's own model
-        per_device = [evaluate(exp.model, w, exp.targets, exp.transform, exp.device) for w in devices]
-        record["device_target_acc"] = {
-            d: {"mean": _mean(acc[d] for acc in per_device),
-                "std": float(_std([acc[d] for acc in per_device]))} for d in exp.targets
-        }
-        record["consensus_distance"] = sim.consensus()
-    if train_metrics:  # the method's loss terms and timings (ctx.log / ctx.timed), see fedstyle.algorithms.context
-        record["train_metrics"] = train_metrics
-    t = sim.traffic
-    record.update({"bytes_up": t.up, "bytes_down": t.down, "bytes_model_up": t.model_up,
-                   "bytes_model_down": t.model_down, "bytes_payload_up": t.payload_up,
-                   "bytes_payload_down": t.payload_down})
-    per_edge = t.per_edge_iteration()
-    if per_edge:  # peer-to-peer: what one edge carries per iteration (weights and share apart)
-        record["per_edge_iteration"] = per_edge
-    return record
-
-
-def _std(values: list[float]) -> float:
-    if len(values) < 2:
-        return 0.0
-    m = _mean(values)
-    return math.sqrt(sum((v - m) ** 2 for v in values) / (len(values) - 1))
-
-
-def _setup_record(records: list[dict[str, Any]]) -> dict[str, Any]:
-    """The setup exchange's metrics (the ``{"event": "setup"}`` line of metrics.jsonl), or {}."""
-    for record in records:
-        if record.get("event") == "setup":
-            return {k: v for k, v in record.items() if k != "event"}
-    return {}
 
 
 def run_experiment(config: RunConfig, out: str | Path, *, quiet: bool = False) -> dict[str, Any]:
@@ -224,7 +132,7 @@ def remove_new_run(out: Path, created: bool) -> None:
 def start_run_dir(config: RunConfig, out: Path, *, quiet: bool = False) -> Experiment:
     """Build the experiment and write the new run directory's config.json and partition.json."""
     check_backend(config)
-    exp = build_experiment(config, progress=not quiet)
+    exp = build_experiment(resolve_locations(config), progress=not quiet)
     try:
         out.mkdir(parents=True, exist_ok=True)
         atomic_write_text(out / CONFIG, exp.config.to_json() + "\n")
@@ -258,9 +166,10 @@ def resume_experiment(out: str | Path, *, quiet: bool = False, device: str | Non
         clean_leftovers(out)
         config = read_run_config(out)
         if restart:
-            for name in (CHECKPOINT, METRICS, SUMMARY, DONE):
-                (out / name).unlink(missing_ok=True)
-            shutil.rmtree(out / STATES_DIR, ignore_errors=True)
+            for name in (CHECKPOINT, METRICS, SUMMARY, DONE, TRACKING_FILE):
+                (out / name).unlink(missing_ok=True)  # the trackers start new runs too
+            for folder in (STATES_DIR, TENSORBOARD_DIR):
+                shutil.rmtree(out / folder, ignore_errors=True)
         if (out / DONE).exists():
             summary = read_summary(out)
             if summary is not None:
@@ -276,7 +185,7 @@ def resume_experiment(out: str | Path, *, quiet: bool = False, device: str | Non
                     f"`fedstyle run --resume {out} --restart`")
         changes = {k: v for k, v in (("device", device), ("data_root", data_root), *settings.items()) if v is not None}
         if changes:
-            config = config.updated(**changes)
+            config = resolve_locations(config.updated(**changes))
         exp = build_experiment(config, progress=not quiet)
         return _train_on_backend(exp, out, quiet=quiet, checkpoint=checkpoint)
 
@@ -313,10 +222,12 @@ def train_experiment(exp: Experiment, out: Path, *, quiet: bool, checkpoint,
         notes += [note] if note else []
     else:
         records = []
-    if setup_info and not _setup_record(records):
+    if setup_info and not setup_record(records):
         # first line of metrics.jsonl; a resumed run keeps the original run's line (its timings)
         records.insert(0, {"event": "setup", **setup_info})
     atomic_write_text(out / METRICS, "".join(json_text(r) + "\n" for r in records))
+    trackers = Trackers(config, out)  # --tracker: MLflow / TensorBoard get each row metrics.jsonl gets
+    trackers.start(records)
 
     reporter = Reporter(config.rounds, start_round, quiet, desc=f"{exp.label} {config.dataset}")
     if start_round:
@@ -346,6 +257,7 @@ def train_experiment(exp: Experiment, out: Path, *, quiet: bool, checkpoint,
                     metrics_file.write(json_text(record) + "\n")
                     metrics_file.flush()
                     records.append(record)
+                    trackers.log_row(record)
                     save_checkpoint(out, sim.state_tensors(), {
                         "round": done_rounds, "seconds": seconds, "simulator": sim.meta(), "selector": selector.state(),
                         "metrics": records,
@@ -353,12 +265,16 @@ def train_experiment(exp: Experiment, out: Path, *, quiet: bool, checkpoint,
                     sim.checkpoint_saved()  # the checkpoint is in place: drop client-state files it does not list
                     if on_checkpoint is not None:
                         on_checkpoint(done_rounds)
-                    postfix.update(src=f"{_mean(record['source_val_acc'].values()):.3f}",
-                                   tgt=f"{_mean(record['target_acc'].values()):.3f}")
+                    postfix.update(src=f"{mean(record['source_val_acc'].values()):.3f}",
+                                   tgt=f"{mean(record['target_acc'].values()):.3f}")
                 reporter.step(postfix)
     except KeyboardInterrupt:
         reporter.close()
+        trackers.finish("KILLED")
         print(f"\ninterrupted; continue with: fedstyle run --resume {out}", file=sys.stderr)
+        raise
+    except BaseException:
+        trackers.finish("FAILED")
         raise
     finally:
         reporter.close()
@@ -367,6 +283,7 @@ def train_experiment(exp: Experiment, out: Path, *, quiet: bool, checkpoint,
         print(f"fedstyle: warning: {warning}", file=sys.stderr)
     atomic_write_json(out / SUMMARY, summary)
     atomic_write_text(out / DONE, time.strftime("%Y-%m-%dT%H:%M:%S") + "\n")
+    trackers.finish("FINISHED")
     return summary
 
 
@@ -384,83 +301,6 @@ def _rows_at_checkpoint(out: Path, meta: dict[str, Any]) -> tuple[list[dict[str,
         return saved, ""
     return saved, (f"metrics.jsonl held {len(evaluation_rows(on_disk))} readable evaluation(s) where the checkpoint "
                    f"covers {len(evaluation_rows(saved))}; restored its rows from the checkpoint")
-
-
-def divergence_warnings(records: list[dict[str, Any]], num_classes: int, lr: float) -> list[str]:
-    """Warnings for a run that stayed finite but blew up: a loss far above a uniform guess's, or one
-    that grew while accuracy sits at chance."""
-    rows = [r for r in records if "round" in r and "event" not in r and isinstance(r.get("train_loss"), float)]
-    if not rows:
-        return []
-    uniform = math.log(max(2, num_classes))
-    first, last = rows[0]["train_loss"], rows[-1]["train_loss"]
-    chance = 1.0 / max(1, num_classes)
-    accuracy = _mean(rows[-1]["target_acc"].values())
-    out = []
-    if last > 100 * uniform:
-        out.append(f"the training loss reached {last:.3g}, far above a uniform guess's {uniform:.2f}: training "
-                   f"likely diverged; lower --lr (now {lr:g})")
-    elif last > 10 * first and last > 2 * uniform:
-        out.append(f"the training loss grew from {first:.3g} to {last:.3g}: training likely diverged; lower --lr "
-                   f"(now {lr:g})")
-    if accuracy <= chance + 0.02 and (last > first or last > uniform):
-        out.append(f"target accuracy {accuracy:.3f} is at chance ({chance:.3f}) and the loss did not fall: the "
-                   f"model learned nothing; lower --lr (now {lr:g}) or train longer")
-    return out
-
-
-def _lazy_stylize_rate(records: list[dict[str, Any]]) -> dict[str, float]:
-    """``stylized_images_per_s`` of the images made by training batches (CCST/PARDON, stylize=lazy):
-    the rounds' stylized images over their stylization seconds (both means over the clients), or {}."""
-    images = sum(r.get("train_metrics", {}).get("stylized_images", 0.0) for r in records)
-    seconds = sum(r.get("train_metrics", {}).get("stylize_seconds", 0.0) for r in records)
-    return {"training_stylized_images_per_s": images / seconds} if images and seconds > 0 else {}
-
-
-def make_summary(exp: Experiment, records: list[dict[str, Any]], selector: Selector) -> dict[str, Any]:
-    setup = _setup_record(records)
-    records = [r for r in records if "round" in r and "event" not in r]
-    if not records:
-        raise FedstyleError("the run finished without any evaluation")
-    config, last = exp.config, records[-1]
-    label = (config.label or exp.label) + (" (oracle)" if config.selection == "oracle" else "")
-    summary = {
-        "method": config.method,
-        "label": label,
-        "dataset": config.dataset,
-        "protocol": config.protocol,
-        "partition": config.partition,
-        "topology": config.topology,
-        "seed": config.seed,
-        "selection": config.selection,
-        "selection_rule": SELECTION_LABELS[config.selection],
-        "selected_round": selector.best_round,
-        "rounds": config.rounds,
-        "num_clients": len(exp.client_specs),
-        "num_classes": exp.dataset.num_classes,
-        "targets": {d: {"selected": selector.best_targets.get(d), "last": last["target_acc"][d]} for d in exp.targets},
-        "target_avg": {
-            "selected": _mean(selector.best_targets.values()),
-            "last": _mean(last["target_acc"].values()),
-        },
-        "seconds": last["seconds"],
-        "bytes_up": last["bytes_up"],
-        "bytes_down": last["bytes_down"],
-        "traffic": {k: last[k] for k in last if k.startswith("bytes_")},
-    }
-    if "per_edge_iteration" in last:
-        summary["traffic"]["per_edge_iteration"] = last["per_edge_iteration"]
-    if setup:
-        summary["setup"] = dict(setup, **_lazy_stylize_rate(records))
-    if config.val_domain:
-        summary["val_domain"] = config.val_domain
-    if "device_target_acc" in last:
-        summary["device_target_acc_last"] = last["device_target_acc"]
-        summary["consensus_distance_last"] = last["consensus_distance"]
-    warnings = divergence_warnings(records, exp.dataset.num_classes, config.lr)
-    if warnings:
-        summary["warnings"] = warnings
-    return summary
 
 
 register_backend(Backend("sim", train_experiment, star_only=False,

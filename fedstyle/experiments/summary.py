@@ -1,0 +1,186 @@
+"""What a run records: one evaluation row of metrics.jsonl, the model-selection rule, summary.json.
+
+:func:`evaluate_round` measures the round's model (source validation, targets, held-out validation,
+peer-to-peer devices) and its traffic; :class:`Selector` follows the configured selection rule over
+the rows; :func:`make_summary` turns the rows into summary.json, with :func:`divergence_warnings`
+for a run that stayed finite but learned nothing.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from fedstyle.errors import FedstyleError
+from fedstyle.experiments.build import Experiment
+from fedstyle.federation.evaluate import evaluate
+
+SELECTION_LABELS = {
+    "source_val": "source_val (best mean source-validation accuracy)",
+    "heldout_val": "heldout_val (best accuracy on the held-out validation domain)",
+    "last": "last (final round)",
+    "oracle": "oracle (best on the target — optimistic, not a valid model selection)",
+}
+
+
+@dataclass
+class Selector:
+    """Tracks the model chosen by the selection rule over evaluations."""
+
+    rule: str
+    best_score: float = -math.inf
+    best_round: int = 0
+    best_targets: dict[str, float] = field(default_factory=dict)
+
+    def score(self, record: dict[str, Any]) -> float:
+        if self.rule == "source_val":
+            values = list(record["source_val_acc"].values())
+        elif self.rule == "heldout_val":
+            values = list(record["heldout_val_acc"].values())
+        elif self.rule == "oracle":
+            values = list(record["target_acc"].values())
+        else:  # last
+            return float(record["round"])
+        return sum(values) / len(values) if values else -math.inf
+
+    def update(self, record: dict[str, Any]) -> None:
+        score = self.score(record)
+        if score > self.best_score:  # ties keep the earlier round
+            self.best_score, self.best_round, self.best_targets = score, record["round"], dict(record["target_acc"])
+
+    def state(self) -> dict[str, Any]:
+        return {"rule": self.rule, "best_score": self.best_score, "best_round": self.best_round,
+                "best_targets": self.best_targets}
+
+
+
+def mean(values) -> float:
+    values = list(values)
+    return sum(values) / len(values) if values else float("nan")
+
+
+def evaluate_round(exp: Experiment, completed_rounds: int, train_loss: float, seconds: float,
+                   train_metrics: dict[str, float] | None = None) -> dict[str, Any]:
+    sim = exp.simulator
+    weights = sim.eval_weights()
+    record: dict[str, Any] = {
+        "round": completed_rounds,
+        "seconds": round(seconds, 4),
+        "train_loss": train_loss,
+        "source_val_acc": evaluate(exp.model, weights, exp.source_val, exp.transform, exp.device),
+        "target_acc": evaluate(exp.model, weights, exp.targets, exp.transform, exp.device),
+    }
+    if exp.heldout_val:
+        record["heldout_val_acc"] = evaluate(exp.model, weights, exp.heldout_val, exp.transform, exp.device)
+    devices = sim.device_weights()
+    if devices:  # peer-to-peer: the average model above, and every device's own model
+        per_device = [evaluate(exp.model, w, exp.targets, exp.transform, exp.device) for w in devices]
+        record["device_target_acc"] = {
+            d: {"mean": mean(acc[d] for acc in per_device),
+                "std": float(_std([acc[d] for acc in per_device]))} for d in exp.targets
+        }
+        record["consensus_distance"] = sim.consensus()
+    if train_metrics:  # the method's loss terms and timings (ctx.log / ctx.timed), see fedstyle.algorithms.context
+        record["train_metrics"] = train_metrics
+    t = sim.traffic
+    record.update({"bytes_up": t.up, "bytes_down": t.down, "bytes_model_up": t.model_up,
+                   "bytes_model_down": t.model_down, "bytes_payload_up": t.payload_up,
+                   "bytes_payload_down": t.payload_down})
+    per_edge = t.per_edge_iteration()
+    if per_edge:  # peer-to-peer: what one edge carries per iteration (weights and share apart)
+        record["per_edge_iteration"] = per_edge
+    return record
+
+
+def _std(values: list[float]) -> float:
+    if len(values) < 2:
+        return 0.0
+    m = mean(values)
+    return math.sqrt(sum((v - m) ** 2 for v in values) / (len(values) - 1))
+
+
+def setup_record(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """The setup exchange's metrics (the ``{"event": "setup"}`` line of metrics.jsonl), or {}."""
+    for record in records:
+        if record.get("event") == "setup":
+            return {k: v for k, v in record.items() if k != "event"}
+    return {}
+
+
+
+def divergence_warnings(records: list[dict[str, Any]], num_classes: int, lr: float) -> list[str]:
+    """Warnings for a run that stayed finite but blew up: a loss far above a uniform guess's, or one
+    that grew while accuracy sits at chance."""
+    rows = [r for r in records if "round" in r and "event" not in r and isinstance(r.get("train_loss"), float)]
+    if not rows:
+        return []
+    uniform = math.log(max(2, num_classes))
+    first, last = rows[0]["train_loss"], rows[-1]["train_loss"]
+    chance = 1.0 / max(1, num_classes)
+    accuracy = mean(rows[-1]["target_acc"].values())
+    out = []
+    if last > 100 * uniform:
+        out.append(f"the training loss reached {last:.3g}, far above a uniform guess's {uniform:.2f}: training "
+                   f"likely diverged; lower --lr (now {lr:g})")
+    elif last > 10 * first and last > 2 * uniform:
+        out.append(f"the training loss grew from {first:.3g} to {last:.3g}: training likely diverged; lower --lr "
+                   f"(now {lr:g})")
+    if accuracy <= chance + 0.02 and (last > first or last > uniform):
+        out.append(f"target accuracy {accuracy:.3f} is at chance ({chance:.3f}) and the loss did not fall: the "
+                   f"model learned nothing; lower --lr (now {lr:g}) or train longer")
+    return out
+
+
+def _lazy_stylize_rate(records: list[dict[str, Any]]) -> dict[str, float]:
+    """``stylized_images_per_s`` of the images made by training batches (CCST/PARDON, stylize=lazy):
+    the rounds' stylized images over their stylization seconds (both means over the clients), or {}."""
+    images = sum(r.get("train_metrics", {}).get("stylized_images", 0.0) for r in records)
+    seconds = sum(r.get("train_metrics", {}).get("stylize_seconds", 0.0) for r in records)
+    return {"training_stylized_images_per_s": images / seconds} if images and seconds > 0 else {}
+
+
+def make_summary(exp: Experiment, records: list[dict[str, Any]], selector: Selector) -> dict[str, Any]:
+    setup = setup_record(records)
+    records = [r for r in records if "round" in r and "event" not in r]
+    if not records:
+        raise FedstyleError("the run finished without any evaluation")
+    config, last = exp.config, records[-1]
+    label = (config.label or exp.label) + (" (oracle)" if config.selection == "oracle" else "")
+    summary = {
+        "method": config.method,
+        "label": label,
+        "dataset": config.dataset,
+        "protocol": config.protocol,
+        "partition": config.partition,
+        "topology": config.topology,
+        "seed": config.seed,
+        "selection": config.selection,
+        "selection_rule": SELECTION_LABELS[config.selection],
+        "selected_round": selector.best_round,
+        "rounds": config.rounds,
+        "num_clients": len(exp.client_specs),
+        "num_classes": exp.dataset.num_classes,
+        "targets": {d: {"selected": selector.best_targets.get(d), "last": last["target_acc"][d]} for d in exp.targets},
+        "target_avg": {
+            "selected": mean(selector.best_targets.values()),
+            "last": mean(last["target_acc"].values()),
+        },
+        "seconds": last["seconds"],
+        "bytes_up": last["bytes_up"],
+        "bytes_down": last["bytes_down"],
+        "traffic": {k: last[k] for k in last if k.startswith("bytes_")},
+    }
+    if "per_edge_iteration" in last:
+        summary["traffic"]["per_edge_iteration"] = last["per_edge_iteration"]
+    if setup:
+        summary["setup"] = dict(setup, **_lazy_stylize_rate(records))
+    if config.val_domain:
+        summary["val_domain"] = config.val_domain
+    if "device_target_acc" in last:
+        summary["device_target_acc_last"] = last["device_target_acc"]
+        summary["consensus_distance_last"] = last["consensus_distance"]
+    warnings = divergence_warnings(records, exp.dataset.num_classes, config.lr)
+    if warnings:
+        summary["warnings"] = warnings
+    return summary
