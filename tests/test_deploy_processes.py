@@ -12,7 +12,7 @@ import uuid
 
 import pytest
 
-from fedstyle.runtimes.flower.deployment import MARKER_ENV, _alive, descendants, marked_processes, stop_processes
+from fedstyle.runtimes.flower.processes import MARKER_ENV, _alive, descendants, marked_processes, stop_processes
 
 pytestmark = pytest.mark.skipif(not os.path.isdir("/proc"), reason="process discovery reads /proc (Linux)")
 

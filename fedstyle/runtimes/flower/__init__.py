@@ -4,13 +4,15 @@ Nothing here is imported by fedstyle unless a Flower runtime is asked for (``fed
 ``fedstyle run --backend flower-sim``), so fedstyle works without ``flwr`` installed.
 
 - :mod:`.records`: payloads and weights <-> Flower array / config / metric records (no pickle);
+  :mod:`.received`: a received message's records checked and read onto a device (ServerApp and sites);
 - :mod:`.clientapp`: the ClientApp (thin: identify without torch) and :mod:`.site`, what a site does
   with a message — the simulator's client procedures, per-client state in the site's state folder
   (:mod:`fedstyle.runtimes.site_state`);
 - :mod:`.serverapp`: the ServerApp — the simulator's server side over Flower messages, the same
   run directory (config.json, metrics.jsonl, checkpoint, summary.json, done);
 - :mod:`.simulation`: ``--backend flower-sim`` (Flower's simulation engine, Ray);
-- :mod:`.deployment`: SuperLink / SuperNode processes (``fedstyle deploy``);
+- :mod:`.deployment`: SuperLink / SuperNode processes (``fedstyle deploy``), supervised by
+  :mod:`.processes` (started in their own sessions, stopped together with everything they started);
 - :mod:`.certs`: a CA, a server certificate and SuperNode keys for TLS and node authentication.
 """
 

@@ -54,23 +54,11 @@ from flwr.serverapp import Grid, ServerApp
 
 from fedstyle.algorithms.context import ClientUpdate
 from fedstyle.errors import FedstyleError
-from fedstyle.runtimes.flower.records import (
-    META,
-    METRICS,
-    PAYLOAD,
-    RESULT,
-    SETUP,
-    WEIGHTS,
-    build_content,
-    check_records,
-    meta_record,
-    payload_names,
-    record_to_weights,
-    records_to_payload,
-    weights_to_record,
-)
 from fedstyle.federation.transport import ClientRequest, PhaseReplies, Transport
-from fedstyle.payload import Payload, payload_to
+from fedstyle.payload import Payload
+from fedstyle.runtimes.flower.received import check_received, received_metrics, received_payload, received_weights
+from fedstyle.runtimes.flower.records import (META, METRICS, PAYLOAD, RESULT, SETUP, build_content, meta_record,
+                                              weights_to_record)
 
 _LOG = logging.getLogger("flwr")  # Flower's logger (timestamped with FLWR_LOG_LEVEL=DEBUG)
 
@@ -305,18 +293,18 @@ class FlowerTransport(Transport):
 
     def _result(self, phase: str, cid: int, content: RecordDict):
         if phase == "setup_download":
-            return {k: float(v) for k, v in content.metric_records.get(METRICS, {}).items()}
+            return received_metrics(content)
         if phase != "train":
-            return payload_to(records_to_payload(content, PAYLOAD) or {}, self.driver.device)
-        check_records(content, [META, WEIGHTS, RESULT, METRICS, *payload_names(PAYLOAD)], f"client {cid}'s reply")
+            return received_payload(content, self.driver.device) or {}
+        check_received(content, f"client {cid}'s reply", [RESULT, METRICS])
         result = content.metric_records[RESULT]
         return ClientUpdate(
             client_id=cid,
-            weights={k: v.to(self.driver.device) for k, v in record_to_weights(content[WEIGHTS]).items()},
+            weights=received_weights(content, self.driver.device),
             num_samples=int(result["num_samples"]),
             train_loss=float(result["train_loss"]),
-            payload=payload_to(records_to_payload(content, PAYLOAD) or {}, self.driver.device),
-            metrics={k: float(v) for k, v in content.metric_records.get(METRICS, {}).items()},
+            payload=received_payload(content, self.driver.device) or {},
+            metrics=received_metrics(content),
         )
 
     def end_round(self, round_index: int, chosen: list[int], replied: list[int]) -> None:

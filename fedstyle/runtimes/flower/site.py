@@ -40,20 +40,10 @@ import torch
 from flwr.app import ConfigRecord, Context, Message
 
 from fedstyle.federation.client import PHASES, run_client_phase
-from fedstyle.payload import Payload, payload_to
+from fedstyle.payload import Payload
 from fedstyle.runtimes.flower.node_config import DATA_ROOT_KEY, STATE_DIR_KEY, client_id_of
-from fedstyle.runtimes.flower.records import (
-    META,
-    PAYLOAD,
-    SETUP,
-    WEIGHTS,
-    build_content,
-    check_records,
-    meta_record,
-    payload_names,
-    record_to_weights,
-    records_to_payload,
-)
+from fedstyle.runtimes.flower.received import check_received, received_payload, received_weights
+from fedstyle.runtimes.flower.records import META, PAYLOAD, SETUP, WEIGHTS, build_content, meta_record, payload_names
 from fedstyle.runtimes.site_state import ClientStateStore, Session, default_state_root, same_state, step_of
 
 _LOG = logging.getLogger("flwr")  # Flower's logger: the SuperNode's log, timestamped at DEBUG level
@@ -106,8 +96,7 @@ class Call:
                  started: float | None = None):
         self.times = {"start": started if started is not None else time.perf_counter(), "imported": time.perf_counter()}
         content = message.content
-        check_records(content, [META, WEIGHTS, *payload_names(PAYLOAD), *allowed],
-                      f"message {message.metadata.message_type}")
+        check_received(content, f"message {message.metadata.message_type}", allowed)
         meta = content.config_records[META]
         self.message, self.context, self.phase = message, context, phase
         self.round = int(meta["round"])
@@ -156,11 +145,10 @@ class Call:
         """The downloaded weights, or the run's initial weights when the message carries none."""
         if WEIGHTS not in self.message.content.array_records:
             return self.sim.initial_weights
-        return {k: v.to(self.device) for k, v in record_to_weights(self.message.content[WEIGHTS]).items()}
+        return received_weights(self.message.content, self.device)
 
     def payload(self, name: str = PAYLOAD) -> Payload | None:
-        payload = records_to_payload(self.message.content, name)
-        return None if payload is None else payload_to(payload, self.device)
+        return received_payload(self.message.content, self.device, name)
 
     def run(self, phase: str, payload: Payload, weights=None):
         """The simulator's client procedure for ``phase`` on this site's client."""
@@ -220,7 +208,7 @@ class Call:
         holder = build_content(ConfigRecord())
         holder[SETUP] = self.context.state.array_records[SETUP_STORED]
         holder[SETUP + ".scalars"] = self.context.state.config_records[SETUP_STORED + ".scalars"]
-        broadcast = payload_to(records_to_payload(holder, SETUP), self.device)
+        broadcast = received_payload(holder, self.device, SETUP)
         kept = self.state
         self.sim.client_states[self.cid] = {k: v.clone() for k, v in kept.items()}
         self.run("setup_download", broadcast, self.sim.initial_weights)
