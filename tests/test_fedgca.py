@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 from fedstyle.algorithms import METHODS
 from fedstyle.algorithms.context import ClientContext, TrainSettings
-from fedstyle.algorithms.fedgca import cam_consistency, cam_distribution, prediction_consistency
+from fedstyle.algorithms.consistency import cam_consistency, cam_distribution, prediction_consistency
 from fedstyle.errors import ConfigError
 from fedstyle.federation.p2p import P2PSimulator
 from fedstyle.federation.star import StarSimulator

@@ -14,14 +14,8 @@ import torch
 from torch import nn
 
 from fedstyle.algorithms import METHODS
-from fedstyle.algorithms.pardon import (
-    PARDON,
-    SERVER_CLUSTERS,
-    VIEW,
-    feature_regularizer,
-    originals_batch_norm,
-    triplet_loss,
-)
+from fedstyle.algorithms.paired_views import feature_regularizer, originals_batch_norm, paired_features, triplet_loss
+from fedstyle.algorithms.pardon import PARDON, SERVER_CLUSTERS, VIEW
 from fedstyle.data.client import ClientData
 from fedstyle.data.transforms import BatchTransform
 from fedstyle.errors import ConfigError
@@ -386,10 +380,9 @@ def bn_states(model: nn.Module) -> dict[str, torch.Tensor]:
             if k.endswith(("running_mean", "running_var", "num_batches_tracked"))}
 
 
-def paired_features(model: nn.Module, x: torch.Tensor, xp: torch.Tensor, mode: str) -> torch.Tensor:
+def pair_features(model: nn.Module, x: torch.Tensor, xp: torch.Tensor, mode: str) -> torch.Tensor:
     algo = PARDON({"style_backend": "fft", "batchnorm_stats": mode}, num_classes=4, num_clients=1)
-    with algo._batch_norm(model, x.shape[0]):
-        return model.features(torch.cat([x, xp]))
+    return paired_features(model, x, xp, algo.hp["batchnorm_stats"])[2]  # [z; z^p], as PARDON's pair_loss
 
 
 @pytest.mark.parametrize("backbone,size", [("convnet", 16), ("cnn_digitsdg", 16), ("resnet18", 32),
@@ -406,7 +399,7 @@ def test_transfers_change_neither_the_originals_features_nor_the_running_statist
     alone = copy_model(model)
     with torch.no_grad():
         expected = alone.features(x)
-        z_all = paired_features(model, x, xp, "originals")
+        z_all = pair_features(model, x, xp, "originals")
     torch.testing.assert_close(z_all[:6], expected, rtol=1e-5, atol=1e-5)
     after, reference = bn_states(model), bn_states(alone)
     assert after.keys() == reference.keys() and (backbone == "cnn_digitsdg") == (not after)
@@ -416,7 +409,7 @@ def test_transfers_change_neither_the_originals_features_nor_the_running_statist
     if after:  # the old joint batch mixes x' into both: the checks above can fail
         joint = copy_model(alone)
         with torch.no_grad():
-            z_joint = paired_features(joint, x, xp, "joint")
+            z_joint = pair_features(joint, x, xp, "joint")
         assert (z_joint[:6] - expected).abs().max() > 1e-2
         assert any(not torch.allclose(v, reference[k]) for k, v in bn_states(joint).items() if "running" in k)
 
@@ -458,7 +451,7 @@ def test_frozen_batch_norm_uses_and_keeps_the_running_statistics():
     before = bn_states(model)
     x, xp = torch.randn(4, 3, SIZE, SIZE), torch.randn(4, 3, SIZE, SIZE)
     with torch.no_grad():
-        z_all = paired_features(model, x, xp, "frozen")
+        z_all = pair_features(model, x, xp, "frozen")
         expected = model.eval().features(torch.cat([x, xp]))
     model.train()
     torch.testing.assert_close(z_all, expected)

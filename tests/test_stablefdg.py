@@ -10,18 +10,20 @@ import pytest
 import torch
 
 from fedstyle.algorithms import METHODS
-from fedstyle.algorithms import stablefdg as sfdg
+from fedstyle.algorithms import stablefdg_pipeline
 from fedstyle.algorithms.context import ClientContext, ServerContext
-from fedstyle.algorithms.stablefdg import StableFDG, derangement
+from fedstyle.algorithms.stablefdg import StableFDG
 from fedstyle.data.client import ClientData
 from fedstyle.errors import ConfigError
 from fedstyle.experiments.runner import run_experiment
 from fedstyle.federation.star import StarSimulator
 from fedstyle.models.attention import AttentionNeck, same_class_partners
 from fedstyle.models.base import Backbone, Classifier, PooledNeck
-from fedstyle.style import StyleSummary, channel_stats
-from fedstyle.style.oversample import balanced_extra_counts, oversample_indices
-from fedstyle.style.selection import kmeans_pp_seeds, select_by_kmeans
+from fedstyle.style import MixStyle, StyleSummary, channel_stats, sharing
+from fedstyle.style.fused import explore_and_mix
+from fedstyle.style.oversample import balanced_extra_counts, oversample_features, oversample_indices
+from fedstyle.style.selection import kmeans_pp_seeds, select_by_kmeans, selective_shift
+from fedstyle.style.sharing import derangement
 
 from tiny import SETTINGS, TRANSFORM, make_clients, make_model, interrupt_and_resume
 
@@ -64,7 +66,7 @@ def test_phi_of_a_tiny_client_by_hand(monkeypatch):
     phi = method.round_query(context(data, phase="query"), model)["style"]
     assert phi.shape == (4, 3)
     assert torch.allclose(phi, expected, atol=1e-6)
-    monkeypatch.setattr(sfdg, "QUERY_BATCH", 1)  # the whole dataset, one image per pass: same Phi
+    monkeypatch.setattr(sharing, "QUERY_BATCH", 1)  # the whole dataset, one image per pass: same Phi
     assert torch.allclose(method.round_query(context(data, phase="query"), model)["style"], expected, atol=1e-6)
     # style_images=1: Phi of one of the two images, the same one for the same seed
     one = algo({"attention": False, "style_images": 1}).round_query(context(data, phase="query"), model)["style"]
@@ -168,15 +170,15 @@ def test_shift_with_zero_spread_carries_the_received_statistics_exactly():
     torch.manual_seed(0)
     x = torch.randn(8, 2, 4, 4) * 3 + 1
     received = zero_spread([5.0, -2.0], [0.5, 2.0])
-    out = algo().shift(x, received)
+    out = selective_shift(x, received)
     unchanged = (out == x).flatten(1).all(1)
     assert int(unchanged.sum()) == 4  # floor(B/2) keep their style
     mu, sigma = channel_stats(out[~unchanged])
     assert torch.allclose(mu.flatten(1), torch.tensor([[5.0, -2.0]]).expand(4, 2), atol=1e-5)
     assert torch.allclose(sigma.flatten(1), torch.tensor([[0.5, 2.0]]).expand(4, 2), atol=1e-4)
     # odd batch: floor(5/2) = 2 kept, 3 shifted; batch of one: shifted
-    assert int((algo().shift(x[:5], received) == x[:5]).flatten(1).all(1).sum()) == 2
-    one = algo().shift(x[:1], received)
+    assert int((selective_shift(x[:5], received) == x[:5]).flatten(1).all(1).sum()) == 2
+    one = selective_shift(x[:1], received)
     assert torch.allclose(channel_stats(one)[0].flatten(), torch.tensor([5.0, -2.0]), atol=1e-5)
 
 
@@ -184,7 +186,7 @@ def test_shift_noise_follows_the_received_spread():
     torch.manual_seed(0)
     x = torch.randn(4000, 1, 3, 3)
     received = StyleSummary(torch.tensor([2.0]), torch.tensor([1.0]), torch.tensor([0.25]), torch.tensor([0.01]))
-    out = algo({"select": "random"}).shift(x, received)
+    out = selective_shift(x, received, "random")
     moved = ~(out == x).flatten(1).all(1)
     mu, sigma = channel_stats(out[moved])
     assert mu.mean().item() == pytest.approx(2.0, abs=0.03) and mu.std().item() == pytest.approx(0.5, abs=0.03)
@@ -194,7 +196,7 @@ def test_shift_noise_follows_the_received_spread():
 def test_reference_shift_gives_the_first_half_the_centres_and_the_rest_the_received_style():
     torch.manual_seed(0)
     x = torch.randn(6, 2, 4, 4) + torch.arange(6.0).view(6, 1, 1, 1)
-    out = algo({"reference_code": True}).shift(x, zero_spread([5.0, -2.0], [0.5, 2.0]))
+    out = selective_shift(x, zero_spread([5.0, -2.0], [0.5, 2.0]), "centres")  # reference_code=true
     mu, sigma = channel_stats(out)
     assert torch.allclose(mu[3:].flatten(1), torch.tensor([[5.0, -2.0]]).expand(3, 2), atol=1e-5)
     # the first three carry cluster means of the batch's own styles: inside the range of the batch
@@ -222,35 +224,35 @@ def test_oversampled_features_carry_their_labels():
     torch.manual_seed(0)
     x = torch.randn(6, 2, 3, 3)
     y = torch.tensor([0, 0, 0, 1, 1, 2])
-    big, labels = algo().oversample(x, y)
+    big, labels = oversample_features(x, y, 6, 4)
     assert big.shape[0] == 12 and torch.equal(big[:6], x)
     assert torch.bincount(labels).tolist() == [4, 4, 4]
     for row, label in zip(big[6:], labels[6:]):
         source = [i for i in range(6) if torch.equal(x[i], row)]
         assert source and all(y[i] == label for i in source)
-    assert algo({"oversample_ratio": 0.5}).oversample(x, y)[0].shape[0] == 9
-    nhwc = algo().oversample(x.contiguous(memory_format=torch.channels_last), y)[0]
+    assert oversample_features(x, y, 3, 4)[0].shape[0] == 9
+    nhwc = oversample_features(x.contiguous(memory_format=torch.channels_last), y, 6, 4)[0]
     assert nhwc.is_contiguous(memory_format=torch.channels_last)  # the layout the convolutions run fastest in
 
 
 def test_exploration_alpha_zero_is_identity_and_alpha_three_moves_three_times():
     torch.manual_seed(0)
     x = torch.randn(6, 3, 5, 5) * torch.rand(6, 3, 1, 1).add(0.5) + torch.randn(6, 3, 1, 1)
-    same = algo({"alpha": 0.0}).explore_part(x, 3, 3)
+    same = explore_and_mix(x, 3, 0.0)
     assert torch.equal(same[:3], x[:3]) and torch.allclose(same, x, atol=1e-5)
     mu, sigma = channel_stats(x)
     center_mu, center_sigma = mu.mean(0, keepdim=True), sigma.mean(0, keepdim=True)  # over [s, s~]
-    out = algo({"alpha": 3.0}).explore_part(x, 3, 3)
+    out = explore_and_mix(x, 3, 3.0)
     new_mu, new_sigma = channel_stats(out)
     assert torch.equal(out[:3], x[:3])
     assert torch.allclose(new_mu[3:] - mu[3:], 3 * (mu[3:] - center_mu), atol=1e-4)
     expected_sigma = sigma[3:] + 3 * (sigma[3:] - center_sigma)
     assert (expected_sigma < 0).any()  # Eq. 5 crosses zero here: kept, a mirrored map of std |sigma_new|
     assert torch.allclose(new_sigma[3:], expected_sigma.abs(), atol=1e-3)
-    flat = channel_stats(algo({"negative_sigma": "clamp"}).explore_part(x, 3, 3))[1]
+    flat = channel_stats(explore_and_mix(x, 3, 3.0, min_sigma=1e-6))[1]  # negative_sigma=clamp
     assert torch.allclose(flat[3:], expected_sigma.clamp_min(1e-6), atol=2e-3)
     # the reference code extrapolates from the original batch's mean
-    ref = algo({"alpha": 3.0, "reference_code": True}).explore_part(x, 3, 3)
+    ref = explore_and_mix(x, 3, 3.0, center_count=3)
     ref_mu = channel_stats(ref)[0]
     assert torch.allclose(ref_mu[3:] - mu[3:], 3 * (mu[3:] - mu[:3].mean(0, keepdim=True)), atol=1e-4)
 
@@ -258,20 +260,20 @@ def test_exploration_alpha_zero_is_identity_and_alpha_three_moves_three_times():
 def test_exploration_and_mixstyle_as_one_adain_equal_the_two_in_sequence():
     torch.manual_seed(0)
     x = torch.randn(8, 3, 5, 5) * torch.rand(8, 3, 1, 1).add(0.5) + torch.randn(8, 3, 1, 1)
-    method = algo()
+    mix = MixStyle(p=1.0, alpha=0.1)
     torch.manual_seed(1)
-    fused = method.restyle_stage(x, 4, 4, explore=True, mix=True)
+    fused = explore_and_mix(x, 4, 3.0, mix_weights=mix.sample_mix_weights)
     torch.manual_seed(1)
-    sequential = method.mix(method.explore_part(x, 4, 4))  # MixStyle draws the same lambda and permutation
+    sequential = mix(explore_and_mix(x, 4, 3.0))  # MixStyle draws the same lambda and permutation
     assert (channel_stats(x)[1][4:] < 0.75 * channel_stats(x)[1].mean(0)).any()  # negative sigmas included
     # equal up to the 1e-6 inside sequential MixStyle's sigma, which matters most where |sigma_e| is small
     assert torch.allclose(fused, sequential, rtol=1e-3, atol=1e-3)
     torch.manual_seed(1)
-    assert not torch.allclose(fused, method.mix(x), atol=1e-2)  # the exploration did happen
+    assert not torch.allclose(fused, mix(x), atol=1e-2)  # the exploration did happen
     torch.manual_seed(1)
-    mix_only = method.restyle_stage(x, None, 8, explore=True, mix=True)  # nothing oversampled: MixStyle alone
+    mix_only = explore_and_mix(x, None, 3.0, mix_weights=mix.sample_mix_weights)  # nothing oversampled: MixStyle
     torch.manual_seed(1)
-    assert torch.allclose(mix_only, method.mix(x), atol=1e-5)
+    assert torch.allclose(mix_only, mix(x), atol=1e-5)
 
 
 class AffineStages(Backbone):
@@ -307,10 +309,12 @@ def _forward_with_extras(hp, x, y):
     method.configure_model(model)
     model.train()
     enlarged = []
-    oversample = method.oversample
-    method.oversample = lambda feats, labels: enlarged.append(oversample(feats, labels)) or enlarged[-1]
+    oversample = stablefdg_pipeline.oversample_features
     ctx = context(make_clients(1)[0])
-    loss = method.training_loss(ctx, model, x, y, {})
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(stablefdg_pipeline, "oversample_features",
+                      lambda *args: enlarged.append(oversample(*args)) or enlarged[-1])
+        loss = method.training_loss(ctx, model, x, y, {})
     assert torch.isfinite(loss) and ctx.logged_metrics()["explore_fired"] == 1.0
     assert len(enlarged) == 1
     return enlarged[0][0], backbone.inputs["layer4"], backbone
@@ -501,6 +505,29 @@ def test_without_a_received_style_nothing_is_shifted():
                                 {"select": "random"}, {"oversample_balanced": False}, {"oversample_ratio": 0.25}])
 def test_every_piece_switches_off(hp):
     train_step(dict(ALWAYS, **hp), torch.randn(6, 3, 16, 16), torch.tensor([0, 0, 1, 1, 2, 3]), RECEIVED)
+
+
+@pytest.mark.parametrize("hp,select,center_count,min_sigma", [
+    ({}, "kmeans", None, None),
+    ({"select": "random", "negative_sigma": "clamp"}, "random", None, 1e-6),
+    ({"reference_code": True}, "centres", 6, None),  # the public code: centres' styles, the original batch's centre
+])
+def test_the_pipeline_hands_the_hyperparameters_to_the_style_ops(hp, select, center_count, min_sigma):
+    calls = {"selective_shift": [], "oversample_features": [], "explore_and_mix": []}
+
+    def spy(name, op):
+        return lambda *args, **kw: calls[name].append((args, kw)) or op(*args, **kw)
+
+    with pytest.MonkeyPatch.context() as patch:
+        for name in calls:
+            patch.setattr(stablefdg_pipeline, name, spy(name, getattr(stablefdg_pipeline, name)))
+        train_step(dict(ALWAYS, oversample_ratio=0.5, alpha=2.0, **hp), torch.randn(6, 3, 16, 16),
+                   torch.tensor([0, 0, 1, 1, 2, 3]), RECEIVED)
+    assert [args[2] for args, _ in calls["selective_shift"]] == [select]
+    assert [args[2:] for args, _ in calls["oversample_features"]] == [(3, 4, True)]  # M = round(0.5 B)
+    (args, kw), *later = calls["explore_and_mix"]  # once per firing stage: exploration at the first only
+    assert args[1:] == (6, 2.0) and kw["center_count"] == center_count and kw["min_sigma"] == min_sigma
+    assert kw["mix_weights"] is not None and all(args[1] is None for args, _ in later)
 
 
 def test_switch_dependencies_and_labels():

@@ -228,11 +228,6 @@ EXPECTED = {
 }
 
 
-class _FixedLambda:
-    def sample(self, shape):
-        return torch.tensor(LAMBDA).view(shape)
-
-
 def _restyled_by_a_training_forward(monkeypatch, **hp) -> torch.Tensor:
     """One ``training_loss`` call (hook, backbone, neck, head, loss) with the draws fixed; returns the
     features the hook handed on after layer1."""
@@ -242,7 +237,7 @@ def _restyled_by_a_training_forward(monkeypatch, **hp) -> torch.Tensor:
     model.train()
     draws = [torch.tensor(d) for d in (SHIFT_IDX, EXPLORE_IDX, MIX_PERM)]
     monkeypatch.setattr(torch, "randperm", lambda n, device=None: draws.pop(0))
-    monkeypatch.setattr(algo, "_beta_for", lambda device: _FixedLambda())
+    monkeypatch.setattr(algo, "mix_weights", lambda batch, like: torch.tensor(LAMBDA).view(batch, 1, 1, 1))
     psi = torch.tensor([NEIGHBOUR_MU, NEIGHBOUR_SIGMA, [0.0, 0.0], [0.0, 0.0]])
     x = _maps_with_styles(ORIGINAL_MU, ORIGINAL_SIGMA)
     loss = algo.training_loss(_ctx(), model, x, torch.tensor([0, 1, 2, 3]), {1: {"layer1": psi}})

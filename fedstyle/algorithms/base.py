@@ -16,6 +16,7 @@ Hooks, in the order a star run calls them, with the model's mode the runtime set
                                                      weights, before training          [eval]
     round_payloads(server, client_ids, queries) -> {id: Payload}   server, sent beside the model
     local_train(ctx, model, payload) -> ClientResult     client, on the downloaded weights [train]
+      training_batches(ctx)                          the mini-batches (x, y) it trains on
       training_step(ctx, model, optimizer, x, y, payload)  per mini-batch: loss, backward, step
         training_loss(ctx, model, x, y, payload)     the mini-batch's loss [train]
     aggregate(server, updates) -> weights            server
@@ -43,7 +44,7 @@ hyperparameters, not new classes.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Mapping, Sequence
+from typing import Any, ClassVar, Iterator, Mapping, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -242,8 +243,7 @@ class Algorithm:
         optimizer = ctx.train.make_optimizer(model.parameters())
         total = torch.zeros((), device=ctx.device)
         steps = 0
-        for x, y, _ in ctx.batches():
-            x, y = self.augment_batch(ctx, x, y)
+        for x, y in self.training_batches(ctx):
             total += self.training_step(ctx, model, optimizer, x, y, payload)
             steps += 1
         mean_loss = float(total) / max(1, steps)
@@ -251,6 +251,13 @@ class Algorithm:
         self.after_local_train(ctx, model)
         return ClientResult(train_loss=mean_loss, payload=self.upload_payload(ctx, model),
                             metrics=ctx.logged_metrics())
+
+    def training_batches(self, ctx: ClientContext) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """The mini-batches ``(x, y)`` of ``local_train``: this round's batches with the ``augment`` option
+        applied (:meth:`augment_batch`). A method that trains on more than (x, y) per batch (PARDON's
+        aligned views) overrides this and keeps the rest of the base loop."""
+        for x, y, _ in ctx.batches():
+            yield self.augment_batch(ctx, x, y)
 
     def training_step(self, ctx: ClientContext, model: nn.Module, optimizer: torch.optim.Optimizer,
                       x: torch.Tensor, y: torch.Tensor, payload: Payload) -> torch.Tensor:
@@ -300,6 +307,16 @@ def check_finite(loss: float, ctx: ClientContext) -> None:
             f"{ctx.train.lr:g}); the run stopped and keeps its last good checkpoint — start a new run with a lower "
             "--lr, or check the data"
         )
+
+
+def apply_reference_code(hp: dict[str, Any], given: Mapping[str, Any], reference: Mapping[str, Any]) -> dict[str, Any]:
+    """``reference_code=true``: every value of ``reference`` (a method's public-code choices) replaces the
+    default of its hyperparameter, unless that hyperparameter was given explicitly. Returns ``hp``."""
+    if hp["reference_code"]:
+        for key, value in reference.items():
+            if key not in given:
+                hp[key] = value
+    return hp
 
 
 def weighted_average(updates: list[ClientUpdate], uniform: bool = False,

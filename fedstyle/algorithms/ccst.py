@@ -56,21 +56,27 @@ from __future__ import annotations
 import math
 from typing import Any, Mapping
 
+from fedstyle.algorithms.base import apply_reference_code
 from fedstyle.algorithms.hparams import HParam
 from fedstyle.algorithms.registry import register_method
-from fedstyle.algorithms.style_exchange import STYLE_IMAGES, StyleExchange
+from fedstyle.algorithms.style_exchange import STYLE_IMAGES, StyleBackendExchange
 from fedstyle.errors import ConfigError
 from fedstyle.seeding import derive_seed
-from fedstyle.style.transfer import DEFAULT_BACKEND, TRANSFER_BACKENDS
 from fedstyle.style.transfer.augment import KEEP_ORIGINAL, plan_cross_client
 
 #: images per style draw in the public code's single mode (its batch size; also the paper's J = d / 32)
 REFERENCE_BATCH = 32
 _STYLE_TYPES = ("single", "overall")
 
+#: reference_code=true: the public code's choices for the hyperparameters not given explicitly
+REFERENCE = {
+    "aggregation": "uniform",  # the public code averages client models with equal weights
+    "style_images": 0,  # the public code's overall style is over every image
+}
+
 
 @register_method
-class CCST(StyleExchange):
+class CCST(StyleBackendExchange):
     name = "ccst"
     label = "CCST"
     summary = ("cross-client style transfer: clients share styles, every image gets K styles of the bank "
@@ -88,12 +94,7 @@ class CCST(StyleExchange):
                "with many clients almost never); always = every original plus K restyled copies from K "
                "distinct other clients (d x (K + 1) images; K <= clients - 1)", choices=KEEP_ORIGINAL),
         HParam("j", 0, "single-image styles each client uploads (0: ceil(d/32), the paper's value)", low=0),
-        HParam("style_backend", DEFAULT_BACKEND, "image style transfer backend, a name registered in "
-               f"fedstyle.style.transfer ({', '.join(TRANSFER_BACKENDS.names())})"),
         HParam("alpha", 1.0, "content/style interpolation of the transfer (1 = full style)", low=0.0, high=1.0),
-        HParam("vgg_weights", "", "adain backend: path of vgg_normalised.pth"),
-        HParam("decoder_weights", "", "adain backend: path of decoder.pth; lite: a `fedstyle style train-decoder` "
-               "file (default: the shipped one)"),
         HParam("reference_code", False, "public code's choices: one random style per batch of 32 images "
                "(single mode), equal client weights (aggregation=uniform), overall style over all images "
                "(style_images=0)"),
@@ -107,19 +108,7 @@ class CCST(StyleExchange):
             if "style_type" in given and str(given["style_type"]) != shorthand:
                 raise ConfigError(f"style={shorthand} contradicts style_type={given['style_type']}; give one of them")
             given["style_type"] = shorthand
-        hp = super().resolve(given)
-        if hp["style_backend"] not in TRANSFER_BACKENDS:  # checked here, not by choices: backends may register later
-            raise ConfigError(f"hyperparameter 'style_backend' of ccst: {hp['style_backend']!r} is not a style "
-                              f"backend; choose one of {', '.join(TRANSFER_BACKENDS.names())}")
-        for option, backends in (("vgg_weights", ("adain",)), ("decoder_weights", ("adain", "lite"))):
-            if hp[option] and hp["style_backend"] not in backends:
-                raise ConfigError(f"{option} is an option of the {' and '.join(backends)} backend, not of "
-                                  f"style_backend={hp['style_backend']}")
-        if hp["reference_code"] and "aggregation" not in given:
-            hp["aggregation"] = "uniform"  # the public code averages client models with equal weights
-        if hp["reference_code"] and "style_images" not in given:
-            hp["style_images"] = 0  # the public code's overall style is over every image
-        return hp
+        return apply_reference_code(super().resolve(given), given, REFERENCE)
 
     def __init__(self, hparams: Mapping[str, Any] | None = None, *, num_classes: int, num_clients: int):
         super().__init__(hparams, num_classes=num_classes, num_clients=num_clients)
@@ -133,25 +122,8 @@ class CCST(StyleExchange):
                               f"(domains of the style bank); choose k <= {num_clients}")
 
     @classmethod
-    def display_name(cls, hp: Mapping[str, Any]) -> str:
-        inside = [hp["style_type"], f"K={hp['k']}" + (" + original" if hp["keep_original"] == "always" else "")]
-        if hp["style_backend"] != DEFAULT_BACKEND:
-            inside.append(hp["style_backend"])
-        if hp["reference_code"]:
-            inside.append("reference code")
-        base = super().display_name(hp)  # "CCST" plus " + MixStyle" etc.
-        return f"{cls.label} ({', '.join(inside)})" + base[len(cls.label or cls.name):]
-
-    def backend_name(self) -> str:
-        return self.hp["style_backend"]
-
-    def backend_options(self) -> dict[str, Any]:
-        name = self.hp["style_backend"]
-        if name == "adain":
-            return {"vgg_weights": self.hp["vgg_weights"], "decoder_weights": self.hp["decoder_weights"]}
-        if name == "lite":
-            return {"decoder_weights": self.hp["decoder_weights"]}
-        return {}
+    def display_details(cls, hp: Mapping[str, Any]) -> list[str]:
+        return [hp["style_type"], f"K={hp['k']}" + (" + original" if hp["keep_original"] == "always" else "")]
 
     def num_styles(self, num_images: int) -> int:
         """J: the given ``j``, or ceil(d / 32)."""

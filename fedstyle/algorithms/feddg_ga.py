@@ -49,7 +49,7 @@ from typing import Any, Mapping
 import torch
 import torch.nn.functional as F
 
-from fedstyle.algorithms.base import Algorithm, weighted_average
+from fedstyle.algorithms.base import Algorithm, apply_reference_code, weighted_average
 from fedstyle.algorithms.hparams import HParam
 from fedstyle.algorithms.registry import register_method
 from fedstyle.errors import ConfigError
@@ -125,11 +125,7 @@ class FedDGGA(Algorithm):
 
     @classmethod
     def resolve(cls, given: Mapping[str, Any]) -> dict[str, Any]:
-        hp = super().resolve(given)
-        if hp["reference_code"]:
-            for key, value in REFERENCE.items():
-                if key not in given:
-                    hp[key] = value
+        hp = apply_reference_code(super().resolve(given), given, REFERENCE)
         if hp["metric"] == "acc" and hp["local_loss"] == "train":
             raise ConfigError("feddg_ga metric=acc needs the local model's accuracy: use local_loss=eval")
         return hp

@@ -55,62 +55,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from fedstyle.algorithms.base import Algorithm
+from fedstyle.algorithms.consistency import cam_consistency, cam_distribution, prediction_consistency
 from fedstyle.algorithms.feddyn import DynamicRegularizer
 from fedstyle.algorithms.hparams import HParam
 from fedstyle.algorithms.registry import register_method
 from fedstyle.errors import ConfigError, FedstyleError
 
-EPS = 1e-7
 _ANCHOR = "fedgca/anchor"
-
-
-def _xlogx(t: torch.Tensor) -> torch.Tensor:
-    """t log t with 0 log 0 = 0 and finite gradients at 0 (softmax outputs underflow to exactly 0 or 1)."""
-    return t * t.clamp_min(1e-30).log()
-
-
-def _combine(per_view: torch.Tensor, reduction: str) -> torch.Tensor:
-    """(V, B) per-view, per-sample losses -> mean over the batch, then sum (Eq. 2, 3) or mean over views."""
-    per_view = per_view.mean(1)
-    return per_view.sum() if reduction == "sum" else per_view.mean()
-
-
-def _mean_of(local: torch.Tensor, other: torch.Tensor | None, detach: bool) -> torch.Tensor:
-    members = local if other is None else torch.cat([local, other])
-    mean = members.mean(0)
-    return mean.detach() if detach else mean
-
-
-def prediction_consistency(p_local: torch.Tensor, p_global: torch.Tensor | None = None, form: str = "bkl",
-                           reduction: str = "sum", detach_mean: bool = False) -> torch.Tensor:
-    """L_CP (Eq. 2) of softmax predictions ``p_local`` (V, B, K) of the local model on V views, with the
-    global model's ``p_global`` (V, B, K) in the mean p̄ (or None). Forms: see the module docstring."""
-    mean = _mean_of(p_local, p_global, detach_mean)
-    log_mean = mean.clamp_min(EPS).log()
-    if form == "js":
-        per = (_xlogx(p_local) - p_local * log_mean).sum(-1)
-    elif form in ("ce", "bkl"):
-        log_rest = (1.0 - mean).clamp_min(EPS).log()
-        per = -(p_local * log_mean + (1.0 - p_local) * log_rest).sum(-1)
-        if form == "bkl":
-            per = per + (_xlogx(p_local) + _xlogx(1.0 - p_local)).sum(-1)
-    else:
-        raise ConfigError(f"unknown cp_form {form!r}; choose bkl, ce or js")
-    return _combine(per, reduction)
-
-
-def cam_distribution(cams: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
-    """(N, h, w) class activation maps -> (N, h*w) distributions: softmax over positions of M / temperature."""
-    return torch.softmax(cams.flatten(1) / temperature, dim=1)
-
-
-def cam_consistency(m_local: torch.Tensor, m_global: torch.Tensor | None = None, reduction: str = "sum",
-                    detach_mean: bool = False) -> torch.Tensor:
-    """L_CAM (Eq. 3): Σ_j KL(M_j ‖ M̄) of CAM distributions ``m_local`` (V, B, h*w), M̄ the mean of the
-    local and (if given) the global model's maps ``m_global`` (V, B, h*w)."""
-    mean = _mean_of(m_local, m_global, detach_mean)
-    per = (_xlogx(m_local) - m_local * mean.clamp_min(EPS).log()).sum(-1)
-    return _combine(per, reduction)
 
 
 def check_cam_support(model: nn.Module) -> None:

@@ -11,41 +11,20 @@ dataset (un-augmented: the eval transform) to ``share_stage`` and sends
 (``round_query``; ``style_images=N`` estimates it from a seeded random N images instead, a cost
 knob: the pass over all local data costs about 40% of a local epoch on the ConvNet, whose
 full-resolution first stage is its most expensive forward). The server gives each participant
-another participant's Phi by a seeded random derangement (``round_payloads``: uniform over
-derangements by rejection — a few permutations expected — with a bounded number of tries and
-Sattolo's cycle as the fallback, so it ends for every count; one participant: nothing is shared
-and it trains without shifting). Phi travels up and down as payload bytes.
+another participant's Phi by a seeded random derangement (``round_payloads``,
+:func:`fedstyle.style.sharing.derangement`; one participant: nothing is shared and it trains without
+shifting). Phi travels up and down as payload bytes (:mod:`fedstyle.style.sharing`).
 
-**Per mini-batch of B samples** (``model.backbone.forward_stages`` with a hook):
+**Per mini-batch of B samples**, in the hook of ``model.backbone.forward_stages``
+(:class:`~fedstyle.algorithms.stablefdg_pipeline.FeaturePipeline`, whose module details steps 1-4):
 
-1. *Selective style shifting* (step 2), after ``share_stage`` with probability ``shift_p``:
-   k = floor(B/2) samples are selected by one iteration of k-means++ on the styles [mu, sigma]
-   (:mod:`fedstyle.style.selection`: seeding, one Lloyd step, each cluster's member nearest its
-   centre) and keep their style; the other B - k are AdaIN-ed to the received style with noise,
-   sigma' = sigma_n' + eps_sigma, mu' = mu_n' + eps_mu, eps ~ N(0, Sigma_n') (source statistics
-   detached, as MixStyle's; a draw of sigma' below 1e-6 is floored there). B = 1: nothing to
-   select, the sample is shifted.
-2. *Feature-level oversampling* (step 3): M = round(``oversample_ratio`` B) extra samples (paper: B),
-   class-balanced with minority classes first (:mod:`fedstyle.style.oversample`), appended to the
-   batch right after ``share_stage`` — on every mini-batch, after steps 1-2 ("a mini-batch of
-   features ... obtained after Steps 1 and 2"), so that the oversampled part s~ exists at every
-   exploration stage; their labels follow.
-3. *Style exploration* (step 4, Eq. 4-5) ONCE per mini-batch: the stages of ``explore_stages``
-   (layer1-3) fire independently with probability ``explore_p``, and the first one that fires
-   explores: mu_new = mu + alpha (mu - mean mu), sigma_new likewise, means over the enlarged batch
-   [s, s~], applied by AdaIN to s~ only; alpha = 3. The paper applies Eq. 4-5 once to s~ (and the
-   public code explores only at the first firing stage); exploring again at every later firing
-   stage would move an extra (1 + alpha)^k from the batch centre after k firings (64x at alpha = 3,
-   k = 3), a batch whose BatchNorm statistics those outliers dominate. That compounding reading is
-   kept as ``explore_repeat=every_firing_stage``; the default is ``once``. With alpha = 3 a
-   sigma below 3/4 of the mean turns negative; the paper does not say what then, and Eq. 5 is kept
-   as written (``negative_sigma=keep``: AdaIN's negative scale mirrors the normalised map);
-   ``negative_sigma=clamp`` floors it at 1e-6 (the channel becomes flat).
-4. *MixStyle* (step 5) over the enlarged batch at every firing stage (lambda ~ Beta(0.1, 0.1),
-   random partner, statistics detached; later firing stages do MixStyle only). Where exploration
-   and MixStyle fire together they are applied as one AdaIN: after exploration MixStyle would
-   measure (mu_new, |sigma_new|) and a normalised map sign(sigma_new) times the original's, so one
-   restyle gives the same features (up to the 1e-6 inside sigma).
+1. *Selective style shifting* (step 2) after ``share_stage``, with probability ``shift_p``: floor(B/2)
+   samples chosen by k-means++ on the styles keep their style, the others are AdaIN-ed to the received one.
+2. *Feature-level oversampling* (step 3): M = round(``oversample_ratio`` B) class-balanced extras s~
+   (paper: B) appended right after ``share_stage``, on every mini-batch.
+3. *Style exploration* (step 4, Eq. 4-5) of s~ ONCE per mini-batch, at the first firing stage of
+   ``explore_stages`` (each fires with probability ``explore_p``), alpha = 3.
+4. *MixStyle* (step 5) over the enlarged batch at every firing stage, one AdaIN with the exploration.
 5. *Attention-based feature highlighter* (Section 3.2, Eq. 6-8) on the last stage's output, as the
    model's neck (:class:`fedstyle.models.attention.AttentionNeck`): 1 x 1 convolutions to d = 30,
    each sample's query mixed with a random same-class partner in training (itself when its class
@@ -87,65 +66,24 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fedstyle.algorithms.base import Algorithm
+from fedstyle.algorithms.base import Algorithm, apply_reference_code
 from fedstyle.algorithms.context import ClientContext, ServerContext
 from fedstyle.algorithms.hparams import HParam
 from fedstyle.algorithms.registry import register_method
+from fedstyle.algorithms.stablefdg_pipeline import FeaturePipeline
+from fedstyle.algorithms.stages import check_known_stages, parse_stages
 from fedstyle.errors import ConfigError
 from fedstyle.models.attention import AttentionNeck, same_class_partners
-from fedstyle.models.base import Backbone
 from fedstyle.payload import Payload
 from fedstyle.seeding import derive_seed
-from fedstyle.style import MixStyle, StyleAccumulator, StyleSummary, channel_stats, restyle, sample_styles
-from fedstyle.style.mixstyle import fires
-from fedstyle.style.oversample import oversample_indices
-from fedstyle.style.selection import select_by_kmeans
-from fedstyle.style.shift import explore_styles
+from fedstyle.style import MixStyle, StyleSummary
+from fedstyle.style.sharing import dataset_style, deranged_exchange
 
-#: images per forward pass when a client computes its style information (no gradients)
-QUERY_BATCH = 256
-#: rejection-sampling tries of a uniform derangement before Sattolo's cycle (P(no success) < 1e-199)
-DERANGEMENT_TRIES = 1000
 STYLE_KEY = "style"
 _QUERY_SECONDS = "stablefdg/query_seconds"
 _SWITCHES = ("share", "shift", "oversample", "explore", "mixstyle", "attention")
 #: ``explore_repeat`` choices: Eq. 4-5 once per mini-batch (default), or at every firing exploration stage
 EXPLORE_REPEATS = ("once", "every_firing_stage")
-
-
-def derangement(n: int, generator: torch.Generator, tries: int = DERANGEMENT_TRIES) -> list[int]:
-    """A random permutation ``p`` of range(n) with p[i] != i for every i (n >= 2; n < 2: identity).
-
-    Uniform over derangements: random permutations are drawn until one has no fixed point (about
-    e ~ 2.7 draws expected); after ``tries`` failures (never in practice) Sattolo's algorithm gives
-    a random n-cycle, which is a derangement. Ends for every n.
-    """
-    if n < 2:
-        return list(range(n))
-    for _ in range(tries):
-        perm = torch.randperm(n, generator=generator)
-        if not bool((perm == torch.arange(n)).any()):
-            return perm.tolist()
-    perm = list(range(n))
-    for i in range(n - 1, 0, -1):  # Sattolo: swap with a strictly earlier position -> one cycle
-        j = int(torch.randint(i, (1,), generator=generator))
-        perm[i], perm[j] = perm[j], perm[i]
-    return perm
-
-
-def known_stage_names() -> set[str]:
-    """Every stage name of the backbones fedstyle knows (to reject a misspelt stage before building)."""
-    names: set[str] = set()
-    pending = list(Backbone.__subclasses__())
-    while pending:
-        cls = pending.pop()
-        names.update(cls.stage_names)
-        pending.extend(cls.__subclasses__())
-    return names
-
-
-def _stages(text: str) -> list[str]:
-    return [s.strip() for s in text.split(",") if s.strip()]
 
 
 @register_method
@@ -193,10 +131,7 @@ class StableFDG(Algorithm):
         if hp["alpha"] < 0:
             raise ConfigError(f"alpha (exploration level, Eq. 4-5) must be >= 0, got {hp['alpha']}; "
                               "use 0 for no extrapolation or the paper's 3")
-        for stage in [hp["share_stage"], *_stages(hp["explore_stages"])]:
-            if stage not in known_stage_names():
-                raise ConfigError(f"unknown backbone stage {stage!r} in share_stage/explore_stages; stages are "
-                                  f"{', '.join(sorted(known_stage_names()))}")
+        check_known_stages([hp["share_stage"], *parse_stages(hp["explore_stages"])], "share_stage/explore_stages")
         # a shift needs a received style; exploration acts on the oversampled features
         for needs, needed in (("shift", "share"), ("explore", "oversample")):
             if not hp[needed]:
@@ -213,9 +148,7 @@ class StableFDG(Algorithm):
         if hp["reference_code"] and hp["explore_repeat"] != "once":
             raise ConfigError("reference_code=true explores once per mini-batch, as the public code; "
                               "drop explore_repeat or set reference_code=false")
-        if hp["reference_code"] and "aggregation" not in given:
-            hp["aggregation"] = "uniform"  # the public code averages client models with equal weights
-        return hp
+        return apply_reference_code(hp, given, {"aggregation": "uniform"})  # the public code: equal weights
 
     @classmethod
     def display_name(cls, hp: Mapping[str, Any]) -> str:
@@ -237,7 +170,7 @@ class StableFDG(Algorithm):
 
     def __init__(self, hparams: Mapping[str, Any] | None = None, *, num_classes: int, num_clients: int):
         super().__init__(hparams, num_classes=num_classes, num_clients=num_clients)
-        self.explore_stages = _stages(self.hp["explore_stages"])
+        self.explore_stages = parse_stages(self.hp["explore_stages"])
         self.mix = MixStyle(p=1.0, alpha=self.hp["mix_alpha"])  # fires when the stage fires
 
     # -- model --------------------------------------------------------------------------
@@ -272,15 +205,8 @@ class StableFDG(Algorithm):
         if self.hp["reference_code"] and ctx.round == 0:
             return {}  # the public code shares nothing in round 0
         start = time.perf_counter()
-        acc = StyleAccumulator()
-        data, stage, images = ctx.data, self.hp["share_stage"], ctx.data.images
-        if 0 < self.hp["style_images"] < len(data):
-            chosen = torch.randperm(len(data), generator=ctx.generator)[: self.hp["style_images"]].sort().values
-            images = images[chosen.to(images.device)]
-        for s in range(0, len(images), QUERY_BATCH):
-            x = data.transform(images[s : s + QUERY_BATCH].to(ctx.device, non_blocking=True), train=False)
-            acc.add(model.backbone.forward_until(x, stage))
-        phi = acc.summary().as_tensor()
+        phi = dataset_style(model.backbone, ctx.data, self.hp["share_stage"], ctx.device, self.hp["style_images"],
+                            ctx.generator).as_tensor()
         if ctx.device.type == "cuda":
             torch.cuda.synchronize(ctx.device)  # once per round: the phase's time for the metrics
         ctx.state[_QUERY_SECONDS] = torch.tensor(time.perf_counter() - start, dtype=torch.float64)
@@ -288,12 +214,8 @@ class StableFDG(Algorithm):
 
     def round_payloads(self, server: ServerContext, client_ids: list[int], queries: dict[int, Payload]
                        ) -> dict[int, Payload]:
-        senders = [c for c in client_ids if STYLE_KEY in queries.get(c, {})]
-        if len(senders) < 2:
-            return {}
         g = torch.Generator().manual_seed(derive_seed(server.seed, "stablefdg-share", server.round))
-        perm = derangement(len(senders), g)
-        return {c: {STYLE_KEY: queries[senders[perm[i]]][STYLE_KEY]} for i, c in enumerate(senders)}
+        return deranged_exchange(client_ids, queries, STYLE_KEY, g)
 
     # -- local training -----------------------------------------------------------------
     def _received(self, ctx: ClientContext, payload: Payload) -> StyleSummary | None:
@@ -310,7 +232,8 @@ class StableFDG(Algorithm):
         return super().local_train(ctx, model, payload)
 
     def training_loss(self, ctx: ClientContext, model: nn.Module, x, y, payload: Payload) -> torch.Tensor:
-        step = _Step(self, ctx, y, self._received(ctx, payload))
+        step = FeaturePipeline(self.hp, self.num_classes, self.explore_stages, y, self._received(ctx, payload),
+                               self.mix.sample_mix_weights, ctx.timed)
         maps = model.backbone.forward_stages(x, step)
         labels = step.labels
         if self.hp["attention"]:
@@ -324,133 +247,3 @@ class StableFDG(Algorithm):
         ctx.log("shift_fired", float(step.shifted))
         ctx.log("explore_fired", float(step.explored))
         return loss
-
-    # -- the pieces, on features (B, C, H, W) -------------------------------------------
-    def shift(self, x: torch.Tensor, received: StyleSummary, ctx: ClientContext | None = None) -> torch.Tensor:
-        """Selective style shifting (step 2): keep floor(B/2) selected samples, AdaIN the rest to
-        draws around ``received``; reference code: the first B/2 get the cluster centres' styles."""
-        timed = ctx.timed if ctx is not None else _untimed
-        b = x.shape[0]
-        k = b // 2
-        mu, sigma = channel_stats(x)
-        mu, sigma = mu.detach(), sigma.detach()
-        mu_t, sigma_t = sample_styles(received, b, x)
-        if self.hp["reference_code"]:
-            with timed("kmeans"):
-                _, centres = select_by_kmeans(torch.cat([mu.flatten(1), sigma.flatten(1)], 1), k)
-            with timed("shift"):
-                c = mu.shape[1]
-                mu_t = torch.cat([centres[:, :c].view(k, c, 1, 1), mu_t[k:]])
-                sigma_t = torch.cat([centres[:, c:].clamp_min(1e-6).view(k, c, 1, 1), sigma_t[k:]])
-                return restyle(x, mu, sigma, mu_t, sigma_t)
-        with timed("kmeans"):
-            if self.hp["select"] == "kmeans":
-                keep, _ = select_by_kmeans(torch.cat([mu.flatten(1), sigma.flatten(1)], 1), k)
-            else:
-                keep = torch.zeros(b, dtype=torch.bool, device=x.device)
-                keep[torch.randperm(b, device=x.device)[:k]] = True
-        with timed("shift"):
-            return torch.where(keep.view(b, 1, 1, 1), x, restyle(x, mu, sigma, mu_t, sigma_t))
-
-    def oversample(self, x: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """[s, s~] and its labels: M = round(oversample_ratio * B) extra samples (step 3)."""
-        count = int(round(self.hp["oversample_ratio"] * labels.shape[0]))
-        idx = oversample_indices(labels, count, self.num_classes, self.hp["oversample_balanced"])
-        extra = x.index_select(0, idx)  # not x[idx]: its backward adds duplicates atomically (not reproducible)
-        if x.is_contiguous(memory_format=torch.channels_last):
-            extra = extra.contiguous(memory_format=torch.channels_last)  # keep the layout convolutions run fastest in
-        return torch.cat([x, extra]), torch.cat([labels, labels.index_select(0, idx)])
-
-    def explore_part(self, x: torch.Tensor, start: int, original: int) -> torch.Tensor:
-        """Eq. 4-5 on the samples from ``start`` on, around the mean over the whole batch (reference
-        code: over the first ``original`` samples), applied by AdaIN."""
-        return self.restyle_stage(x, start, original, explore=True, mix=False)
-
-    def restyle_stage(self, x: torch.Tensor, start: int | None, original: int, explore: bool, mix: bool
-                      ) -> torch.Tensor:
-        """What a firing stage does: exploration of the oversampled part (from ``start`` on, Eq. 4-5),
-        then MixStyle over the whole batch (step 5), as ONE AdaIN.
-
-        In sequence, MixStyle would measure an explored sample's statistics as (mu_e, |sigma_e|) (up
-        to the 1e-6 inside sigma) and its normalised map as sign(sigma_e) times the original's; so
-        the two ops are the single map sign(sigma_e) (x - mu) / sigma * mix(|sigma_e|) + mix(mu_e),
-        one pass over the features instead of two (statistics detached, as in both ops).
-        """
-        explore = explore and start is not None and start < x.shape[0]
-        if not explore and not mix:
-            return x
-        mu, sigma = channel_stats(x)
-        mu, sigma = mu.detach(), sigma.detach()
-        if explore:
-            ref = self.hp["reference_code"]
-            centre_mu, centre_sigma = (mu[:original], sigma[:original]) if ref else (mu, sigma)
-            center = (centre_mu.mean(0, keepdim=True), centre_sigma.mean(0, keepdim=True))
-            floor = 1e-6 if self.hp["negative_sigma"] == "clamp" else None
-            mu_e, sigma_e = explore_styles(mu[start:], sigma[start:], self.hp["alpha"], center, min_sigma=floor)
-            if not mix:  # the original part stays bit for bit
-                return torch.cat([x[:start], restyle(x[start:], mu[start:], sigma[start:], mu_e, sigma_e)])
-            mu_t, sigma_t = torch.cat([mu[:start], mu_e]), torch.cat([sigma[:start], sigma_e])
-        else:
-            mu_t, sigma_t = mu, sigma
-        sign = torch.where(sigma_t < 0, -1.0, 1.0).to(sigma.dtype)
-        sigma_t = sigma_t.abs()
-        lam = self.mix.sample_mix_weights(x.shape[0], x)
-        perm = torch.randperm(x.shape[0], device=x.device)
-        mu_t, sigma_t = lam * mu_t + (1 - lam) * mu_t[perm], lam * sigma_t + (1 - lam) * sigma_t[perm]
-        return restyle(x, mu, sigma * sign, mu_t, sigma_t)
-
-
-class _untimed:
-    def __init__(self, name: str):
-        pass
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
-
-
-class _Step:
-    """The hook of one mini-batch's ``forward_stages``: shifting, oversampling, exploration, MixStyle."""
-
-    def __init__(self, algo: StableFDG, ctx: ClientContext, labels: torch.Tensor, received: StyleSummary | None):
-        self.algo, self.ctx, self.hp = algo, ctx, algo.hp
-        self.labels = labels
-        self.original = labels.shape[0]
-        self.extra_start: int | None = None  # where the oversampled part s~ begins
-        self.received = received
-        self.shifted = False
-        self.explored = False
-        self.fired_before = False
-
-    def _oversample(self, x: torch.Tensor) -> torch.Tensor:
-        with self.ctx.timed("oversample"):
-            self.extra_start = x.shape[0]
-            x, self.labels = self.algo.oversample(x, self.labels)
-        return x
-
-    def __call__(self, name: str, x: torch.Tensor) -> torch.Tensor:
-        hp, reference = self.hp, self.hp["reference_code"]
-        if name == hp["share_stage"]:
-            if self.received is not None and fires(hp["shift_p"]):
-                x = self.algo.shift(x, self.received, self.ctx)
-                self.shifted = True
-            if hp["oversample"] and not reference:
-                x = self._oversample(x)
-        if name in self.algo.explore_stages and (hp["explore"] or hp["mixstyle"] or reference) \
-                and fires(hp["explore_p"]):
-            first = not self.fired_before
-            self.fired_before = True
-            if reference and first and hp["oversample"]:
-                x = self._oversample(x)
-            # Eq. 4-5 once per mini-batch (the paper; later firing stages: MixStyle only) unless the
-            # compounding reading is asked for
-            again = hp["explore_repeat"] == "every_firing_stage" and not reference
-            explore = (hp["explore"] and self.extra_start is not None and self.extra_start < x.shape[0]
-                       and (first or again))
-            if explore or hp["mixstyle"]:
-                with self.ctx.timed("explore_mixstyle"):
-                    x = self.algo.restyle_stage(x, self.extra_start, self.original, explore, hp["mixstyle"])
-                self.explored = self.explored or explore
-        return x

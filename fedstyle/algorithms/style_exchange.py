@@ -1,7 +1,8 @@
 """Base class of the setup-phase style exchanges (CCST, PARDON, FedDG-FFT): upload a style, broadcast
-the bank, augment the local data into the cache. The pieces live in :mod:`fedstyle.style.transfer.augment`
-(styles, bank, plan) and :mod:`fedstyle.style.transfer.stylize` (making and caching); this class wires
-them to the algorithm hooks. Subclasses say which backend, which styles, which plan.
+the bank, augment the local data (or attach a view of it) into the cache. The pieces live in
+:mod:`fedstyle.style.transfer.augment` (styles, bank, plan) and :mod:`fedstyle.style.transfer.stylize`
+(making and caching); this class wires them to the algorithm hooks. Subclasses say which backend, which
+styles, which plan; :class:`StyleBackendExchange` lets the user choose the backend (CCST, PARDON).
 
 Cost (issue 27): the generated images are made when a training batch first reads them
 (``stylize=lazy``, default; ``eager`` makes all of them at setup, the papers' procedure, same pixels),
@@ -25,7 +26,7 @@ from fedstyle.data.lazy import LazyImages
 from fedstyle.errors import ConfigError
 from fedstyle.payload import Payload
 from fedstyle.seeding import derive_seed
-from fedstyle.style.transfer import TRANSFER_BACKENDS, StyleTransfer
+from fedstyle.style.transfer import DEFAULT_BACKEND, TRANSFER_BACKENDS, Style, StyleTransfer
 from fedstyle.style.transfer.augment import (
     AugmentPlan,
     StyleBank,
@@ -36,7 +37,14 @@ from fedstyle.style.transfer.augment import (
     resolve_style_device,
     style_sample,
 )
-from fedstyle.style.transfer.stylize import STYLIZE_MODES, cached_style, image_bar, made_so_far, stylize_cached
+from fedstyle.style.transfer.stylize import (
+    STYLIZE_MODES,
+    cached_style,
+    image_bar,
+    made_so_far,
+    stylize_cached,
+    stylize_to_style,
+)
 
 #: how many images a client's overall (CCST) or clustered (PARDON) style is computed from; shared by the
 #: methods that compute one (CCST's single-image bank and FedDG-FFT's spectra draw their own images)
@@ -45,10 +53,16 @@ STYLE_IMAGES = HParam(
     "sample (CCST Sec. 3.2's approximation; 2,048 is its appendix B's timing set); 0 = all images (Eq. 8 / "
     "PARDON Eq. 1-2 exactly)", low=0)
 
+#: the hyperparameters passed to each backend's factory, those of them the method declares (PARDON's
+#: ``band``; CCST has none, so its fft backend keeps the default band)
+BACKEND_OPTIONS: dict[str, tuple[str, ...]] = {
+    "adain": ("vgg_weights", "decoder_weights"), "lite": ("decoder_weights",), "fft": ("band",)}
 
-def check_style_backend(method: str, hp: Mapping[str, Any], backend_key: str = "style_backend") -> None:
-    """Refuse, before any work, an unknown backend, weight options of another backend, and the adain
-    backend without its weight files (one-line errors naming the fix)."""
+
+def check_style_backend(method: str, hp: Mapping[str, Any], backend_key: str = "style_backend",
+                        weight_files: bool = True) -> None:
+    """Refuse, before any work, an unknown backend, weight options of another backend, and (unless
+    ``weight_files=False``) the adain backend without its weight files (one-line errors naming the fix)."""
     name = hp[backend_key]
     if name not in TRANSFER_BACKENDS:  # checked here, not by choices: backends may register later
         raise ConfigError(f"hyperparameter {backend_key!r} of {method}: {name!r} is not a style backend; choose one "
@@ -57,7 +71,7 @@ def check_style_backend(method: str, hp: Mapping[str, Any], backend_key: str = "
         if hp.get(option) and name not in backends:
             raise ConfigError(f"{option} is an option of the {' and '.join(backends)} backend, not of "
                               f"{backend_key}={name}")
-    if name == "adain":
+    if name == "adain" and weight_files:
         from fedstyle.style.transfer.adain import DECODER_FILE, VGG_FILE, find_weights
 
         for option, filename in (("vgg_weights", VGG_FILE), ("decoder_weights", DECODER_FILE)):
@@ -118,23 +132,42 @@ class StyleExchange(Algorithm):
     def upload_style(self, ctx: ClientContext, style_type: str, count: int, purpose: str) -> Payload:
         """The client's style payload (``single``: ``count`` images drawn with the seed; ``overall``: over
         the ``style_images`` sample), computed once per images and recipe (:func:`cached_style`)."""
-        backend = self.backend(ctx)
-        start = time.perf_counter()
         images = self.images_for_style(ctx, purpose) if style_type == "overall" else ctx.data.images
         seed = derive_seed(ctx.seed, purpose)
-        recipe = {"method": self.name, "style_type": style_type, "count": count, "seed": seed,
-                  "backend_options": self.cache_options()}
+        total = len(images) if style_type == "overall" else min(count, len(images))
 
-        def compute():
-            total = len(images) if style_type == "overall" else min(count, len(images))
-            with self.progress_bar(total, f"client {ctx.client_id} style") as tick:
-                style, used = client_style(backend, images, style_type=style_type, count=count, seed=seed,
-                                           batch_size=self.hp["transfer_batch"], progress=tick)
+        def compute(backend, tick):
+            style, used = client_style(backend, images, style_type=style_type, count=count, seed=seed,
+                                       batch_size=self.hp["transfer_batch"], progress=tick)
             return style, {"images": used}
 
-        style, numbers, hit = cached_style(recipe, images, backend, compute)
-        record_style_cost(ctx.state, time.perf_counter() - start, numbers["images"], cached=hit)
-        return style.to_payload()
+        recipe = {"style_type": style_type, "count": count, "seed": seed}
+        return self.computed_style(ctx, images, recipe, total, compute)[0].to_payload()
+
+    def computed_style(
+        self,
+        ctx: ClientContext,
+        images: torch.Tensor,
+        recipe: dict[str, Any],
+        total: int,
+        compute: Callable[[StyleTransfer, Callable[[int], None]], tuple[Style, dict[str, float]]],
+    ) -> tuple[Style, dict[str, float]]:
+        """The client's style over ``images`` and the numbers kept beside it (``images`` used, ...), made by
+        ``compute(backend, tick)`` under a progress bar of ``total`` images once per images and recipe (the
+        method and backend options join ``recipe``; a rerun loads it, :func:`cached_style`); its cost and
+        the other numbers (as ``style_<name>``) are recorded for the setup metrics."""
+        backend = self.backend(ctx)
+        start = time.perf_counter()
+        recipe = dict(recipe, method=self.name, backend_options=self.cache_options())
+
+        def make():
+            with self.progress_bar(total, f"client {ctx.client_id} style") as tick:
+                return compute(backend, tick)
+
+        style, numbers, hit = cached_style(recipe, images, backend, make)
+        record_style_cost(ctx.state, time.perf_counter() - start, numbers["images"], cached=hit,
+                          counts={k: v for k, v in numbers.items() if k != "images"})
+        return style, numbers
 
     def setup_broadcast(self, uploads: dict[int, Payload], server) -> Payload:
         return StyleBank.from_uploads(uploads).to_payload()
@@ -156,6 +189,20 @@ class StyleExchange(Algorithm):
         images, metrics = stylize_cached(self.name, recipe, ctx.data.images, plan, bank, backend, alpha,
                                          self.hp["transfer_batch"], progress=self.progress, mode=self.hp["stylize"])
         ctx.data.replace(images, plan.source)  # labels, domains (and any views) follow their source rows
+        metrics.update(pop_style_cost(ctx.state))
+        return metrics
+
+    def attach_transfers(self, ctx: ClientContext, view: str, style: Style, alpha: float,
+                         recipe: dict[str, Any]) -> dict[str, float]:
+        """Every local image transferred to the one ``style`` (made once into the cache, as ``stylize``
+        says) and attached to the client's data as the aligned view ``view``: a batch's x and its transfer
+        come with the same crop and flip. Returns setup metrics, as :meth:`augment`."""
+        backend = self.backend(ctx)
+        backend.check(style)  # refuse a foreign style before transferring to it
+        recipe = dict(recipe, method=self.name, backend_options=self.cache_options())
+        views, metrics = stylize_to_style(self.name, recipe, ctx.data.images, style, backend, alpha,
+                                          self.hp["transfer_batch"], progress=self.progress, mode=self.hp["stylize"])
+        ctx.data.set_view(view, views)
         metrics.update(pop_style_cost(ctx.state))
         return metrics
 
@@ -181,3 +228,46 @@ class StyleExchange(Algorithm):
         if stores():
             images_after, seconds_after = made_so_far(*stores())
             made.update(stylized_images=images_after - images, stylize_seconds=seconds_after - seconds)
+
+
+class StyleBackendExchange(StyleExchange):
+    """A style exchange whose image style transfer backend is the user's choice, ``style_backend`` (CCST,
+    PARDON; FedDG-FFT's is fixed), with the weight files of the backends that load some."""
+
+    HPARAMS = (
+        HParam("style_backend", DEFAULT_BACKEND, "image style transfer backend, a name registered in "
+               f"fedstyle.style.transfer ({', '.join(TRANSFER_BACKENDS.names())})"),
+        HParam("vgg_weights", "", "adain backend: path of vgg_normalised.pth"),
+        HParam("decoder_weights", "", "adain backend: path of decoder.pth; lite: a `fedstyle style train-decoder` "
+               "file (default: the shipped one)"),
+    )
+
+    @classmethod
+    def resolve(cls, given: Mapping[str, Any]) -> dict[str, Any]:
+        hp = super().resolve(given)
+        check_style_backend(cls.name, hp, weight_files=False)  # a method that needs the files checks them itself
+        return hp
+
+    @classmethod
+    def display_details(cls, hp: Mapping[str, Any]) -> list[str]:
+        """What the method's table label shows in brackets before the backend (default: nothing)."""
+        return []
+
+    @classmethod
+    def display_name(cls, hp: Mapping[str, Any]) -> str:
+        """The table label: the label, in brackets the method's details, the backend unless the default and
+        "reference code", then the local options (" + MixStyle", ...)."""
+        inside = cls.display_details(hp)
+        if hp["style_backend"] != DEFAULT_BACKEND:
+            inside.append(hp["style_backend"])
+        if hp.get("reference_code"):
+            inside.append("reference code")
+        label = cls.label or cls.name
+        base = super().display_name(hp)  # the label plus " + MixStyle" etc.
+        return label + (f" ({', '.join(inside)})" if inside else "") + base[len(label):]
+
+    def backend_name(self) -> str:
+        return self.hp["style_backend"]
+
+    def backend_options(self) -> dict[str, Any]:
+        return {key: self.hp[key] for key in BACKEND_OPTIONS.get(self.hp["style_backend"], ()) if key in self.hp}

@@ -35,7 +35,8 @@ The style steps at a stage that fires, on features h (B x C x H x W) with per-sa
   style, the explored styles enter only through the permuted operand (``mix_from``, below).
 
 The three steps act on statistics only, so the stage output is one AdaIN of h to the final
-(mu_mix, sigma_mix) — equal to applying the three AdaINs in turn, up to the 1e-6 inside sigma.
+(mu_mix, sigma_mix) — equal to applying the three AdaINs in turn, up to the 1e-6 inside sigma
+(:func:`fedstyle.style.fused.shift_explore_mix`).
 
 Ambiguities settled (hyperparameter, default first):
 
@@ -97,25 +98,22 @@ from typing import Any, Mapping
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.distributions import Beta
 
 from fedstyle.algorithms.base import PEER_TO_PEER, Algorithm
 from fedstyle.algorithms.context import ClientContext
 from fedstyle.algorithms.hparams import HParam
 from fedstyle.algorithms.registry import register_method
+from fedstyle.algorithms.stages import parse_stages
 from fedstyle.errors import ConfigError
 from fedstyle.models.batchnorm import batch_statistics
 from fedstyle.payload import Payload
-from fedstyle.style import (StyleSummary, batch_style, channel_stats, explore_styles, restyle, sample_styles,
-                            summarize_styles)
+from fedstyle.style import StyleSummary
+from fedstyle.style.fused import BetaMixWeights, shift_explore_mix
 from fedstyle.style.mixstyle import fires
+from fedstyle.style.sharing import stage_styles
 
 #: the three style steps of Eq. 16–19, in the order they run
 STEPS = ("shift", "explore", "mix")
-
-
-def _names(text: str) -> list[str]:
-    return [s.strip() for s in str(text).split(",") if s.strip()]
 
 
 @register_method
@@ -159,14 +157,14 @@ class StyleDDG(Algorithm):
     @classmethod
     def resolve(cls, given: Mapping[str, Any]) -> dict[str, Any]:
         hp = super().resolve(given)
-        stages = _names(hp["stages"])
+        stages = parse_stages(hp["stages"])
         if not stages:
             raise ConfigError("styleddg: --hp stages is empty; give backbone stages, "
                               "e.g. --hp stages=layer1,layer2,layer3")
         if len(set(stages)) != len(stages):
             raise ConfigError(f"styleddg: --hp stages={hp['stages']} names a stage twice; list each once, "
                               "e.g. --hp stages=layer1,layer2,layer3")
-        steps = _names(hp["ops"])
+        steps = parse_stages(hp["ops"])
         unknown = [s for s in steps if s not in STEPS]
         if unknown or not steps or len(set(steps)) != len(steps):
             raise ConfigError(f"styleddg: --hp ops={hp['ops']!r} is not a subset of shift,explore,mix; "
@@ -178,9 +176,9 @@ class StyleDDG(Algorithm):
 
     def __init__(self, hparams: Mapping[str, Any] | None = None, *, num_classes: int, num_clients: int):
         super().__init__(hparams, num_classes=num_classes, num_clients=num_clients)
-        self.stages = _names(self.hp["stages"])
-        self.steps = frozenset(_names(self.hp["ops"]))
-        self._beta: dict[torch.device, Beta] = {}
+        self.stages = parse_stages(self.hp["stages"])
+        self.steps = frozenset(parse_stages(self.hp["ops"]))
+        self.mix_weights = BetaMixWeights(self.hp["mix_alpha"])  # MixStyle's lambda (Eq. 19)
 
     # -- model --------------------------------------------------------------------------
     def configure_model(self, model: nn.Module) -> None:
@@ -196,18 +194,9 @@ class StyleDDG(Algorithm):
     @torch.no_grad()
     def p2p_share(self, ctx: ClientContext, model: nn.Module, x: torch.Tensor) -> Payload:
         """psi_i: ``{stage: (4, C) tensor}`` (rows mu_bar, sigma_bar, var mu, var sigma) of this batch."""
-        backbone = model.backbone
-        names = backbone.stage_names
-        last = max(names.index(s) for s in self.stages)
         stats = batch_statistics(model) if self.hp["share_stats"] == "train" else nullcontext()
-        psi: Payload = {}
         with ctx.timed("style_share"), stats:
-            h = x
-            for name in names[: last + 1]:
-                h = backbone.run_stage(name, h)  # no style ops: Eq. 15 is the plain forward h_theta,l(x_i)
-                if name in self.stages:
-                    psi[name] = batch_style(h).as_tensor()
-        return psi
+            return stage_styles(model.backbone, x, self.stages)  # no style ops: the plain forward h_theta,l(x_i)
 
     # -- training: Eq. 21-23 ------------------------------------------------------------------
     def draw_neighbour(self, neighbours: list[int]) -> int | None:
@@ -247,41 +236,11 @@ class StyleDDG(Algorithm):
 
     def restyle_stage(self, h: torch.Tensor, target: StyleSummary | None) -> tuple[torch.Tensor, bool]:
         """StyleShift -> StyleExplore -> MixStyle (Eq. 16-19) on features ``h`` at one stage, as one AdaIN
-        of ``h`` to the final statistics; ``target`` is the neighbour's style at this stage (None: no
-        neighbour). Returns the restyled features and whether a style was shifted to."""
-        batch, half = h.shape[0], h.shape[0] // 2
-        mu, sigma = channel_stats(h)
-        mu, sigma = mu.detach(), sigma.detach()
-        new_mu, new_sigma = mu, sigma
-        shifted = False
-        if "shift" in self.steps:  # Eq. 16-17
-            if target is None and self.hp["no_neighbour"] == "own":
-                target = summarize_styles(mu, sigma)
-            if target is not None and half > 0:
-                idx = torch.randperm(batch, device=h.device)[:half]
-                t_mu, t_sigma = sample_styles(target, half, h, noise=self.hp["shift_noise"])
-                new_mu, new_sigma = new_mu.index_copy(0, idx, t_mu), new_sigma.index_copy(0, idx, t_sigma)
-                shifted = True
-        shift_mu, shift_sigma = new_mu, new_sigma
-        if "explore" in self.steps and half > 0:  # Eq. 18
-            ref_mu, ref_sigma = (new_mu, new_sigma) if self.hp["explore_center"] == "shifted" else (mu, sigma)
-            center = (ref_mu.mean(0, keepdim=True), ref_sigma.mean(0, keepdim=True))
-            idx = torch.randperm(batch, device=h.device)[:half]
-            floor = 1e-6 if self.hp["negative_sigma"] == "clamp" else None
-            e_mu, e_sigma = explore_styles(new_mu[idx], new_sigma[idx], self.hp["alpha"], center, min_sigma=floor)
-            new_mu, new_sigma = new_mu.index_copy(0, idx, e_mu), new_sigma.index_copy(0, idx, e_sigma)
-        if "mix" in self.steps:  # Eq. 19: MixStyle_lambda(x, mu_e[pi], sigma_e[pi]), x the StyleShift output
-            lam = self._beta_for(h.device).sample((batch, 1, 1, 1)).to(h.dtype)
-            perm = torch.randperm(batch, device=h.device)
-            # lambda's operand: mu(x) of the StyleShift output (Eq. 4-5 inside Eq. 19) or mu_e (Fig. 1c)
-            own_mu, own_sigma = (shift_mu, shift_sigma) if self.hp["mix_from"] == "shifted" else (new_mu, new_sigma)
-            new_mu = lam * own_mu + (1 - lam) * new_mu[perm]
-            new_sigma = lam * own_sigma + (1 - lam) * new_sigma[perm]
-        return restyle(h, mu, sigma, new_mu, new_sigma), shifted
-
-    def _beta_for(self, device: torch.device) -> Beta:
-        """Beta(mix_alpha, mix_alpha) with its parameters on ``device`` (made once: no copy per step)."""
-        if device not in self._beta:
-            c = torch.full((), float(self.hp["mix_alpha"]), device=device)
-            self._beta[device] = Beta(c, c)
-        return self._beta[device]
+        (:func:`~fedstyle.style.fused.shift_explore_mix`); ``target`` is the neighbour's style at this stage
+        (None: no neighbour). Returns the restyled features and whether a style was shifted to."""
+        hp = self.hp
+        return shift_explore_mix(h, target, shift="shift" in self.steps, explore="explore" in self.steps,
+                                 mix_weights=self.mix_weights if "mix" in self.steps else None, alpha=hp["alpha"],
+                                 noise=hp["shift_noise"], own_style=hp["no_neighbour"] == "own",
+                                 explore_center=hp["explore_center"], mix_from=hp["mix_from"],
+                                 min_sigma=1e-6 if hp["negative_sigma"] == "clamp" else None)

@@ -12,6 +12,8 @@ that M can raise to the level s_t (t s_t - sum_{i<=t} s_i <= M); they are filled
 L = floor((M + sum_{i<=t} s_i) / t), and the remainder goes one each to randomly chosen classes
 among those t. The members copied for a class are drawn uniformly with replacement from its
 samples in the batch. The extras are ordered minority class first.
+
+:func:`oversample_features` appends the chosen extras to a batch of features (and their labels).
 """
 
 from __future__ import annotations
@@ -67,3 +69,14 @@ def oversample_indices(labels: torch.Tensor, count: int, num_classes: int, balan
     size = have.index_select(0, slot_class)
     pick = (torch.rand(count, device=labels.device) * size).long().clamp_max(size - 1)
     return by_class.index_select(0, start.index_select(0, slot_class) + pick)
+
+
+def oversample_features(x: torch.Tensor, labels: torch.Tensor, count: int, num_classes: int, balanced: bool = True
+                        ) -> tuple[torch.Tensor, torch.Tensor]:
+    """[s, s~] and its labels (StableFDG step 3): ``count`` extra samples of the features ``x``
+    (:func:`oversample_indices`) appended right after the batch, their labels after ``labels``."""
+    idx = oversample_indices(labels, count, num_classes, balanced)
+    extra = x.index_select(0, idx)  # not x[idx]: its backward adds duplicates atomically (not reproducible)
+    if x.is_contiguous(memory_format=torch.channels_last):
+        extra = extra.contiguous(memory_format=torch.channels_last)  # keep the layout convolutions run fastest in
+    return torch.cat([x, extra]), torch.cat([labels, labels.index_select(0, idx)])

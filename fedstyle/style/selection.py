@@ -18,13 +18,24 @@ Here that is, in torch on the batch's device (no scikit-learn, no host synchroni
    unselected samples nearest their centres fill up. With k = B/2 clusters most clusters have one
    or two members; a two-member cluster's members are equidistant from its mean, so the lower
    batch index (batches are shuffled: a random one) is kept.
+
+:func:`selective_shift` is the whole step: the selected samples keep their style, the others are
+AdaIN-ed to styles drawn around the received one.
 """
 
 from __future__ import annotations
 
+from contextlib import nullcontext
+from typing import Callable, ContextManager
+
 import torch
 
 from fedstyle.errors import ConfigError
+from fedstyle.style.shift import StyleSummary, sample_styles
+from fedstyle.style.stats import channel_stats, restyle
+
+#: how :func:`selective_shift` chooses the samples that keep their style
+SELECTIONS = ("kmeans", "random", "centres")
 
 
 def kmeans_pp_seeds(points: torch.Tensor, k: int) -> torch.Tensor:
@@ -87,3 +98,45 @@ def select_by_kmeans(points: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.
     order = torch.argsort(dist, stable=True)
     order = order[torch.argsort((~representative[order]).to(torch.uint8), stable=True)]
     return keep.scatter(0, order[:k], True), moved
+
+
+def _untimed(name: str) -> ContextManager:
+    return nullcontext()
+
+
+def selective_shift(x: torch.Tensor, received: StyleSummary, select: str = "kmeans",
+                    timed: Callable[[str], ContextManager] = _untimed) -> torch.Tensor:
+    """Selective style shifting (StableFDG Section 3.1 step 2) of features ``x`` (B, C, H, W).
+
+    k = floor(B/2) samples keep their style — chosen by :func:`select_by_kmeans` on the styles
+    [mu, sigma] (``kmeans``, the paper) or uniformly at random (``random``, Table 11) — and the other
+    B - k are AdaIN-ed to the received style with noise, sigma' = sigma_n' + eps_sigma, mu' = mu_n' +
+    eps_mu, eps ~ N(0, Sigma_n') (:func:`~fedstyle.style.shift.sample_styles`; a draw of sigma' below
+    1e-6 is floored there). ``centres`` is the public code's variant: the first k samples get the
+    k-means cluster centres' styles (sigma floored at 1e-6), the rest draws around ``received``.
+    Source statistics detached, as MixStyle's. B = 1: nothing to select, the sample is shifted.
+    ``timed(name)`` times the ``kmeans`` and ``shift`` parts (e.g. ``ClientContext.timed``).
+    """
+    if select not in SELECTIONS:
+        raise ConfigError(f"unknown selection {select!r} for the style shift; choose {', '.join(SELECTIONS)}")
+    b = x.shape[0]
+    k = b // 2
+    mu, sigma = channel_stats(x)
+    mu, sigma = mu.detach(), sigma.detach()
+    mu_t, sigma_t = sample_styles(received, b, x)
+    if select == "centres":
+        with timed("kmeans"):
+            _, centres = select_by_kmeans(torch.cat([mu.flatten(1), sigma.flatten(1)], 1), k)
+        with timed("shift"):
+            c = mu.shape[1]
+            mu_t = torch.cat([centres[:, :c].view(k, c, 1, 1), mu_t[k:]])
+            sigma_t = torch.cat([centres[:, c:].clamp_min(1e-6).view(k, c, 1, 1), sigma_t[k:]])
+            return restyle(x, mu, sigma, mu_t, sigma_t)
+    with timed("kmeans"):
+        if select == "kmeans":
+            keep, _ = select_by_kmeans(torch.cat([mu.flatten(1), sigma.flatten(1)], 1), k)
+        else:
+            keep = torch.zeros(b, dtype=torch.bool, device=x.device)
+            keep[torch.randperm(b, device=x.device)[:k]] = True
+    with timed("shift"):
+        return torch.where(keep.view(b, 1, 1, 1), x, restyle(x, mu, sigma, mu_t, sigma_t))

@@ -30,6 +30,7 @@ from fedstyle.style.transfer.base import TRANSFER_BACKENDS, Style, StyleMismatch
 
 # ctx.state keys carrying the style computation's cost from setup_upload to setup_download
 _STYLE_SECONDS, _STYLE_IMAGES, _STYLE_HIT = "setup/style_seconds", "setup/style_images", "setup/style_cache_hit"
+_STYLE_COUNTS = "setup/style_count/"  # + a name: the computation's other numbers (PARDON's clusters)
 
 
 def make_backend(name: str, device: torch.device | str, **options: Any) -> StyleTransfer:
@@ -128,19 +129,24 @@ def style_sample(labels: torch.Tensor, count: int, seed: int) -> torch.Tensor | 
     return torch.cat(picks).sort().values
 
 
-def record_style_cost(state: dict[str, torch.Tensor], seconds: float, images: int, cached: bool = False) -> None:
+def record_style_cost(state: dict[str, torch.Tensor], seconds: float, images: int, cached: bool = False,
+                      counts: Mapping[str, float] | None = None) -> None:
     """Keep the style computation's time and image count until :func:`pop_style_cost` (setup_download);
-    ``cached``: the style came from the cache (a hit is counted; no time, so no rate)."""
+    ``cached``: the style came from the cache (a hit is counted; no time, so no rate). ``counts``: other
+    numbers of the computation, reported as ``style_<name>`` (PARDON's ``clusters``)."""
     state[_STYLE_IMAGES] = torch.tensor(float(images), dtype=torch.float64)
     if cached:
         state[_STYLE_HIT] = torch.tensor(1.0, dtype=torch.float64)
     else:
         state[_STYLE_SECONDS] = torch.tensor(float(seconds), dtype=torch.float64)
+    for name, value in (counts or {}).items():
+        state[_STYLE_COUNTS + name] = torch.tensor(float(value), dtype=torch.float64)
 
 
 def pop_style_cost(state: dict[str, torch.Tensor]) -> dict[str, float]:
     """``{"style_images", "style_seconds"}`` recorded at upload, or ``{"style_images", "style_cache_hits": 1}``
-    when the style came from the cache (removed from the client state); {} when nothing was recorded."""
+    when the style came from the cache, then the ``style_<name>`` counts (removed from the client state);
+    {} when nothing was recorded."""
     if _STYLE_IMAGES not in state:
         return {}
     out = {"style_images": float(state.pop(_STYLE_IMAGES))}
@@ -148,6 +154,8 @@ def pop_style_cost(state: dict[str, torch.Tensor]) -> dict[str, float]:
         out["style_cache_hits"] = float(state.pop(_STYLE_HIT))
     else:
         out["style_seconds"] = float(state.pop(_STYLE_SECONDS))
+    for key in [k for k in state if k.startswith(_STYLE_COUNTS)]:
+        out["style_" + key[len(_STYLE_COUNTS):]] = float(state.pop(key))
     return out
 
 

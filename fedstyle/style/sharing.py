@@ -1,0 +1,94 @@
+"""The styles that clients share, and who receives whose.
+
+- :func:`dataset_style`: StableFDG's Phi_n (Park et al., NeurIPS'23, Section 3.1 step 1, Eq. 2-3), the
+  style summary of a client's whole local dataset at one backbone stage.
+- :func:`stage_styles`: StyleDDG's psi_i (Zehtabi et al., MobiHoc'25, Eq. 15), the style summaries of
+  one mini-batch at several stages of a plain forward.
+- :func:`derangement` / :func:`deranged_exchange`: StableFDG's server gives each participant another
+  participant's style, never its own.
+
+Style summaries are :class:`~fedstyle.style.shift.StyleSummary` (4 x C numbers per stage).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Mapping
+
+import torch
+
+from fedstyle.style.shift import StyleAccumulator, StyleSummary, batch_style
+
+if TYPE_CHECKING:
+    from fedstyle.data.client import ClientData
+    from fedstyle.models.base import Backbone
+
+#: images per forward pass when a client computes its style information (no gradients)
+QUERY_BATCH = 256
+#: rejection-sampling tries of a uniform derangement before Sattolo's cycle (P(no success) < 1e-199)
+DERANGEMENT_TRIES = 1000
+
+
+@torch.no_grad()
+def dataset_style(backbone: Backbone, data: ClientData, stage: str, device: torch.device, limit: int = 0,
+                  generator: torch.Generator | None = None) -> StyleSummary:
+    """Phi_n = [mu_n, sigma_n, Sigma_n(mu), Sigma_n(sigma)] (Eq. 2-3): means and 1/N variances of the
+    per-sample channel statistics of the client's images at ``stage``, un-augmented (the data's eval
+    transform), :data:`QUERY_BATCH` images per forward. ``limit`` = N > 0 (below the client's size):
+    of a random N images drawn with ``generator`` instead, a cheaper estimate.
+    """
+    acc = StyleAccumulator()
+    images = data.images
+    if 0 < limit < len(data):
+        chosen = torch.randperm(len(data), generator=generator)[:limit].sort().values
+        images = images[chosen.to(images.device)]
+    for s in range(0, len(images), QUERY_BATCH):
+        x = data.transform(images[s : s + QUERY_BATCH].to(device, non_blocking=True), train=False)
+        acc.add(backbone.forward_until(x, stage))
+    return acc.summary()
+
+
+def stage_styles(backbone: Backbone, x: torch.Tensor, stages: list[str]) -> dict[str, torch.Tensor]:
+    """psi_i = ``{stage: (4, C) tensor}`` (rows mu_bar, sigma_bar, var mu, var sigma; Eq. 15 with Eq. 2-3)
+    of the batch ``x`` at the outputs of ``stages``: a plain forward h_theta,l(x_i) (no style ops) that
+    stops after the last of them."""
+    names = backbone.stage_names
+    last = max(names.index(s) for s in stages)
+    psi: dict[str, torch.Tensor] = {}
+    h = x
+    for name in names[: last + 1]:
+        h = backbone.run_stage(name, h)
+        if name in stages:
+            psi[name] = batch_style(h).as_tensor()
+    return psi
+
+
+def derangement(n: int, generator: torch.Generator, tries: int = DERANGEMENT_TRIES) -> list[int]:
+    """A random permutation ``p`` of range(n) with p[i] != i for every i (n >= 2; n < 2: identity).
+
+    Uniform over derangements: random permutations are drawn until one has no fixed point (about
+    e ~ 2.7 draws expected); after ``tries`` failures (never in practice) Sattolo's algorithm gives
+    a random n-cycle, which is a derangement. Ends for every n.
+    """
+    if n < 2:
+        return list(range(n))
+    for _ in range(tries):
+        perm = torch.randperm(n, generator=generator)
+        if not bool((perm == torch.arange(n)).any()):
+            return perm.tolist()
+    perm = list(range(n))
+    for i in range(n - 1, 0, -1):  # Sattolo: swap with a strictly earlier position -> one cycle
+        j = int(torch.randint(i, (1,), generator=generator))
+        perm[i], perm[j] = perm[j], perm[i]
+    return perm
+
+
+def deranged_exchange(client_ids: list[int], queries: Mapping[int, Mapping[str, Any]], key: str,
+                      generator: torch.Generator) -> dict[int, dict[str, Any]]:
+    """``{client: {key: another client's value}}``: the participants whose query holds ``key`` (in
+    ``client_ids`` order) receive each other's by a random :func:`derangement`; with fewer than two
+    such participants nothing is shared (``{}``)."""
+    senders = [c for c in client_ids if key in queries.get(c, {})]
+    if len(senders) < 2:
+        return {}
+    perm = derangement(len(senders), generator)
+    return {c: {key: queries[senders[perm[i]]][key]} for i, c in enumerate(senders)}
