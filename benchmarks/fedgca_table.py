@@ -22,7 +22,7 @@ and then fell to 22%, FedGCA 49%, while with momentum 0 they reached 71% and 91%
 
 Scales: ``smoke`` (one seed, digits4 tested on optdigits only, 1 round of 1 local step: checks the
 script, ~2 min on a 2-core CPU); ``full`` (15 rounds x 5 local steps of batch 32 for every client, evaluation every 5
-rounds; 15 rows x 2 datasets x 3 seeds = 90 runs, sized for ~3-5 minutes on an H100 with
+rounds; 17 rows x 2 datasets x 3 seeds = 102 runs, sized for ~3-5 minutes on an H100 with
 --workers 12). Finished runs are reused; ``--report-only`` tabulates what is there.
 
     python benchmarks/fedgca_table.py --scale full --device cuda --workers 12 [--out runs/fedgca]
@@ -42,7 +42,7 @@ from fedstyle.experiments.sweep import Job, Variant, run_sweep, select
 
 #: dataset -> its single source domain (the paper's MNIST -> and Photo ->)
 SOURCES = {"digits4": "mnist", "fashion4": "photo"}
-BASELINES = ["fedavg", "fedsr", "fedsam", "feddyn", "moon"]
+BASELINES = ["fedavg", "fedadg", "fedsr", "fedsam", "feddyn", "moon"]
 SCALES = {
     # smoke: tested on one small target domain only (optdigits, 1,797 images) to keep evaluation short
     "smoke": {"rounds": 1, "local_steps": 1, "batch_size": 16, "eval_every": 1, "seeds": [0], "datasets": ["digits4"],

@@ -68,7 +68,8 @@ SCALES = {
 
 
 def main_variants(backend: str, ccst_k: int) -> list[Variant]:
-    return [Variant("fedavg", "fedavg"), Variant("fedgma", "fedgma"), Variant("feddg_ga", "feddg_ga"),
+    return [Variant("fedavg", "fedavg"), Variant("fedgma", "fedgma"), Variant("fpl", "fpl"),
+            Variant("feddg_ga", "feddg_ga"),
             Variant("ccst", "ccst", {"style_type": "overall", "k": ccst_k, "style_backend": backend}),
             Variant("pardon", "pardon", {"style_backend": backend})]
 
@@ -206,7 +207,7 @@ def main() -> None:
     parser.add_argument("--backend", default=None, help="style backend of CCST and PARDON (scale default: full lite, "
                         "smoke fft)")
     parser.add_argument("--rows", nargs="+", default=None,
-                        help="run only these rows (fedavg fedgma feddg_ga ccst pardon; default: these five) "
+                        help="run only these rows (fedavg fedgma fpl feddg_ga ccst pardon; default: these six) "
                         "or the ablation row pardon-v3 (CE on the originals and their S_g transfers, no triplet/L2)")
     parser.add_argument("--no-lambda-sweep", action="store_true", help="leave out the lambda in {0, 1} runs")
     parser.add_argument("--protocols", nargs="+", choices=("lodo", "ltdo"), default=["lodo", "ltdo"])

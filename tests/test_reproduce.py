@@ -117,9 +117,9 @@ def test_every_scale_of_the_ccst_preset_is_a_valid_grid():
         grid = parse_grid(data, "preset ccst", scale=scale)
         assert grid.claims and grid.paper.results[0].dataset == "PACS"
     full = parse_grid(data, "preset ccst", scale="full")
-    assert [a.name for a in full.axes] == ["dataset"] and full.seeds == [0, 1, 2] and len(full.variants) == 10
+    assert [a.name for a in full.axes] == ["dataset"] and full.seeds == [0, 1, 2] and len(full.variants) == 12
     smoke = parse_grid(data, "preset ccst", scale="smoke")
-    assert [v.name for v in smoke.variants] == ["fedavg", "mixstyle", "feddg", "ccst-overall-k3"]
+    assert [v.name for v in smoke.variants] == ["fedavg", "jigen", "rsc", "mixstyle", "feddg", "ccst-overall-k3"]
     assert smoke.base["hparams"] == {"style_backend": "fft"} and smoke.seeds == [0]
 
 
@@ -140,14 +140,14 @@ def test_reproduce_puts_the_papers_numbers_beside_fedstyles_with_a_verdict_per_c
     claims = json.loads((out / "claims.json").read_text())
     preset = tomllib.loads(preset_path("ccst").read_text())
     expected = sum(len(parse_claim_text(c["says"], "")) for c in preset["claim"])
-    assert len(claims) == expected == 13
+    assert len(claims) == expected == 17
     first = claims[0]
     assert first["claim"] == "ccst-overall-k3 > fedavg" and first["status"] in ("holds", "does not hold")
     assert first["paper"] == "86.52 vs 82.37 (+4.15, PACS)" and first["n_better"] == 1
     assert {c["status"] for c in claims[1:]} <= {"holds", "does not hold", "not run"}
     assert "mixstyle is not in this sweep" in claims[1]["text"]
     table = report.split("### The paper's claims, checked here")[1]
-    assert table.count("\n| ccst") + table.count("\n| mixstyle") + table.count("\n| feddg") == expected
+    assert sum(table.count(f"\n| {row}") for row in ("ccst", "mixstyle", "feddg", "jigen", "rsc")) == expected
     assert re.search(r"\| ccst-overall-k3 > fedavg \(Table 1\) \| 86\.52 vs 82\.37 \(\+4\.15, PACS\) \| "
                      r"\d+\.\d \(n=1\) \| \d+\.\d \(n=1\) \| \*\*(holds|does not hold)\*\*: gap", report)
 

@@ -13,6 +13,10 @@ from fedstyle.algorithms import fedsam, fedsr, moon  # noqa: E402,F401  (FedGCA'
 from fedstyle.algorithms import feddg_ga, fedgma, pardon  # noqa: E402,F401  (issue 11: PARDON and its baselines)
 from fedstyle.algorithms import stablefdg  # noqa: E402,F401  (per-round style sharing + attention neck, issue 10)
 from fedstyle.algorithms import fedgca  # noqa: E402,F401  (single-source FedDG, issue 12)
+from fedstyle.algorithms import fedadg  # noqa: E402,F401  (FedGCA's FedADG baseline, issue 25)
+from fedstyle.algorithms import fpl  # noqa: E402,F401  (cluster and unbiased prototypes, PARDON's baseline, issue 25)
+from fedstyle.algorithms import jigen  # noqa: E402,F401  (JiGen inside each client, issue 25)
+from fedstyle.algorithms import rsc  # noqa: E402,F401  (RSC inside each client, issue 25)
 from fedstyle.algorithms.base import PEER_TO_PEER, STAR, Algorithm, ClientResult
 from fedstyle.algorithms.hparams import HParam
 from fedstyle.algorithms.registry import METHODS, register_method

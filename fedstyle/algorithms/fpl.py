@@ -1,0 +1,230 @@
+"""FPL: federated prototypes learning with cluster and unbiased prototypes (Huang, Ye, Shi, Li, Du,
+"Rethinking Federated Learning with Domain Shift: A Prototype View", CVPR'23, Sec. 3; public code
+WenkeHuang/RethinkFL, ``models/fpl.py``). PARDON (pardon.txt, Tables I-II) runs it as a baseline with
+the FedDG benchmark's defaults (its code: judydnguyen/PARDON-FedDG, ``FPLClient``, ``--infoNCET 0.02``).
+
+z = model.features(x) is the representation before the classifier (the neck's output: pooled features
+on ResNets, the flattened 64 x h x w map on the ConvNet; the paper's f, 512-d on its ResNet-10).
+
+Client m, after local training (Eq. 2, Algorithm 1): one local prototype per class it holds,
+c_m^k = mean of z over its samples of class k, uploaded as ``{"fpl/protos": (K_m, d), "fpl/classes": (K_m,)}``
+(``prototypes=local``: a pass over all local images after training, un-augmented, eval mode, as
+Algorithm 1; ``batches``: the mean of the detached z of this round's training batches, train mode, as
+the public code collects them during its last local epoch). A class absent on a client has no
+prototype from it.
+
+Server, each round (Eq. 4-6), from the prototypes the round's clients uploaded: per class k, FINCH
+(cosine, ``fedstyle.style.transfer.interpolation.finch_partition``) on {c_m^k}; each cluster's mean is
+a cluster prototype (P^k, Eq. 5); their plain mean is the unbiased prototype U^k (Eq. 6). FINCH's
+partition is ``partition=coarsest`` (the code's ``c[:, -1]``; Eq. 4's first-neighbour linking alone
+is ``finest``); fewer than 2 prototypes of a class: one cluster (the code keeps a lone prototype).
+P and its classes live in ``server.state`` (checkpointed) and are broadcast with next round's weights
+(``round_payloads``; counted in ``bytes_payload_down``). U is not sent: each client derives it from P
+and its classes by Eq. 6 (fewer bytes, the same numbers). Aggregation of weights: FedAvg.
+
+Local loss (Eq. 12), per sample i of class k, averaged over the batch:
+
+    s(z, c)  = cos(z, c) / tau                                                              (Eq. 7)
+    L_CPCL   = -log( sum_{c in P^k} e^{s(z,c)} / sum_{c in P} e^{s(z,c)} )                 (Eq. 8)
+    L_UPCR   = sum_v (z_v - U^k_v)^2            (upcr=sum, Eq. 10 as printed)
+             = mean_v (z_v - U^k_v)^2           (upcr=mean, default: the code's nn.MSELoss)
+    L        = CE + lambda_cpcl * L_CPCL + lambda_upcr * L_UPCR       (Eq. 12: both weights 1)
+
+Decisions and defaults:
+
+- tau = 0.02: the paper's default (Sec. 4.2, Fig. 4) and PARDON's benchmark code; RethinkFL's
+  ``main.py`` defaults ``--infoNCET`` to 0.1 (``reference_code=true``). Eq. 8 is computed with
+  logsumexp, so tau = 0.01 does not overflow (the paper reports NaN there with exp()).
+- UPCR per element (mean over the d dimensions): the scale of the public code's weight 1; Eq. 10's
+  sum is d times larger (256 on the ConvNet) and swamps CE (``upcr=sum`` to get it). Measured on the
+  learning check's digits3x (tests/learning.py: 3 clients, 6 rounds x 15 steps, seed 0), best mean
+  source-validation accuracy: defaults 0.616, ``upcr=sum`` 0.10 (chance), ``reference_code`` 0.520,
+  FedAvg 0.520.
+- Batch average: the per-sample CPCL and UPCR are summed over the samples whose class has prototypes
+  and divided by the batch size, as the public code (a sample of a class that no client of the last
+  round held contributes 0, and its class is no negative either). With no negative class at all,
+  L_CPCL = 0 (log 1). PARDON's benchmark copy divides by the covered samples instead and keeps one
+  cluster prototype per negative class: not reproduced.
+- Round 0 (no prototypes yet) and a round after which no prototype arrived: L = CE, as the code. The
+  logged ``train_loss`` therefore jumps in round 2, when CPCL and UPCR join (``fpl_ce`` keeps falling).
+- Clustering uses only the round's participants' prototypes (the code's online clients); a resumed
+  run gets P back from the checkpoint, so it equals an uninterrupted one.
+- ``reference_code=true`` sets the public code's choices not given explicitly: tau 0.1 and
+  ``prototypes=batches`` (its optimiser, SGD lr 0.01, momentum 0.9, weight decay 1e-5, batch 64,
+  is a run setting). ``lambda_cpcl=0`` or ``lambda_upcr=0`` gives the ablations of Table 1.
+Logged per round: ``fpl_ce``, ``fpl_cpcl``, ``fpl_upcr``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import torch
+import torch.nn.functional as F
+
+from fedstyle.algorithms.base import Algorithm, apply_reference_code
+from fedstyle.algorithms.hparams import HParam
+from fedstyle.algorithms.registry import register_method
+from fedstyle.errors import ConfigError
+from fedstyle.style.transfer.interpolation import check_partition, finch_partition
+
+PROTOS, CLASSES = "fpl/protos", "fpl/classes"  # payload keys (up: local prototypes; down: cluster prototypes)
+SERVER_PROTOS, SERVER_CLASSES = "fpl/cluster_protos", "fpl/cluster_classes"  # server.state
+_RECEIVED, _SUMS = "fpl/received", "fpl/sums"  # ctx.scratch
+REFERENCE = {"tau": 0.1, "prototypes": "batches"}  # RethinkFL's choices (reference_code=true)
+_BATCH = 256  # images per forward of the prototype pass
+
+
+def class_sums(z: torch.Tensor, y: torch.Tensor, num_classes: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-class sums (C, d) in float64 and counts (C,) of the rows of ``z`` (a matmul: deterministic on GPUs)."""
+    onehot = F.one_hot(y, num_classes).to(torch.float64)
+    return onehot.T @ z.detach().to(torch.float64), onehot.sum(0)
+
+
+def mean_prototypes(sums: torch.Tensor, counts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Eq. 2: the prototypes (K, d) float32 of the classes present (counts > 0) and those classes (K,)."""
+    present = (counts > 0).nonzero().flatten()
+    return (sums[present] / counts[present, None]).to(torch.float32), present
+
+
+def cluster_prototypes(by_class: Mapping[int, list[torch.Tensor]], partition: str | int = "coarsest"
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Eq. 4-5: per class (ascending), FINCH on its client prototypes, one mean per cluster.
+    Returns the cluster prototypes (J, d) and their classes (J,)."""
+    protos, classes = [], []
+    for k in sorted(by_class):
+        members = torch.stack([p.to(torch.float32) for p in by_class[k]])
+        labels = finch_partition(members, partition)
+        for j in range(int(labels.max()) + 1):
+            protos.append(members[labels == j].mean(0))
+            classes.append(k)
+    return torch.stack(protos), torch.tensor(classes, dtype=torch.long)
+
+
+def unbiased_prototypes(protos: torch.Tensor, classes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Eq. 6: U^k = plain mean of class k's cluster prototypes. Returns (C', d) and the classes (C',)."""
+    present = torch.unique(classes)  # sorted
+    return torch.stack([protos[classes == k].mean(0) for k in present.tolist()]), present
+
+
+def prototype_losses(z: torch.Tensor, y: torch.Tensor, protos: torch.Tensor, classes: torch.Tensor, tau: float,
+                     upcr: str = "mean") -> tuple[torch.Tensor, torch.Tensor]:
+    """(L_CPCL, L_UPCR) of a batch (Eq. 7, 8, 10): per-sample terms summed over the samples whose class
+    has prototypes, divided by the batch size."""
+    pos = y[:, None] == classes[None, :]  # (B, J)
+    covered = pos.any(1)
+    if not bool(covered.any()):
+        zero = z.sum() * 0.0
+        return zero, zero
+    zc, pos = z[covered], pos[covered]
+    sim = F.normalize(zc, dim=1) @ F.normalize(protos, dim=1).T / tau  # Eq. 7
+    cpcl = torch.logsumexp(sim, 1) - torch.logsumexp(sim.masked_fill(~pos, float("-inf")), 1)  # Eq. 8
+    unbiased, present = unbiased_prototypes(protos, classes)
+    target = unbiased[(y[covered, None] == present[None, :]).float().argmax(1)]
+    sq = (zc - target).square()
+    per_sample = sq.sum(1) if upcr == "sum" else sq.mean(1)  # Eq. 10 / the code's MSELoss
+    return cpcl.sum() / z.shape[0], per_sample.sum() / z.shape[0]
+
+
+@register_method
+class FPL(Algorithm):
+    """FPL (see the module docstring)."""
+
+    name = "fpl"
+    label = "FPL"
+    summary = ("clients upload per-class prototypes; the server clusters each class's prototypes (FINCH) into "
+               "cluster prototypes and averages them into unbiased ones; local loss CE + prototype contrastive "
+               "(CPCL) + L2 to the unbiased prototype (UPCR)")
+    paper = ("Huang, Ye, Shi, Li, Du, Rethinking federated learning with domain shift: a prototype view, "
+             "CVPR 2023")
+    HPARAMS = (
+        HParam("tau", 0.02, "temperature of CPCL (Eq. 7; paper 0.02, public code 0.1)"),
+        HParam("lambda_cpcl", 1.0, "weight of the cluster-prototype contrastive loss (Eq. 12: 1)", low=0.0),
+        HParam("lambda_upcr", 1.0, "weight of the unbiased-prototype regulariser (Eq. 12: 1)", low=0.0),
+        HParam("upcr", "mean", "UPCR over the feature dimensions: mean (public code's MSELoss) or sum (Eq. 10 "
+               "as printed)", choices=("mean", "sum")),
+        HParam("partition", "coarsest", "FINCH partition of a class's client prototypes: coarsest (public code), "
+               "finest (Eq. 4's first-neighbour links alone) or a number of clusters"),
+        HParam("prototypes", "local", "local prototypes from a pass over all local images after training (local, "
+               "Algorithm 1) or from this round's training batches (batches, public code)",
+               choices=("local", "batches")),
+        HParam("reference_code", False, "the public code's choices (tau 0.1, prototypes=batches) for the options "
+               "not given explicitly"),
+    )
+
+    @classmethod
+    def resolve(cls, given: Mapping[str, Any]) -> dict[str, Any]:
+        hp = apply_reference_code(super().resolve(given), given, REFERENCE)
+        if not hp["tau"] > 0:
+            raise ConfigError(f"hyperparameter 'tau' of fpl must be > 0 (the CPCL temperature; the paper uses "
+                              f"0.02), got {hp['tau']}")
+        hp["partition"] = str(check_partition(hp["partition"], "partition"))
+        return hp
+
+    # -- server -------------------------------------------------------------------------
+    def round_payloads(self, server, client_ids, queries):
+        """The cluster prototypes P and their classes (Eq. 5), to every client of the round."""
+        if SERVER_PROTOS not in server.state:
+            return {}  # round 0: none yet
+        payload = {PROTOS: server.state[SERVER_PROTOS], CLASSES: server.state[SERVER_CLASSES]}
+        return {cid: payload for cid in client_ids}
+
+    def aggregate(self, server, updates):
+        """FedAvg of the weights; FINCH per class on the round's local prototypes (kept in server.state)."""
+        by_class: dict[int, list[torch.Tensor]] = {}
+        for update in updates:  # client-id order
+            if PROTOS in update.payload:
+                for proto, k in zip(update.payload[PROTOS].cpu(), update.payload[CLASSES].tolist()):
+                    by_class.setdefault(int(k), []).append(proto)
+        if by_class:
+            partition = check_partition(self.hp["partition"])
+            server.state[SERVER_PROTOS], server.state[SERVER_CLASSES] = cluster_prototypes(by_class, partition)
+        return super().aggregate(server, updates)
+
+    # -- client -------------------------------------------------------------------------
+    def received(self, ctx, payload) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """This round's cluster prototypes and classes on the device (once per local training), or None."""
+        if _RECEIVED not in ctx.scratch:
+            protos = payload.get(PROTOS)
+            ctx.scratch[_RECEIVED] = None if protos is None or not protos.numel() else (
+                protos.to(ctx.device, torch.float32), payload[CLASSES].to(ctx.device, torch.long))
+        return ctx.scratch[_RECEIVED]
+
+    def training_loss(self, ctx, model, x, y, payload):
+        z = model.features(x)
+        ce = F.cross_entropy(model.head(z), y)
+        ctx.log("fpl_ce", ce)
+        if self.hp["prototypes"] == "batches":
+            sums, counts = class_sums(z, y, self.num_classes)
+            acc = ctx.scratch.get(_SUMS)
+            ctx.scratch[_SUMS] = (sums, counts) if acc is None else (acc[0] + sums, acc[1] + counts)
+        received = self.received(ctx, payload)
+        if received is None:  # round 0: no prototypes yet
+            return ce
+        cpcl, upcr = prototype_losses(z, y, *received, self.hp["tau"], self.hp["upcr"])
+        ctx.log("fpl_cpcl", cpcl)
+        ctx.log("fpl_upcr", upcr)
+        return ce + self.hp["lambda_cpcl"] * cpcl + self.hp["lambda_upcr"] * upcr
+
+    @torch.no_grad()
+    def upload_payload(self, ctx, model):
+        """The client's local prototypes (Eq. 2) and their classes."""
+        if self.hp["prototypes"] == "batches":
+            sums, counts = ctx.scratch.pop(_SUMS)
+        else:
+            sums, counts = self.local_sums(ctx, model)
+        protos, classes = mean_prototypes(sums, counts)
+        return {PROTOS: protos.cpu(), CLASSES: classes.cpu()}
+
+    def local_sums(self, ctx, model) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-class feature sums over all local images (eval transform, model in eval mode)."""
+        was_training = model.training
+        model.eval()
+        images, labels = ctx.data.images, ctx.data.labels
+        sums = counts = None
+        for s in range(0, len(images), _BATCH):
+            x = ctx.data.transform(images[s : s + _BATCH].to(ctx.device, non_blocking=True), train=False)
+            part = class_sums(model.features(x), labels[s : s + _BATCH].to(ctx.device), self.num_classes)
+            sums, counts = part if sums is None else (sums + part[0], counts + part[1])
+        model.train(was_training)
+        return sums, counts
