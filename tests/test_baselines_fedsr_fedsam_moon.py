@@ -6,7 +6,6 @@ The method x topology matrix of tests/test_runner.py runs each of them end to en
 from __future__ import annotations
 
 import copy
-import json
 import math
 
 import pytest
@@ -24,6 +23,7 @@ from fedstyle.federation.star import StarSimulator
 from fedstyle.models.necks import gaussian_kl
 
 from tiny import SETTINGS, make_clients, make_model, interrupt_and_resume
+from run_records import evaluations
 
 CPU = torch.device("cpu")
 
@@ -329,24 +329,14 @@ def test_bad_hyperparameters_fail_in_one_line_before_anything_is_written(tiny_co
     assert not (tmp_path / "run").exists()
 
 
-def _metrics(run_dir):
-    """metrics.jsonl without the timings (wall-clock seconds differ between runs)."""
-    out = []
-    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
-        record = {k: v for k, v in json.loads(line).items() if k != "seconds"}
-        if "train_metrics" in record:
-            record["train_metrics"] = {k: v for k, v in record["train_metrics"].items() if not k.endswith("_seconds")}
-        out.append(record)
-    return out
-
 
 def test_moon_resume_equals_uninterrupted(tiny_config, tmp_path, monkeypatch):
     config = tiny_config.updated(method="moon", rounds=3, partition="per_domain", clients=6, clients_per_round=3)
     full = run_experiment(config, tmp_path / "full", quiet=True)
     resumed = interrupt_and_resume(config, tmp_path / "cut", monkeypatch, at_round=2)
     assert {k: v for k, v in resumed.items() if k != "seconds"} == {k: v for k, v in full.items() if k != "seconds"}
-    assert _metrics(tmp_path / "cut") == _metrics(tmp_path / "full")
-    assert any("moon_con" in m.get("train_metrics", {}) for m in _metrics(tmp_path / "full"))
+    assert evaluations(tmp_path / "cut") == evaluations(tmp_path / "full")
+    assert any("moon_con" in m.get("train_metrics", {}) for m in evaluations(tmp_path / "full"))
 
 
 @pytest.mark.xdist_group("ray")  # one Ray cluster at a time when the suite runs on workers
@@ -366,8 +356,8 @@ def test_moon_on_flower_sim_equals_the_simulator(tiny_config, tmp_path):
         run_experiment(config.updated(backend="flower-sim"), tmp_path / "flower", quiet=True)
     finally:
         torch.set_num_threads(before)
-    sim_lines = [m for m in _metrics(tmp_path / "sim") if "event" not in m]
-    assert [m for m in _metrics(tmp_path / "flower") if "event" not in m] == sim_lines  # losses, accuracies, bytes
+    sim_lines = evaluations(tmp_path / "sim")
+    assert evaluations(tmp_path / "flower") == sim_lines  # losses, accuracies, bytes
     assert any("moon_con" in m.get("train_metrics", {}) for m in sim_lines)
     a = load_file(str(tmp_path / "sim" / "checkpoint.safetensors"))
     b = load_file(str(tmp_path / "flower" / "checkpoint.safetensors"))

@@ -7,7 +7,6 @@ The method x topology matrix (tests/test_runner.py, test_api.py) and the learnin
 from __future__ import annotations
 
 import copy
-import json
 
 import pytest
 import torch
@@ -19,6 +18,7 @@ from fedstyle.experiments.runner import run_experiment
 from fedstyle.federation.star import StarSimulator
 
 from tiny import SETTINGS, interrupt_and_resume, make_clients, make_model
+from run_records import evaluations
 
 CPU = torch.device("cpu")
 #: small generator and discriminator: the tests are about the algorithm, not the widths
@@ -181,15 +181,6 @@ def test_composes_with_style_ops_and_local_batchnorm():
     assert "local/backbone.layer1.1.running_mean" in state and f"local/{DISCRIMINATOR}.fc2.weight" in state
 
 
-def _metrics(run_dir):
-    out = []
-    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
-        record = {k: v for k, v in json.loads(line).items() if k != "seconds"}
-        if "train_metrics" in record:
-            record["train_metrics"] = {k: v for k, v in record["train_metrics"].items() if not k.endswith("_seconds")}
-        out.append(record)
-    return out
-
 
 def test_resume_equals_uninterrupted(tiny_config, tmp_path, monkeypatch):
     config = tiny_config.updated(method="fedadg", hparams=SMALL, rounds=3, partition="per_domain", clients=6,
@@ -197,5 +188,5 @@ def test_resume_equals_uninterrupted(tiny_config, tmp_path, monkeypatch):
     full = run_experiment(config, tmp_path / "full", quiet=True)
     resumed = interrupt_and_resume(config, tmp_path / "cut", monkeypatch, at_round=2)
     assert {k: v for k, v in resumed.items() if k != "seconds"} == {k: v for k, v in full.items() if k != "seconds"}
-    assert _metrics(tmp_path / "cut") == _metrics(tmp_path / "full")
-    assert any("fedadg_adv_f" in m.get("train_metrics", {}) for m in _metrics(tmp_path / "full"))
+    assert evaluations(tmp_path / "cut") == evaluations(tmp_path / "full")
+    assert any("fedadg_adv_f" in m.get("train_metrics", {}) for m in evaluations(tmp_path / "full"))
