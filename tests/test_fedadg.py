@@ -181,7 +181,6 @@ def test_composes_with_style_ops_and_local_batchnorm():
     assert "local/backbone.layer1.1.running_mean" in state and f"local/{DISCRIMINATOR}.fc2.weight" in state
 
 
-
 def test_resume_equals_uninterrupted(tiny_config, tmp_path, monkeypatch):
     config = tiny_config.updated(method="fedadg", hparams=SMALL, rounds=3, partition="per_domain", clients=6,
                                  clients_per_round=3)

@@ -29,6 +29,9 @@ _KINDS = {
     "dict": (lambda v: isinstance(v, Mapping), "a table of NAME = VALUE"),
 }
 TOPOLOGIES = ("star", "complete", "ring", "rgg", "erdos_renyi")
+#: where a run is also logged (--tracker and its locations): never what it computes, so resume may
+#: change them, grids reuse runs whatever they were, and reports do not count them as settings
+TRACKER_SETTINGS = ("trackers", "mlflow_uri", "tensorboard_dir")
 
 
 def _opt(default: Any, help: str, *, flag: str | None = None, choices: tuple | None = None, repeat: bool = False, **kw):

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from fedstyle.errors import ConfigError, FedstyleError
-from fedstyle.experiments.config import RunConfig
+from fedstyle.experiments.config import TRACKER_SETTINGS, RunConfig
 from fedstyle.io import LOCK_NAME, remove_leftovers
 
 CONFIG, METRICS, SUMMARY, DONE, PARTITION = "config.json", "metrics.jsonl", "summary.json", "done", "partition.json"
@@ -31,7 +31,7 @@ CONFIG, METRICS, SUMMARY, DONE, PARTITION = "config.json", "metrics.jsonl", "sum
 #: --device, --client-cpus sets the actors' thread count, which can change floating-point rounding;
 #: --tracker and its settings only log the run elsewhere)
 RESUME_OPTIONS = ("device", "data_root", "quiet", "state_budget", "ray_address", "client_cpus", "client_gpus",
-                  "trackers", "mlflow_uri", "tensorboard_dir")
+                  *TRACKER_SETTINGS)
 
 
 def check_new_run_dir(out: Path) -> None:

@@ -30,6 +30,7 @@ import json
 import os
 import re
 import sys
+import time
 import warnings
 from pathlib import Path
 from typing import Any, Iterable
@@ -260,8 +261,6 @@ class MLflowTracker(Tracker):
             self.client.log_batch(self.run_id, params=items[i:i + self.MAX_PARAMS])
 
     def log(self, numbers: dict[str, float], step: int) -> None:
-        import time
-
         from mlflow.entities import Metric
 
         stamp = int(time.time() * 1000)
@@ -301,10 +300,10 @@ class TensorBoardTracker(Tracker):
 
     def finish(self, files: list[Path], status: str) -> None:
         if status == "FINISHED":
+            import matplotlib.image
+
             for path in files:
                 if path.suffix == ".png":
-                    import matplotlib.image
-
                     image = matplotlib.image.imread(path)[..., :3]  # RGBA PNG -> RGB, floats in [0, 1]
                     self.writer.add_image(path.stem, image, 0, dataformats="HWC")
                 elif path.name == "summary.json":

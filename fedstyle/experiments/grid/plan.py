@@ -12,14 +12,14 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from fedstyle.algorithms import METHODS
 from fedstyle.errors import ConfigError, FedstyleError
-from fedstyle.experiments.config import RunConfig
+from fedstyle.experiments.config import TRACKER_SETTINGS, RunConfig
 from fedstyle.experiments.grid.spec import Grid, VariantSpec, _check_folder_name, _fail
 from fedstyle.experiments.rundir import CONFIG, DONE
 from fedstyle.experiments.tracks import merge_settings
 
 #: settings that never change a run's result: a finished run made with other values is reused
 RESULT_NEUTRAL = frozenset({"device", "data_root", "backend", "ray_address", "client_cpus", "client_gpus",
-                            "state_budget", "trackers", "mlflow_uri", "tensorboard_dir"})
+                            "state_budget", *TRACKER_SETTINGS})
 OTHERS = "others"
 
 

@@ -15,13 +15,14 @@ from pathlib import Path
 from typing import Iterable, Sequence
 
 from fedstyle.errors import ConfigError, DataError
+from fedstyle.experiments.config import TRACKER_SETTINGS
 
 WHICH = {"selected": "model chosen by the run's selection rule", "last": "last round"}
 #: config keys that do not make two runs' results different settings (where and how a run ran, its
 #: name, what the table shows as columns or rows anyway)
 NOT_SETTINGS = frozenset({"seed", "targets", "device", "backend", "label", "data_root", "skip_bad_images",
                           "allow_oracle", "selection", "method", "ray_address", "client_cpus", "client_gpus",
-                          "state_budget", "trackers", "mlflow_uri", "tensorboard_dir"})
+                          "state_budget", *TRACKER_SETTINGS})
 
 
 def _plain(value: object) -> object:
