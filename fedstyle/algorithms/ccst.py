@@ -38,6 +38,12 @@ epochs, ``always`` gives (K + 1) / K as many steps; the benchmarks train fixed s
 Training is then FedAvg on the augmented data; the local options compose as for every method
 (``--hp style=mixstyle`` gives CCST + MixStyle, ``--hp local_bn=true`` CCST + FedBN).
 
+Style privacy (issue 24, :mod:`fedstyle.style.privacy`): ``dp_clip`` = C clips each image's contribution
+(overall: its first and second feature moments per channel; single: its (mean, std)) to L2 norm C,
+``dp_noise`` = z adds Gaussian noise of std z * 2C to the sums before the style is formed (Eq. 8 / Eq. 6
+from noisy sums), ``dp_delta`` the delta of the (eps, delta) each round's metrics carry as ``dp_epsilon``
+(one release, at setup). Adain and lite backends only (``fft`` is refused). Default off: unchanged.
+
 Hyperparameter spelling: ``style=single`` / ``style=overall`` (the issue's and paper's words) are
 accepted as shorthands for ``style_type``; ``style`` otherwise keeps its meaning for every method
 (the feature-level op: none, mixstyle, dsu).
@@ -59,7 +65,7 @@ from typing import Any, Mapping
 from fedstyle.algorithms.base import apply_reference_code
 from fedstyle.algorithms.hparams import HParam
 from fedstyle.algorithms.registry import register_method
-from fedstyle.algorithms.style_exchange import STYLE_IMAGES, StyleBackendExchange
+from fedstyle.algorithms.style_exchange import DP_HPARAMS, STYLE_IMAGES, StyleBackendExchange
 from fedstyle.errors import ConfigError
 from fedstyle.seeding import derive_seed
 from fedstyle.style.transfer.augment import KEEP_ORIGINAL, plan_cross_client
@@ -98,6 +104,7 @@ class CCST(StyleBackendExchange):
         HParam("reference_code", False, "public code's choices: one random style per batch of 32 images "
                "(single mode), equal client weights (aggregation=uniform), overall style over all images "
                "(style_images=0)"),
+        *DP_HPARAMS,
     )
 
     @classmethod

@@ -36,7 +36,8 @@ shifting). Phi travels up and down as payload bytes (:mod:`fedstyle.style.sharin
 
 The loss is the cross-entropy over the enlarged batch. ``ctx.log``: ``ce``, ``shift_fired``,
 ``explore_fired``; ``ctx.timed``: ``kmeans``, ``shift``, ``oversample``, ``explore_mixstyle``,
-``attention`` (forward passes of each part) and ``style_query`` (the round's Phi).
+``attention`` (forward passes of each part) and ``style_query`` (the round's Phi). ``dp_clip``/``dp_noise``: Phi
+clipped and noised (:mod:`fedstyle.style.privacy`), logged ``dp_epsilon``, ``dp_epsilon_total``, ``dp_releases``.
 
 **Switches** (the paper's ablation, Table 3): ``share``, ``shift``, ``oversample``, ``explore``,
 ``mixstyle``, ``attention``. Style only = ``attention=false``; attention only = ``share=false
@@ -72,11 +73,13 @@ from fedstyle.algorithms.hparams import HParam
 from fedstyle.algorithms.registry import register_method
 from fedstyle.algorithms.stablefdg_pipeline import FeaturePipeline
 from fedstyle.algorithms.stages import check_known_stages, parse_stages
+from fedstyle.algorithms.style_exchange import DP_HPARAMS, style_privacy
 from fedstyle.errors import ConfigError
 from fedstyle.models.attention import AttentionNeck, same_class_partners
 from fedstyle.payload import Payload
 from fedstyle.seeding import derive_seed
 from fedstyle.style import MixStyle, StyleSummary
+from fedstyle.style.privacy import count_release, release_metrics
 from fedstyle.style.sharing import dataset_style, deranged_exchange
 
 STYLE_KEY = "style"
@@ -123,11 +126,13 @@ class StableFDG(Algorithm):
         HParam("mix_alpha", 0.1, "MixStyle's Beta(a, a) concentration", low=1e-6),
         HParam("attention_dim", 30, "embedding size d of the attention queries and keys", low=1),
         HParam("reference_code", False, "the public code's choices (see the method's docstring)"),
+        *DP_HPARAMS,
     )
 
     @classmethod
     def resolve(cls, given: Mapping[str, Any]) -> dict[str, Any]:
         hp = super().resolve(given)
+        style_privacy(hp)  # bad dp_* values, noise without clipping
         if hp["alpha"] < 0:
             raise ConfigError(f"alpha (exploration level, Eq. 4-5) must be >= 0, got {hp['alpha']}; "
                               "use 0 for no extrapolation or the paper's 3")
@@ -205,8 +210,10 @@ class StableFDG(Algorithm):
         if self.hp["reference_code"] and ctx.round == 0:
             return {}  # the public code shares nothing in round 0
         start = time.perf_counter()
+        privacy = style_privacy(self.hp)  # off by default; noise seeded from the client's round seed
         phi = dataset_style(model.backbone, ctx.data, self.hp["share_stage"], ctx.device, self.hp["style_images"],
-                            ctx.generator).as_tensor()
+                            ctx.generator, privacy, privacy.generator(ctx.seed, "stablefdg")).as_tensor()
+        count_release(ctx.state, privacy)
         if ctx.device.type == "cuda":
             torch.cuda.synchronize(ctx.device)  # once per round: the phase's time for the metrics
         ctx.state[_QUERY_SECONDS] = torch.tensor(time.perf_counter() - start, dtype=torch.float64)
@@ -229,6 +236,8 @@ class StableFDG(Algorithm):
         seconds = ctx.state.pop(_QUERY_SECONDS, None)
         if seconds is not None:
             ctx.log("style_query_seconds", float(seconds))
+        for name, value in release_metrics(ctx.state, style_privacy(self.hp)).items():
+            ctx.log(name, value)  # eps of one release of Phi and of this client's releases so far
         return super().local_train(ctx, model, payload)
 
     def training_loss(self, ctx: ClientContext, model: nn.Module, x, y, payload: Payload) -> torch.Tensor:

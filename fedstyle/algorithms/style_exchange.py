@@ -26,6 +26,7 @@ from fedstyle.data.lazy import LazyImages
 from fedstyle.errors import ConfigError
 from fedstyle.payload import Payload
 from fedstyle.seeding import derive_seed
+from fedstyle.style.privacy import StylePrivacy
 from fedstyle.style.transfer import DEFAULT_BACKEND, TRANSFER_BACKENDS, Style, StyleTransfer
 from fedstyle.style.transfer.augment import (
     AugmentPlan,
@@ -37,6 +38,7 @@ from fedstyle.style.transfer.augment import (
     resolve_style_device,
     style_sample,
 )
+from fedstyle.style.transfer.base import check_private_backend
 from fedstyle.style.transfer.stylize import (
     STYLIZE_MODES,
     cached_style,
@@ -52,6 +54,26 @@ STYLE_IMAGES = HParam(
     "style_images", 2048, "images a client's overall/clustered style is computed from: a class-stratified random "
     "sample (CCST Sec. 3.2's approximation; 2,048 is its appendix B's timing set); 0 = all images (Eq. 8 / "
     "PARDON Eq. 1-2 exactly)", low=0)
+
+#: the style privacy defence (:mod:`fedstyle.style.privacy`) of the methods that share style statistics
+#: (CCST, StableFDG): clipping and Gaussian noise, default off
+DP_HPARAMS = (
+    HParam("dp_clip", 0.0, "style privacy: clip each image's contribution to the shared style statistics to L2 norm "
+           "C (0: no clipping); bounds the sensitivity to 2C", low=0.0),
+    HParam("dp_noise", 0.0, "style privacy: Gaussian noise multiplier z, noise std z * 2C on the summed statistics "
+           "(0: no noise; needs dp_clip > 0)", low=0.0),
+    HParam("dp_delta", 1e-5, "style privacy: the delta of the (eps, delta) logged as dp_epsilon", low=0.0, high=1.0),
+)
+
+
+def style_privacy(hp: Mapping[str, Any], backend: str | None = None) -> StylePrivacy:
+    """The defence the dp_* hyperparameters set (off for a method without them); ConfigError for bad values,
+    noise without clipping, or a ``backend`` (a style transfer backend's name) that cannot apply it."""
+    privacy = StylePrivacy(hp.get("dp_clip", 0.0), hp.get("dp_noise", 0.0), hp.get("dp_delta", 1e-5))
+    if privacy.enabled and backend is not None:
+        check_private_backend(backend)
+    return privacy
+
 
 #: the hyperparameters passed to each backend's factory, those of them the method declares (PARDON's
 #: ``band``; CCST has none, so its fft backend keeps the default band)
@@ -131,17 +153,23 @@ class StyleExchange(Algorithm):
 
     def upload_style(self, ctx: ClientContext, style_type: str, count: int, purpose: str) -> Payload:
         """The client's style payload (``single``: ``count`` images drawn with the seed; ``overall``: over
-        the ``style_images`` sample), computed once per images and recipe (:func:`cached_style`)."""
+        the ``style_images`` sample), computed once per images and recipe (:func:`cached_style`); clipped and
+        noised as the dp_* hyperparameters say (noise seeded from the client's seed; the settings join the
+        recipe, so a noisy style and a clean one never share a cache entry)."""
         images = self.images_for_style(ctx, purpose) if style_type == "overall" else ctx.data.images
         seed = derive_seed(ctx.seed, purpose)
         total = len(images) if style_type == "overall" else min(count, len(images))
+        privacy = style_privacy(self.hp)
 
         def compute(backend, tick):
             style, used = client_style(backend, images, style_type=style_type, count=count, seed=seed,
-                                       batch_size=self.hp["transfer_batch"], progress=tick)
+                                       batch_size=self.hp["transfer_batch"], progress=tick, privacy=privacy,
+                                       noise=privacy.generator(seed, "noise"))
             return style, {"images": used}
 
         recipe = {"style_type": style_type, "count": count, "seed": seed}
+        if privacy.enabled:  # absent when off: the clean style's cache key stays what it was
+            recipe["privacy"] = privacy.recipe()
         return self.computed_style(ctx, images, recipe, total, compute)[0].to_payload()
 
     def computed_style(
@@ -211,6 +239,7 @@ class StyleExchange(Algorithm):
         with self.count_stylized(ctx) as made:
             result = super().local_train(ctx, model, payload)
         result.metrics.update(made)
+        result.metrics.update(style_privacy(self.hp).metrics(1))  # the eps of the setup's one style release
         return result
 
     @contextmanager
@@ -246,6 +275,7 @@ class StyleBackendExchange(StyleExchange):
     def resolve(cls, given: Mapping[str, Any]) -> dict[str, Any]:
         hp = super().resolve(given)
         check_style_backend(cls.name, hp, weight_files=False)  # a method that needs the files checks them itself
+        style_privacy(hp, hp["style_backend"])  # bad dp_* values, noise without clipping, fft
         return hp
 
     @classmethod

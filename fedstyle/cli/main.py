@@ -221,6 +221,10 @@ def build_parser() -> argparse.ArgumentParser:
     from fedstyle.cli.sweep import add_sweep_commands
 
     add_sweep_commands(sub)
+
+    from fedstyle.cli.audit import add_audit_command
+
+    add_audit_command(sub)
     return parser
 
 

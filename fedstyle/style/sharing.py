@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 import torch
 
+from fedstyle.style.privacy import StylePrivacy
 from fedstyle.style.shift import StyleAccumulator, StyleSummary, batch_style
 
 if TYPE_CHECKING:
@@ -30,13 +31,16 @@ DERANGEMENT_TRIES = 1000
 
 @torch.no_grad()
 def dataset_style(backbone: Backbone, data: ClientData, stage: str, device: torch.device, limit: int = 0,
-                  generator: torch.Generator | None = None) -> StyleSummary:
+                  generator: torch.Generator | None = None, privacy: StylePrivacy | None = None,
+                  noise: torch.Generator | None = None) -> StyleSummary:
     """Phi_n = [mu_n, sigma_n, Sigma_n(mu), Sigma_n(sigma)] (Eq. 2-3): means and 1/N variances of the
     per-sample channel statistics of the client's images at ``stage``, un-augmented (the data's eval
     transform), :data:`QUERY_BATCH` images per forward. ``limit`` = N > 0 (below the client's size):
-    of a random N images drawn with ``generator`` instead, a cheaper estimate.
+    of a random N images drawn with ``generator`` instead, a cheaper estimate. ``privacy``: each image's
+    [mu, mu^2, sigma, sigma^2] clipped, Gaussian noise drawn from ``noise`` on the sums
+    (:mod:`fedstyle.style.privacy`).
     """
-    acc = StyleAccumulator()
+    acc = StyleAccumulator(clip=privacy.clip if privacy is not None else 0.0)
     images = data.images
     if 0 < limit < len(data):
         chosen = torch.randperm(len(data), generator=generator)[:limit].sort().values
@@ -44,6 +48,10 @@ def dataset_style(backbone: Backbone, data: ClientData, stage: str, device: torc
     for s in range(0, len(images), QUERY_BATCH):
         x = data.transform(images[s : s + QUERY_BATCH].to(device, non_blocking=True), train=False)
         acc.add(backbone.forward_until(x, stage))
+    if privacy is not None and privacy.noise > 0:
+        if noise is None:
+            raise ValueError("dataset_style with noise needs its generator (StylePrivacy.generator)")
+        acc.privatize(privacy, noise)
     return acc.summary()
 
 

@@ -15,11 +15,13 @@ count - 1. Everything is a tensor op on the features' device: no host synchronis
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
 
 from fedstyle.errors import ConfigError
+from fedstyle.style.privacy import StylePrivacy, clip_factors
 from fedstyle.style.stats import channel_stats, restyle
 
 _FIELDS = ("mu_mean", "sigma_mean", "mu_var", "sigma_var")
@@ -71,19 +73,37 @@ def batch_style(x: torch.Tensor, eps: float = 1e-6, unbiased: bool = False) -> S
 class StyleAccumulator:
     """The style summary of a dataset seen batch by batch (StableFDG Eq. 2–3 over a client's data).
 
-    Keeps float64 per-channel sums of mu, mu^2, sigma, sigma^2 on the features' device.
+    Keeps float64 per-channel sums of mu, mu^2, sigma, sigma^2 on the features' device. ``clip`` = C > 0
+    (the defence of :mod:`fedstyle.style.privacy`): each sample's contribution [mu, mu^2, sigma, sigma^2]
+    (4 numbers a channel) is scaled to L2 norm at most C before it joins the sums, so that one sample moves them by
+    at most 2C; :meth:`privatize` adds the Gaussian noise.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, clip: float = 0.0) -> None:
         self.count = 0
+        self.clip = float(clip)
         self._sums: torch.Tensor | None = None  # (4, C): sum mu, sum mu^2, sum sigma, sum sigma^2
+        self._sigma_floor: float | None = None  # set by privatize: noisy sums can give sigma_mean <= 0
+        self._eps = 1e-6
 
     def add(self, x: torch.Tensor, eps: float = 1e-6) -> None:
         mu, sigma = channel_stats(x, eps=eps)
         mu, sigma = mu.flatten(1).double(), sigma.flatten(1).double()
-        sums = torch.stack([mu.sum(0), (mu * mu).sum(0), sigma.sum(0), (sigma * sigma).sum(0)])
+        mu2, sigma2 = mu * mu, sigma * sigma
+        if self.clip > 0:
+            scale = clip_factors(torch.cat([mu, mu2, sigma, sigma2], 1), self.clip)
+            mu, mu2, sigma, sigma2 = mu * scale, mu2 * scale, sigma * scale, sigma2 * scale
+        sums = torch.stack([mu.sum(0), mu2.sum(0), sigma.sum(0), sigma2.sum(0)])
         self._sums = sums if self._sums is None else self._sums + sums
         self.count += int(x.shape[0])
+        self._eps = eps
+
+    def privatize(self, privacy: StylePrivacy, generator: torch.Generator) -> None:
+        """Gaussian noise N(0, (z 2C)^2) on every sum (the count N stays: public), as ``privacy`` says; the
+        summary's sigma_mean is then floored at sqrt(eps), the smallest sigma a feature map has."""
+        if self._sums is not None and privacy.noise > 0:
+            self._sums = privacy.perturb(self._sums, generator)
+            self._sigma_floor = math.sqrt(self._eps)
 
     def summary(self, unbiased: bool = False) -> StyleSummary:
         if self._sums is None or self.count < (2 if unbiased else 1):
@@ -94,6 +114,8 @@ class StyleAccumulator:
         denom = n - 1 if unbiased else n
         var_mu = ((s_mu2 - n * mean_mu * mean_mu) / denom).clamp_min(0)
         var_sigma = ((s_sigma2 - n * mean_sigma * mean_sigma) / denom).clamp_min(0)
+        if self._sigma_floor is not None:
+            mean_sigma = mean_sigma.clamp_min(self._sigma_floor)
         return StyleSummary(*(t.float() for t in (mean_mu, mean_sigma, var_mu, var_sigma)))
 
 

@@ -26,7 +26,14 @@ import torch
 from fedstyle.devices import resolve_device
 from fedstyle.errors import ConfigError
 from fedstyle.payload import Payload
-from fedstyle.style.transfer.base import TRANSFER_BACKENDS, Style, StyleMismatchError, StyleTransfer
+from fedstyle.style.privacy import StylePrivacy
+from fedstyle.style.transfer.base import (
+    TRANSFER_BACKENDS,
+    Style,
+    StyleMismatchError,
+    StyleTransfer,
+    check_private_backend,
+)
 
 # ctx.state keys carrying the style computation's cost from setup_upload to setup_download
 _STYLE_SECONDS, _STYLE_IMAGES, _STYLE_HIT = "setup/style_seconds", "setup/style_images", "setup/style_cache_hit"
@@ -74,17 +81,23 @@ def weights_fingerprint(backend: StyleTransfer) -> str:
 # -- the client's style ---------------------------------------------------------------------------
 def client_style(
     backend: StyleTransfer, images: torch.Tensor, *, style_type: str, count: int, seed: int, batch_size: int,
-    progress: Callable[[int], None] | None = None,
+    progress: Callable[[int], None] | None = None, privacy: StylePrivacy | None = None,
+    noise: torch.Generator | None = None,
 ) -> tuple[Style, int]:
     """A client's style upload and how many images it was computed from.
 
     ``single``: the styles of ``count`` images drawn without replacement with ``seed`` (all of them
     if ``count`` exceeds the data); ``overall``: the backend's dataset style over every image (pass a
     :func:`style_sample` of them to approximate it). ``progress(n)`` is called after each batch.
+    ``privacy`` (enabled): released clipped and noised, the noise drawn from ``noise``
+    (:mod:`fedstyle.style.privacy`; backends with ``supports_privacy`` only).
     """
     n = int(images.shape[0])
     if n == 0:
         raise StyleMismatchError("a client with no images has no style; choose a partition that leaves no client empty")
+    private = privacy is not None and privacy.enabled
+    if private:
+        check_private_backend(backend)
     tick = progress or (lambda _: None)
 
     def counted(batch: torch.Tensor) -> torch.Tensor:
@@ -92,13 +105,17 @@ def client_style(
         return batch
 
     if style_type == "overall":
-        return backend.dataset_style(counted(images[s : s + batch_size]) for s in range(0, n, batch_size)), n
+        batches = (counted(images[s : s + batch_size]) for s in range(0, n, batch_size))
+        if private:
+            return backend.dataset_style(batches, privacy=privacy, generator=noise), n
+        return backend.dataset_style(batches), n
     if style_type != "single":
         raise ConfigError(f"style type {style_type!r} is not single or overall")
     count = min(int(count), n)
     chosen = torch.randperm(n, generator=torch.Generator().manual_seed(seed))[:count].sort().values
     parts = [backend.image_styles(counted(images[chosen[s : s + batch_size]])) for s in range(0, count, batch_size)]
-    return Style.concat(parts), count
+    style = Style.concat(parts)
+    return (backend.private_styles(style, privacy, noise) if private else style), count
 
 
 def style_sample(labels: torch.Tensor, count: int, seed: int) -> torch.Tensor | None:

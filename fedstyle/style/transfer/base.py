@@ -14,7 +14,7 @@ from typing import Iterable
 
 import torch
 
-from fedstyle.errors import FedstyleError
+from fedstyle.errors import ConfigError, FedstyleError
 from fedstyle.payload import Payload
 from fedstyle.registry import Registry
 
@@ -111,6 +111,9 @@ class StyleTransfer(ABC):
     """A style-transfer backend. Images in and out are uint8 (B, 3, H, W) tensors, RGB."""
 
     name: str = ""
+    #: whether the backend can release its styles under clipping and noise (:mod:`fedstyle.style.privacy`):
+    #: ``dataset_style(batches, privacy=, generator=)`` and ``private_styles(style, privacy, generator)``
+    supports_privacy: bool = False
 
     @property
     @abstractmethod
@@ -150,3 +153,14 @@ class StyleTransfer(ABC):
 
 #: name -> factory(**options) returning a StyleTransfer
 TRANSFER_BACKENDS: Registry = Registry("style backend")
+
+
+def check_private_backend(backend: str | StyleTransfer) -> None:
+    """Refuse the style privacy defence (dp_clip / dp_noise) for a backend (a registered name or a backend)
+    that does not support it (the ``fft`` backend's amplitude spectra are refused, not clipped)."""
+    found = TRANSFER_BACKENDS.get(backend) if isinstance(backend, str) else backend
+    name = backend if isinstance(backend, str) else backend.name
+    if not getattr(found, "supports_privacy", False):
+        able = [n for n, factory in TRANSFER_BACKENDS.items() if getattr(factory, "supports_privacy", False)]
+        raise ConfigError(f"dp_clip / dp_noise (clipped, noisy styles) are not supported by the {name!r} style "
+                          f"backend; use style_backend={' or '.join(able)}, or dp_clip=0 dp_noise=0")

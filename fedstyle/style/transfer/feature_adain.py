@@ -35,6 +35,7 @@ from torch import nn
 
 from fedstyle.devices import resolve_device
 from fedstyle.errors import ConfigError
+from fedstyle.style.privacy import StylePrivacy, clip_factors, clip_rows
 from fedstyle.style.stats import adain, channel_stats
 from fedstyle.style.transfer.base import Style, StyleMismatchError, StyleTransfer, group_mean
 
@@ -77,6 +78,8 @@ class FeatureAdaIN(StyleTransfer):
         device: ``auto``, ``cpu``, ``cuda`` ...
         batch_size: images per forward pass (bounds memory; results do not depend on it).
     """
+
+    supports_privacy = True  # styles are channel moments: dataset_style(privacy=...), private_styles
 
     def __init__(
         self,
@@ -148,25 +151,57 @@ class FeatureAdaIN(StyleTransfer):
             raise ConfigError("image_styles got an empty batch of images")
         return self._style(torch.cat(means), torch.cat(stds))
 
-    @torch.no_grad()
-    def dataset_style(self, batches: Iterable[torch.Tensor]) -> Style:
-        """(mu, sigma) over all pixels of all images' features (CCST Eq. 8), N = 1, streamed in float64."""
+    def _moment_sums(self, batches: Iterable[torch.Tensor], clip: float) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """Per-channel float64 sums of f and f^2 over all pixels of all images and their count; ``clip`` = C > 0:
+        sums of each image's moments [mean_hw f, mean_hw f^2] scaled to L2 norm <= C, and the image count."""
         total = total_sq = None
         count = 0
         for batch in batches:
             check_images(batch)
             for part in self._chunks(batch.shape[0]):
                 features = self.encode(batch[part]).double()
-                sums = features.sum(dim=(0, 2, 3))
-                squares = features.square().sum(dim=(0, 2, 3))
+                if clip > 0:  # the defence of fedstyle.style.privacy: one image moves the sums by <= 2C
+                    first, second = features.mean(dim=(2, 3)), features.square().mean(dim=(2, 3))
+                    scale = clip_factors(torch.cat([first, second], 1), clip)
+                    sums, squares = (first * scale).sum(0), (second * scale).sum(0)
+                    count += features.shape[0]
+                else:
+                    sums = features.sum(dim=(0, 2, 3))
+                    squares = features.square().sum(dim=(0, 2, 3))
+                    count += features.shape[0] * features.shape[2] * features.shape[3]
                 total = sums if total is None else total + sums
                 total_sq = squares if total_sq is None else total_sq + squares
-                count += features.shape[0] * features.shape[2] * features.shape[3]
+        return total, total_sq, count
+
+    @torch.no_grad()
+    def dataset_style(self, batches: Iterable[torch.Tensor], privacy: StylePrivacy | None = None,
+                      generator: torch.Generator | None = None) -> Style:
+        """(mu, sigma) over all pixels of all images' features (CCST Eq. 8), N = 1, streamed in float64.
+
+        ``privacy`` (:mod:`fedstyle.style.privacy`): from each image's first and second moments, clipped to L2
+        norm C, summed, with Gaussian noise drawn from ``generator``: mu = S_1 / N, sigma^2 = S_2 / N - mu^2
+        (clamped at 0) for N images (equal to Eq. 8 for images of one size, up to rounding, at a large C)."""
+        total, total_sq, count = self._moment_sums(batches, privacy.clip if privacy is not None else 0.0)
         if count == 0:
             raise StyleMismatchError("dataset_style got no images: a client with no data has no style")
+        if privacy is not None and privacy.noise > 0:
+            total, total_sq = privacy.perturb(torch.stack([total, total_sq]), generator).unbind(0)
         mean = total / count
         var = (total_sq / count - mean.square()).clamp_(min=0.0)  # rounding can make it -1e-17
         return self._style(mean[None], (var + ADAIN_EPS).sqrt()[None])
+
+    @torch.no_grad()
+    def private_styles(self, style: Style, privacy: StylePrivacy, generator: torch.Generator) -> Style:
+        """Per-image styles released under ``privacy`` (CCST Eq. 6-7, :mod:`fedstyle.style.privacy`): each
+        image's [mu, sigma] (2 numbers a channel) clipped to L2 norm C, Gaussian noise on every number (one image
+        moves one row by <= 2C), then sigma floored at sqrt(eps), the smallest a feature map has."""
+        self.check(style)
+        channels = style.tensors["mean"].shape[1]
+        rows = clip_rows(torch.cat([style.tensors["mean"], style.tensors["std"]], 1).double(), privacy.clip)
+        mean, std = privacy.perturb(rows, generator).split(channels, dim=1)
+        if privacy.noise > 0:
+            std = std.clamp_min(ADAIN_EPS ** 0.5)
+        return self._style(mean, std)
 
     @torch.no_grad()
     def pool_styles(self, style: Style, groups: torch.Tensor) -> Style:

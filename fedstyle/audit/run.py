@@ -1,0 +1,169 @@
+"""``fedstyle audit privacy RUN_DIR``: play the receiver of a run's style payloads and score what leaks.
+
+The run directory gives the configuration (``config.json``) and, when one exists, the checkpoint's
+weights (a running or finished run; without a checkpoint the initial weights, and the report says
+so). The experiment is rebuilt from the configuration, so the senders' images are the clients'
+original training images (before any stylization) and the attacker's public data is the run's
+source-validation split. Which payloads a method sends is :data:`SURFACES`; a method that sends only
+weights is audited by the gradient-inversion baseline alone, which every report carries for scale.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from fedstyle.algorithms.feddg_fft import BANK_FRACTION
+from fedstyle.algorithms.style_exchange import style_privacy
+from fedstyle.audit.baseline import gradient_baseline
+from fedstyle.audit.playbook import AuditSettings, Public, SurfaceResult, Victim, attack_surface
+from fedstyle.audit.surfaces import Surface, amplitude_surface, classifier_surface, encoder_surface
+from fedstyle.errors import ConfigError
+from fedstyle.experiments.build import Experiment, build_experiment
+from fedstyle.experiments.checkpoint import load_checkpoint
+from fedstyle.experiments.rundir import read_run_config, read_summary
+from fedstyle.federation.client import load_weights
+from fedstyle.registry import Registry
+
+#: method name -> ``factory(exp, normalize) -> [Surface]``: what the method sends beyond weights
+SURFACES: Registry[Callable[[Experiment, Callable], list[Surface]]] = Registry("audited method")
+
+
+@SURFACES.register("ccst")
+def _ccst(exp: Experiment, normalize) -> list[Surface]:
+    alg = exp.algorithm
+    privacy, seed = style_privacy(alg.hp), exp.config.seed
+    if alg.hp["style_type"] == "single":
+        return [encoder_surface("ccst", alg, exp.device, "per-image style", alg.num_styles, privacy, seed)]
+    limit = alg.hp.get("style_images", 0)
+    return [encoder_surface("ccst", alg, exp.device, "dataset style", lambda n: limit if 0 < limit < n else n,
+                            privacy, seed)]
+
+
+@SURFACES.register("pardon")
+def _pardon(exp: Experiment, normalize) -> list[Surface]:
+    limit = exp.algorithm.hp.get("style_images", 0)
+    return [encoder_surface("pardon", exp.algorithm, exp.device, "client style",
+                            lambda n: limit if 0 < limit < n else n)]
+
+
+@SURFACES.register("stablefdg")
+def _stablefdg(exp: Experiment, normalize) -> list[Surface]:
+    hp = exp.algorithm.hp
+    if not hp["share"]:
+        return []
+    limit = hp["style_images"]
+    return [classifier_surface("stablefdg", exp.model, [hp["share_stage"]], normalize, exp.device,
+                               exp.config.resolution, "each sampled client, every round, to the server, which "
+                               "relays it to another client", lambda n: limit if 0 < limit < n else n,
+                               privacy=style_privacy(hp), seed=exp.config.seed)]
+
+
+@SURFACES.register("styleddg")
+def _styleddg(exp: Experiment, normalize) -> list[Surface]:
+    alg = exp.algorithm
+    return [classifier_surface("styleddg", exp.model, list(alg.stages), normalize, exp.device, exp.config.resolution,
+                               "each device, every iteration, to each neighbour", lambda n: exp.config.batch_size,
+                               batch_stats=alg.hp["share_stats"] == "train")]
+
+
+@SURFACES.register("feddg_fft")
+def _feddg_fft(exp: Experiment, normalize) -> list[Surface]:
+    size = exp.algorithm.hp["bank_size"]
+    return [amplitude_surface(exp.device, lambda n: size or math.ceil(n / BANK_FRACTION))]
+
+
+def _normalizer(exp: Experiment) -> Callable[[torch.Tensor], torch.Tensor]:
+    mean = torch.tensor(exp.transform.mean, device=exp.device).view(1, 3, 1, 1)
+    std = torch.tensor(exp.transform.std, device=exp.device).view(1, 3, 1, 1)
+    return lambda x01: ((x01.to(exp.device) - mean) / std).contiguous(memory_format=torch.channels_last)
+
+
+def _victims(exp: Experiment, limit: int, seed: int) -> list[Victim]:
+    clients = [(i, c) for i, c in enumerate(exp.simulator.clients) if len(c) > 0]
+    order = torch.randperm(len(clients), generator=torch.Generator().manual_seed(seed)).tolist()
+    return [Victim(i, c.images.cpu(), c.labels.cpu(), int(torch.mode(c.domains.cpu()).values))
+            for i, c in (clients[k] for k in sorted(order[:limit]))]
+
+
+def _public(exp: Experiment) -> Public:
+    sets = {exp.dataset.domains.index(d): s for d, s in exp.source_val.items() if len(s) >= 4}
+    if not sets:
+        raise ConfigError("the audit's attacker uses the run's source-validation images as its public data, and this "
+                          "run has none; audit a run made with --val-fraction > 0 (the default 0.1)")
+    return Public({d: s.images.cpu() for d, s in sets.items()}, {d: s.labels.cpu().long() for d, s in sets.items()},
+                  exp.dataset.num_classes)
+
+
+def audit_run(run_dir: str | Path, settings: AuditSettings | None = None, device: str | None = None,
+              log: Callable[[str], None] = lambda _: None) -> dict[str, Any]:
+    """Audit one run directory: every surface of its method, then the weight-update baseline.
+
+    Returns ``{"run", "method", "label", "round", "defence", "summary", "results": [SurfaceResult]}``.
+    """
+    settings = settings or AuditSettings()
+    run_dir = Path(run_dir)
+    config = read_run_config(run_dir)
+    if device is not None:
+        config = config.updated(device=device)
+    exp = build_experiment(config, progress=False)
+    checkpoint = load_checkpoint(run_dir)
+    rounds = 0
+    if checkpoint is not None:
+        exp.simulator.load_state_tensors({k: v.to(exp.device) for k, v in checkpoint[0].items()})
+        load_weights(exp.model, exp.simulator.eval_weights())
+        rounds = int(checkpoint[1]["round"])
+    exp.model.eval()
+    normalize = _normalizer(exp)
+
+    @torch.no_grad()
+    def classify(x01: torch.Tensor) -> torch.Tensor:
+        return torch.cat([exp.model(normalize(x01[s:s + 256])).argmax(1).cpu() for s in range(0, len(x01), 256)])
+
+    victims, public = _victims(exp, 30, settings.seed), _public(exp)
+    surfaces = SURFACES.get(config.method)(exp, normalize) if config.method in SURFACES else []
+    results: list[SurfaceResult] = []
+    for surface in surfaces:
+        log(f"{config.method}: attacking its {surface.kind} ({len(victims)} senders)")
+        results.append(attack_surface(surface, victims, public, classify, settings))
+    lr, wd = config.lr, config.weight_decay
+    for batch in sorted({1, min(8, config.batch_size)}):
+        log(f"{config.method}: gradient inversion of one local step, batch {batch}")
+        results.append(gradient_baseline(exp.model, normalize, victims, public, classify, settings, batch=batch,
+                                         lr=lr, weight_decay=wd))
+    return {"run": str(run_dir), "method": config.method, "label": exp.label, "round": rounds,
+            "weights": "checkpoint" if checkpoint is not None else "initial (no checkpoint yet)",
+            "defence": defence_of(exp), "epsilon": epsilon_of(exp), "summary": read_summary(run_dir) or {},
+            "results": results}
+
+
+def defence_of(exp: Experiment) -> dict[str, float]:
+    """The run's style defence settings (``dp_*`` hyperparameters), empty when the method has none."""
+    return {k: float(v) for k, v in exp.algorithm.hp.items() if k.startswith("dp_")}
+
+
+def epsilon_of(exp: Experiment) -> float | None:
+    """The (eps at the run's delta) of one style release under the run's defence; None without noise."""
+    privacy = style_privacy(exp.algorithm.hp)
+    return privacy.epsilon() if privacy.noise > 0 else None
+
+
+def audit_privacy(run_dirs: list[str | Path], *, settings: AuditSettings | None = None, out: str | Path | None = None,
+                  device: str | None = None, log: Callable[[str], None] = lambda _: None
+                  ) -> tuple[list[Path], str]:
+    """Audit every run directory and write the report to ``out`` (default: the single run's ``audit/``).
+
+    Returns the files written and the report's text (the tables and verdicts of ``privacy.md``).
+    """
+    from fedstyle.audit.report import table, write_outputs
+
+    if not run_dirs:
+        raise ConfigError("give at least one run directory to audit")
+    if out is None and len(run_dirs) > 1:
+        raise ConfigError("several run directories need one output folder for their joint report (out=...)")
+    reports = [audit_run(run_dir, settings, device, log) for run_dir in run_dirs]
+    written = write_outputs(reports, Path(out) if out is not None else Path(run_dirs[0]) / "audit")
+    return written, "".join(table(r) + "\n" for r in reports)

@@ -1,0 +1,130 @@
+"""The privacy audit on run directories: surfaces equal what the methods send, the attacks' known answers
+through the playbook, the CLI's outputs and refusals (the attack library itself: test_audit_attacks.py)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from fedstyle.audit.playbook import AuditSettings, Public, Victim, attack_surface, membership
+from fedstyle.audit.run import SURFACES, _normalizer, audit_privacy
+from fedstyle.cli.main import main
+from fedstyle.errors import ConfigError
+from fedstyle.experiments.build import build_experiment
+from fedstyle.experiments.runner import run_experiment
+from fedstyle.models.batchnorm import batch_statistics
+from fedstyle.style.sharing import dataset_style, stage_styles
+from fedstyle.style.transfer.augment import client_style, make_backend
+
+FAST = AuditSettings(victims=1, candidates=2, steps=3, shadow_sets=2, max_set=32)
+
+
+def _config(tiny_config, method, **hp):
+    return tiny_config.updated(method=method, hparams=dict(hp), val_fraction=0.25, clients=3, partition="per_domain")
+
+
+def _surface(tiny_config, method, **hp):
+    exp = build_experiment(_config(tiny_config, method, **hp), progress=False)
+    exp.model.eval()
+    return exp, SURFACES.get(method)(exp, _normalizer(exp))[0]
+
+
+def test_stablefdg_surface_releases_what_round_query_sends(tiny_config):
+    exp, surface = _surface(tiny_config, "stablefdg")
+    data = exp.simulator.clients[0]
+    sent = dataset_style(exp.model.backbone, data, "layer1", exp.device).as_tensor().flatten().double()
+    torch.testing.assert_close(surface.release(data.images), sent, rtol=1e-5, atol=1e-6)
+    # the invariant the calibrated membership score rests on: the shared means are the contributions' mean
+    torch.testing.assert_close(surface.set_mean(sent), surface.image_vectors(data.images).mean(0), rtol=1e-4, atol=1e-5)
+
+
+def test_styleddg_surface_releases_the_batch_style_psi(tiny_config):
+    exp, surface = _surface(tiny_config.updated(topology="ring"), "styleddg")
+    batch = exp.simulator.clients[1].images[:8]
+    with batch_statistics(exp.model):
+        psi = stage_styles(exp.model.backbone, exp.transform(batch, train=False), ["layer1", "layer2", "layer3"])
+    sent = torch.cat([psi[s].flatten() for s in ("layer1", "layer2", "layer3")]).double()
+    torch.testing.assert_close(surface.release(batch), sent, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("style_type", ["overall", "single"])
+def test_ccst_surface_releases_the_style_upload(tiny_config, style_type):
+    exp, surface = _surface(tiny_config, "ccst", style_type=style_type)
+    images = exp.simulator.clients[2].images
+    backend = make_backend(exp.algorithm.backend_name(), exp.device, **exp.algorithm.backend_options())
+    style, _ = client_style(backend, images, style_type=style_type, count=len(images), seed=0, batch_size=64)
+    sent = torch.cat([style.tensors["mean"], style.tensors["std"]], 1).double()
+    released = surface.release(images)
+    torch.testing.assert_close(released, sent if style_type == "single" else sent.flatten(), rtol=1e-4, atol=1e-5)
+    assert surface.per_image == (style_type == "single")
+    if style_type == "overall":  # all-pixel moments: the shared (mu, sigma) come from the images' mean moments
+        torch.testing.assert_close(surface.set_mean(released), surface.image_vectors(images).mean(0), rtol=1e-4,
+                                   atol=1e-5)
+
+
+def _victim_and_public(exp):
+    data = exp.simulator.clients[0]
+    victim = Victim(0, data.images, data.labels, int(data.domains[0]))
+    public = Public({d: exp.source_val[n].images for n in exp.source_val for d in [exp.dataset.domains.index(n)]},
+                    {d: exp.source_val[n].labels.long() for n in exp.source_val for d in [exp.dataset.domains.index(n)]},
+                    exp.dataset.num_classes)
+    return victim, public
+
+
+def test_per_image_styles_give_perfect_membership_and_a_set_style_of_many_does_not(tiny_config):
+    # known answers: a style row computed from one image identifies it (AUC 1); a dataset style over the
+    # client's whole set barely moves with one image (AUC well below 1)
+    exp, single = _surface(tiny_config, "ccst", style_type="single")
+    victim, public = _victim_and_public(exp)
+    g = torch.Generator().manual_seed(0)
+    rows = torch.arange(0, len(victim.images), 2)
+    assert membership(single, victim, rows, public, FAST, g) == 1.0
+    _, overall = _surface(tiny_config, "ccst", style_type="overall")
+    assert membership(overall, victim, torch.arange(len(victim.images)), public, FAST, g) < 0.9
+
+
+def test_attack_surface_scores_every_attack(tiny_config):
+    exp, surface = _surface(tiny_config, "stablefdg")
+    victim, public = _victim_and_public(exp)
+    result = attack_surface(surface, [victim], public, lambda x: torch.zeros(len(x), dtype=torch.long), FAST)
+    for key in ("recon_psnr", "guess_psnr", "recon_ssim", "membership_auc", "domain_accuracy", "domain_chance"):
+        assert key in result.scores and result.scores[key] == result.scores[key], key  # present, not NaN
+    assert 0.0 <= result.scores["membership_auc"] <= 1.0
+    assert len(result.examples) == FAST.candidates
+
+
+@pytest.mark.slow
+def test_audit_cli_writes_the_report_of_a_run(tiny_config, tmp_path, capsys):
+    out = tmp_path / "sfdg"
+    run_experiment(_config(tiny_config, "stablefdg"), out, quiet=True)
+    code = main(["audit", "privacy", str(out), "--steps", "3", "--victims", "1", "--candidates", "2",
+                 "--shadow-sets", "2", "--quiet"])
+    assert code == 0
+    text = capsys.readouterr().out
+    assert "dataset style" in text and "weight update (1 step, batch 1)" in text and "shows the receiver" in text
+    report = json.loads((out / "audit" / "privacy.json").read_text())[0]
+    assert report["method"] == "stablefdg" and report["round"] == 2
+    assert [r["payload"] for r in report["results"]][0] == "dataset style"
+    assert (out / "audit" / "reconstructions.png").stat().st_size > 1000
+
+
+def test_a_weights_only_method_gets_the_baseline_rows_only(tiny_config, tmp_path):
+    out = tmp_path / "fedavg"
+    run_experiment(_config(tiny_config, "fedavg").updated(rounds=1), out, quiet=True)
+    written, text = audit_privacy([out], settings=FAST)
+    report = json.loads((out / "audit" / "privacy.json").read_text())[0]
+    assert {r["method"] for r in report["results"]} == {"fedavg"}
+    assert "privacy.md" in {p.name for p in written}
+
+
+def test_refusals_name_the_fix(tiny_config, tmp_path, capsys):
+    out = tmp_path / "noval"
+    run_experiment(_config(tiny_config, "fedavg").updated(rounds=1, val_fraction=0.0, selection="last"), out, quiet=True)
+    with pytest.raises(ConfigError, match="--val-fraction"):
+        audit_privacy([out], settings=FAST)
+    assert main(["audit", "privacy", str(out), str(out)]) == 2
+    assert "--out" in capsys.readouterr().err
+    assert main(["audit", "privacy", str(tmp_path / "missing")]) == 2
+    assert main(["audit", "privacy", str(out), "--steps", "0"]) == 2
