@@ -119,6 +119,11 @@ class Algorithm:
     )
     #: subclasses change defaults of inherited hyperparameters here (e.g. MixStyle sets style=mixstyle)
     DEFAULTS: ClassVar[dict[str, Any]] = {}
+    #: client batching: ``("local_train",)`` when this class overrides ``local_train`` only to wrap the base
+    #: one (call ``super()`` once and add metrics or payload entries to its result, never touch the model or
+    #: the loss), which keeps the method batchable (:meth:`batching_support`); e.g. counting the images the
+    #: block made. Only ``local_train`` is honoured: the executor calls it, never ``training_step``
+    BATCHING_WRAPPERS: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, hparams: Mapping[str, Any] | None = None, *, num_classes: int, num_clients: int):
         self.hp = self.resolve(hparams or {})
@@ -183,6 +188,29 @@ class Algorithm:
         """State keys that never leave a client's control (FedBN: BatchNorm layers)."""
         return batchnorm_keys(model) if self.hp["local_bn"] else set()
 
+    @classmethod
+    def batching_support(cls, hp: Mapping[str, Any]) -> str | None:
+        """None when a round's clients of this method (with hyperparameters ``hp``) may train as one batched
+        computation (``--client-batching``, ``fedstyle.federation.batched``), else why they train one by one.
+
+        Batchable: FedAvg's step and loss — ``local_train``, ``training_step`` and ``training_loss`` not
+        overridden (a loss term of the weights alone goes in :meth:`weight_penalty`, as FedProx's; an
+        override that only wraps the base hook is listed in ``BATCHING_WRAPPERS`` by the class defining
+        it) — and no feature-level style op: it draws each client's random numbers inside the forward
+        pass, which a vmapped forward cannot draw from each client's own stream. Batch production
+        (``training_batches``, ``augment_batch``) may be overridden: it runs per client, outside vmap.
+        """
+        if STAR[0] not in cls.topologies:
+            return "peer-to-peer method: client batching runs star rounds"
+        custom = [hook for hook in _STEP_HOOKS if getattr(cls, hook) is not getattr(Algorithm, hook)
+                  and not (hook == "local_train" and _wraps_only(cls, hook))]
+        if custom:
+            return "its own " + ", ".join(custom)
+        if hp.get("style", "none") != "none":
+            return (f"its {hp['style']} style op draws random numbers inside the forward pass, which vmap cannot "
+                    "draw from each client's own stream")
+        return None
+
     def uses_phase(self, phase: str) -> bool:
         """Whether this method uses the exchange ``phase`` (``setup``, ``query`` or ``share``):
         by default, whether its class overrides the phase's client hook (:data:`PHASE_HOOKS`)."""
@@ -232,25 +260,40 @@ class Algorithm:
         return {}
 
     def training_loss(self, ctx: ClientContext, model: nn.Module, x, y, payload: Payload) -> torch.Tensor:
-        """Loss of one mini-batch (default: cross-entropy)."""
-        return F.cross_entropy(model(x), y)
+        """Loss of one mini-batch: :meth:`functional_loss` of the model's output (cross-entropy, plus
+        :meth:`weight_penalty` when a method defines one)."""
+        return self.functional_loss(model(x), y, trainable_weights(model), ctx.global_weights)
+
+    def functional_loss(self, logits: torch.Tensor, y: torch.Tensor, params: Mapping[str, torch.Tensor],
+                        global_weights: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        """The mini-batch loss as a pure function of the logits, the labels and the trainable weights: the
+        batched client executor evaluates it under ``torch.func.vmap`` for every client at once, so it
+        must draw no random numbers and read nothing but its arguments."""
+        loss = F.cross_entropy(logits, y)
+        penalty = self.weight_penalty(params, global_weights)
+        return loss if penalty is None else loss + penalty
+
+    def weight_penalty(self, params: Mapping[str, torch.Tensor],
+                       global_weights: Mapping[str, torch.Tensor]) -> torch.Tensor | None:
+        """A loss term of the client's trainable weights ``params`` (name -> tensor) and the round's
+        downloaded ``global_weights`` (FedProx's proximal term); None: none. Written functionally, so a
+        method that needs only this keeps client batching."""
+        return None
 
     def local_train(self, ctx: ClientContext, model: nn.Module, payload: Payload) -> ClientResult:
         """Local optimisation on the downloaded weights; ``model`` is trained in place.
 
         What ``training_loss`` records with ``ctx.log`` / ``ctx.timed`` becomes the result's metrics.
         """
+        if ctx.scratch.get(DEFER_TRAINING):
+            return _read_batches_only(self, ctx)
         optimizer = ctx.train.make_optimizer(model.parameters())
         total = torch.zeros((), device=ctx.device)
         steps = 0
         for x, y in self.training_batches(ctx):
             total += self.training_step(ctx, model, optimizer, x, y, payload)
             steps += 1
-        mean_loss = float(total) / max(1, steps)
-        check_finite(mean_loss, ctx)
-        self.after_local_train(ctx, model)
-        return ClientResult(train_loss=mean_loss, payload=self.upload_payload(ctx, model),
-                            metrics=ctx.logged_metrics())
+        return finish_local_train(self, ctx, model, float(total) / max(1, steps))
 
     def training_batches(self, ctx: ClientContext) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """The mini-batches ``(x, y)`` of ``local_train``: this round's batches with the ``augment`` option
@@ -298,6 +341,46 @@ class Algorithm:
         overriding it gives the method a share phase. Neighbours receive it as ``training_loss``'s
         payload ``{device id: payload}``."""
         return {}
+
+
+#: the hooks whose override makes a method's step or loss its own (see Algorithm.batching_support)
+_STEP_HOOKS = ("local_train", "training_step", "training_loss")
+
+#: ``ctx.scratch`` key the batched client executor sets before calling a wrapped ``local_train``: the base
+#: loop then only reads the client's batches (so the wrapper's block sees the data work, e.g. CCST's lazy
+#: stylization), restores the generators and returns a placeholder; the executor trains and fills it
+DEFER_TRAINING = "fedstyle.defer_training"
+
+
+def _wraps_only(cls: type, hook: str) -> bool:
+    """Whether every class of ``cls``'s hierarchy that overrides ``hook`` lists it in its own BATCHING_WRAPPERS."""
+    return all(hook in klass.__dict__.get("BATCHING_WRAPPERS", ()) for klass in cls.__mro__
+               if klass is not Algorithm and issubclass(klass, Algorithm) and hook in klass.__dict__)
+
+
+def trainable_weights(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The parameters the optimiser changes (``requires_grad``), by name, in the model's order."""
+    return {name: p for name, p in model.named_parameters() if p.requires_grad}
+
+
+def finish_local_train(algo: Algorithm, ctx: ClientContext, model: nn.Module, mean_loss: float) -> ClientResult:
+    """The end of the base ``local_train`` on the trained model (the batched executor ends each client with it)."""
+    check_finite(mean_loss, ctx)
+    algo.after_local_train(ctx, model)
+    return ClientResult(train_loss=mean_loss, payload=algo.upload_payload(ctx, model), metrics=ctx.logged_metrics())
+
+
+def _read_batches_only(algo: Algorithm, ctx: ClientContext) -> ClientResult:
+    """:data:`DEFER_TRAINING`: read every batch, then restore the client's generators and logged values,
+    so the executor's replay of ``training_batches`` yields the same batches and logs them once."""
+    saved = (dict(ctx._sums), dict(ctx._counts), {k: list(v) for k, v in ctx._timings.items()})
+    generator = ctx.generator.get_state()
+    with torch.random.fork_rng(devices=[ctx.device] if ctx.device.type == "cuda" else []):
+        for _ in algo.training_batches(ctx):
+            pass
+    ctx.generator.set_state(generator)
+    ctx._sums, ctx._counts, ctx._timings = saved
+    return ClientResult(train_loss=float("nan"))
 
 
 def check_finite(loss: float, ctx: ClientContext) -> None:

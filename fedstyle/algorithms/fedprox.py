@@ -1,7 +1,10 @@
-"""FedProx (Li et al., MLSys'20): local loss + (mu/2)·||w − w_global||² (Eq. 2 of the paper)."""
+"""FedProx (Li et al., MLSys'20): local loss + (mu/2)·||w − w_global||² (Eq. 2 of the paper).
+
+The proximal term is a :meth:`~fedstyle.algorithms.base.Algorithm.weight_penalty` (a function of the
+weights alone), so FedProx keeps FedAvg's step and trains batched under ``--client-batching``.
+"""
 
 import torch
-import torch.nn.functional as F
 
 from fedstyle.algorithms.base import Algorithm
 from fedstyle.algorithms.hparams import HParam
@@ -16,11 +19,8 @@ class FedProx(Algorithm):
     paper = "Li et al., Federated optimization in heterogeneous networks, MLSys 2020"
     HPARAMS = (HParam("mu", 0.01, "weight of the proximal term (mu/2)||w - w_global||^2", low=0.0),)
 
-    def training_loss(self, ctx, model, x, y, payload):
-        loss = F.cross_entropy(model(x), y)
+    def weight_penalty(self, params, global_weights):
         if self.hp["mu"] == 0:
-            return loss
-        prox = sum(
-            torch.sum((p - ctx.global_weights[name]) ** 2) for name, p in model.named_parameters() if p.requires_grad
-        )
-        return loss + 0.5 * self.hp["mu"] * prox
+            return None
+        prox = sum(torch.sum((p - global_weights[name]) ** 2) for name, p in params.items())
+        return 0.5 * self.hp["mu"] * prox

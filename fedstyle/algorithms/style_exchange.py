@@ -108,6 +108,8 @@ class StyleExchange(Algorithm):
 
     #: show a stylization progress bar (None: only on a terminal); the runner sets it from --quiet
     progress: bool | None = None
+    #: local_train only wraps the base loop to count the images stylized meanwhile: clients may train batched
+    BATCHING_WRAPPERS = ("local_train",)
 
     HPARAMS = (
         HParam("transfer_batch", 64, "images per style computation / transfer batch", low=1),

@@ -95,6 +95,8 @@ def _cmd_methods(args: argparse.Namespace) -> int:
         print(f"    {cls.summary}")
         if cls.paper:
             print(f"    paper: {cls.paper}")
+        reason = cls.batching_support(cls.resolve({}))  # --client-batching, with the default hyperparameters
+        print(f"    client batching: {'yes' if reason is None else f'no ({reason})'}")
         for h in cls.declared_hparams():
             print(f"    --hp {h.describe()}")
         print()

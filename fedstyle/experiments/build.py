@@ -161,7 +161,7 @@ def build_experiment(config: RunConfig, progress: bool = True) -> Experiment:
     graph = None
     if config.topology == "star":
         simulator = StarSimulator(algorithm, model, clients, settings, config.seed, device,
-                                  state_budget=parse_budget(config.state_budget))
+                                  state_budget=parse_budget(config.state_budget), client_batching=config.client_batching)
     else:
         graph = build_graph(config.topology, len(clients), derive_seed(config.seed, "graph"), config.radius, config.edge_prob)
         simulator = P2PSimulator(algorithm, model, clients, settings, graph, config.seed, device)

@@ -19,7 +19,7 @@ from typing import Any, Callable, Mapping
 import torch
 from torch import nn
 
-from fedstyle.algorithms.base import Algorithm
+from fedstyle.algorithms.base import Algorithm, ClientResult
 from fedstyle.algorithms.context import PHASE_MODES, ClientContext, ClientUpdate
 from fedstyle.errors import ConfigError
 from fedstyle.payload import Payload, check_payload
@@ -147,7 +147,12 @@ def _round_query(algo, model, ctx, payload, local_keys) -> Payload:
 
 
 def _train(algo, model, ctx, payload, local_keys) -> ClientUpdate:
-    result = algo.local_train(ctx, model, payload)
+    return client_update(algo, model, ctx, algo.local_train(ctx, model, payload), local_keys)
+
+
+def client_update(algo: Algorithm, model: nn.Module, ctx: ClientContext, result: ClientResult,
+                  local_keys: set[str]) -> ClientUpdate:
+    """The trained client's reply: its weights (local ones also kept in its state) and ``result``."""
     weights = leave_client(model, ctx, local_keys)
     return ClientUpdate(
         client_id=ctx.client_id,

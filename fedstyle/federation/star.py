@@ -34,6 +34,8 @@ from fedstyle.algorithms.base import Algorithm
 from fedstyle.algorithms.context import ClientContext, ServerContext
 from fedstyle.data.client import ClientData
 from fedstyle.errors import ConfigError
+from fedstyle.federation.batched import MODES as BATCHING_MODES
+from fedstyle.federation.batched import BatchingDecision, decide_batching
 from fedstyle.federation.client import snapshot
 from fedstyle.federation.rounds import (
     FederationSettings,
@@ -64,9 +66,14 @@ class StarSimulator:
         device: torch.device,
         transport: Transport | None = None,
         state_budget: int | None = None,
+        client_batching: str = "auto",
     ):
         """``state_budget``: bytes of client state kept in memory between phases (None: all of it),
-        see :class:`~fedstyle.federation.states.ClientStates`."""
+        see :class:`~fedstyle.federation.states.ClientStates`. ``client_batching``: whether the
+        in-process training phase trains the round's clients as one batched computation (auto, on,
+        off; see :mod:`fedstyle.federation.batched`)."""
+        if client_batching not in BATCHING_MODES:
+            raise ConfigError(f"client_batching {client_batching!r} is not one of {', '.join(BATCHING_MODES)}")
         if not clients:
             raise ConfigError("the partition produced no clients")
         for cid, data in enumerate(clients):
@@ -82,7 +89,15 @@ class StarSimulator:
         algo.init_server_state(self.server)
         self.client_states = ClientStates(len(clients), state_budget, device)
         self.traffic = Traffic()
+        self.client_batching = client_batching
+        self._batching: BatchingDecision | None = None
         self.use_transport(transport or InProcessTransport())
+
+    def batching(self) -> BatchingDecision:
+        """Whether the in-process training phase runs batched, and why not (decided on first use)."""
+        if self._batching is None:
+            self._batching = decide_batching(self, self.client_batching)
+        return self._batching
 
     def use_transport(self, transport: Transport) -> None:
         """Reach the clients through ``transport`` from now on (the Flower ServerApp swaps its own in)."""

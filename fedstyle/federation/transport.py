@@ -69,10 +69,15 @@ class Transport:
 
 
 class InProcessTransport(Transport):
-    """Clients as function calls on the driver's shared model, in the order of the requests."""
+    """Clients as function calls on the driver's shared model, in the order of the requests (the
+    training phase through :class:`~fedstyle.federation.batched.BatchedTrainer` when the driver batches)."""
 
     def call(self, phase: str, requests: dict[int, ClientRequest], round_index: int) -> PhaseReplies:
         sim = self.driver
+        if phase == "train" and requests:
+            trainer = sim.batching().trainer  # --client-batching: the round's clients as one computation
+            if trainer is not None:
+                return PhaseReplies(trainer.train(requests, round_index), sent=list(requests))
         purpose, fixed_round = PHASES[phase]
         results = {}
         for cid, request in requests.items():

@@ -1,0 +1,168 @@
+"""The batched client executor (``--client-batching``, fedstyle/federation/batched.py) against the sequential path.
+
+Tolerance. In float64 both paths compute alike: measured max difference of every weight, buffer and client
+state after 2 rounds 0 (FedAvg, FedProx, Adam, RandConv, CCST) and 3.6e-15 (FedBN's local running
+statistics: the batched BatchNorm sums in another order); train_loss equal. The tests allow 1e-9. In float32
+the batched convolutions round differently and training amplifies it: here 1.2e-6 to 1.8e-6 (SGD: FedAvg,
+FedProx, FedBN; weights up to 6), 1.1e-4 on another tiny set; Adam 7.7e-3 on the few weights whose gradient
+is at rounding level (its normalised step turns that noise into steps of up to lr), train_loss within 4e-5.
+The float32 test (FedAvg, SGD) allows 1e-3. The clients have 24, 19 and 10 samples in batches of 8: 3, 3
+and 2 steps, short last batches (ragged lockstep)."""
+
+from __future__ import annotations
+
+import json
+from contextlib import nullcontext
+
+import pytest
+import torch
+
+from fedstyle.algorithms import METHODS
+from fedstyle.algorithms.style_exchange import StyleExchange
+from fedstyle.cli.main import main
+from fedstyle.data.client import ClientData
+from fedstyle.data.transforms import BatchTransform
+from fedstyle.errors import ConfigError
+from fedstyle.experiments.config import RunConfig
+from fedstyle.experiments.runner import run_experiment
+from fedstyle.federation.star import FederationSettings, StarSimulator
+
+from test_ccst import FakeTag, fresh_cache  # noqa: F401  (the fake_tag style backend; an empty cache per test)
+from tiny import interrupt_and_resume, make_clients, make_model  # tests/tiny.py
+
+SIZES = (24, 19, 10)
+SETTINGS = FederationSettings(rounds=2, lr=0.05, batch_size=8, local_epochs=1)
+EXACT, FLOAT32 = 1e-9, 1e-3
+
+
+class Float64(BatchTransform):
+    """The batches in float64, where both paths compute bit for bit alike (an exact check of the executor)."""
+
+    def __call__(self, x, train, generator=None):
+        return super().__call__(x, train, generator).double()
+
+
+def clients(dtype):
+    transform = Float64 if dtype == torch.float64 else BatchTransform
+    t = transform((0.5, 0.5, 0.5), (0.5, 0.5, 0.5), "none")
+    return [ClientData(c.images[:n], c.labels[:n], c.domains[:n], t) for c, n in zip(make_clients(3), SIZES)]
+
+
+def simulate(method, mode, hp=None, settings=SETTINGS, dtype=torch.float64, rounds=2):
+    algo, model = make_model(method, hp)
+    model.to(dtype)
+    sim = StarSimulator(algo, model, clients(dtype), settings, seed=0, device=torch.device("cpu"), client_batching=mode)
+    sim.setup()
+    return sim, [sim.run_round(r) for r in range(rounds)]
+
+
+def max_difference(a: StarSimulator, b: StarSimulator) -> float:
+    """Largest absolute difference of the global weights and buffers and of every client's state."""
+    pairs = [(a.server.weights, b.server.weights)] + [(a.client_states[c], b.client_states[c]) for c in range(3)]
+    worst = 0.0
+    for x, y in pairs:
+        assert x.keys() == y.keys()
+        for key in x:
+            assert x[key].dtype == y[key].dtype
+            worst = max(worst, float((x[key].double() - y[key].double()).abs().max()))
+    return worst
+
+
+def assert_same(seq, bat, tolerance, loss_tolerance=1e-9):
+    (a, ra), (b, rb) = seq, bat
+    assert max_difference(a, b) <= tolerance
+    for x, y in zip(ra, rb):
+        assert x.clients == y.clients
+        assert y.train_loss == pytest.approx(x.train_loss, abs=loss_tolerance)
+        assert x.metrics.keys() == y.metrics.keys()
+        for key in x.metrics:
+            if not key.endswith("_seconds"):
+                assert y.metrics[key] == pytest.approx(x.metrics[key], abs=loss_tolerance)
+
+
+@pytest.mark.parametrize("method, hp, optimizer", [
+    ("fedavg", None, "sgd"),
+    ("fedprox", {"mu": 0.1}, "sgd"),
+    ("fedbn", None, "sgd"),
+    ("fedavg", None, "adam"),
+    ("fedavg", {"augment": "randconv"}, "sgd"),  # draws from torch's global generator: one stream per client
+])
+def test_batched_equals_sequential(method, hp, optimizer):
+    settings = FederationSettings(rounds=2, lr=0.05 if optimizer == "sgd" else 0.01, batch_size=8, local_epochs=1,
+                                  optimizer=optimizer)
+    seq, bat = simulate(method, "off", hp, settings), simulate(method, "on", hp, settings)
+    assert seq[0].batching().trainer is None and bat[0].batching().trainer is not None
+    assert_same(seq, bat, EXACT)
+    sizes = [sum(len(seq[0].clients[c]) for c in r.clients) for r in seq[1]]
+    assert sizes == [sum(SIZES)] * 2
+    if method == "fedbn":  # local BatchNorm: running statistics and counters kept per client
+        state = bat[0].client_states[2]
+        assert int(state["local/backbone.layer1.1.num_batches_tracked"]) == 2 * 2  # 2 steps in each of 2 rounds
+
+
+def test_float32_within_the_stated_tolerance():
+    seq, bat = simulate("fedavg", "off", dtype=torch.float32), simulate("fedavg", "on", dtype=torch.float32)
+    assert bat[0].batching().trainer is not None
+    assert_same(seq, bat, FLOAT32, loss_tolerance=1e-5)
+
+
+@pytest.mark.parametrize("method", ["mixstyle", "dsu"])
+def test_style_ops_fall_back_with_the_reason_and_identical_results(method):
+    seq = simulate(method, "off", dtype=torch.float32, rounds=1)
+    with pytest.warns(UserWarning, match=f"{method} trains its clients one by one: its {method} style op draws"):
+        bat = simulate(method, "on", dtype=torch.float32, rounds=1)
+    assert bat[0].batching().trainer is None and "forward pass" in bat[0].batching().reason
+    assert_same(seq, bat, 0.0, loss_tolerance=0.0)
+
+
+@pytest.mark.parametrize("declared", [False, True])
+def test_ccst_batches_once_its_local_train_is_declared_a_wrapper(declared, tmp_path, monkeypatch):
+    """CCST's local_train (StyleExchange's) wraps the base loop to count lazily stylized images: declared in
+    BATCHING_WRAPPERS (as StyleExchange does) it batches, and the counts match; undeclared it falls back,
+    results unchanged."""
+    if not declared:
+        monkeypatch.setattr(StyleExchange, "BATCHING_WRAPPERS", ())
+    hp = {"style_backend": "fake_tag", "k": 2}
+    runs = {}
+    for mode in ("off", "on"):
+        monkeypatch.setenv("FEDSTYLE_CACHE", str(tmp_path / mode))  # each run stylizes its own images
+        with pytest.warns(UserWarning) if mode == "on" and not declared else nullcontext():
+            runs[mode] = simulate("ccst", mode, hp)
+    batched = runs["on"][0].batching().trainer is not None
+    assert batched == (METHODS.get("ccst").batching_support(runs["on"][0].algo.hp) is None) == declared
+    assert_same(runs["off"], runs["on"], EXACT)
+    assert runs["on"][1][0].metrics["stylized_images"] > 0
+
+
+def test_auto_is_sequential_on_cpu_and_a_bad_mode_is_refused(tiny_config):
+    sim, _ = simulate("fedavg", "auto", rounds=0)
+    assert sim.batching().trainer is None and "CUDA only" in sim.batching().reason
+    with pytest.raises(ConfigError, match="--client-batching 'sometimes' is not one of auto, on, off"):
+        tiny_config.updated(client_batching="sometimes").validate()
+    with pytest.raises(ConfigError, match="client_batching 'yes' is not one of"):
+        simulate("fedavg", "yes", rounds=0)
+    assert RunConfig().client_batching == "auto"
+
+
+def test_a_run_with_client_batching_on_matches_off_and_resumes_exactly(tiny_config, tmp_path, monkeypatch):
+    """The option reaches the simulator through the config (float32 end to end); a batched run
+    interrupted and resumed repeats the uninterrupted one."""
+    for mode in ("off", "on"):
+        run_experiment(tiny_config.updated(client_batching=mode), tmp_path / mode, quiet=True)
+        assert json.loads((tmp_path / mode / "config.json").read_text())["client_batching"] == mode
+    interrupt_and_resume(tiny_config.updated(client_batching="on"), tmp_path / "resumed", monkeypatch, at_round=1)
+
+    def losses(run):
+        return [json.loads(line).get("train_loss") for line in (tmp_path / run / "metrics.jsonl").open()]
+
+    assert losses("on") == pytest.approx(losses("off"), abs=1e-5) and len(losses("on")) == 2
+    assert losses("resumed") == losses("on")
+
+
+def test_methods_listing_says_which_methods_batch(capsys):
+    main(["methods"])
+    out = capsys.readouterr().out
+    blocks = {block.split()[0]: block for block in out.split("\n\n") if block.strip()}
+    assert "client batching: yes" in blocks["fedavg"] and "client batching: yes" in blocks["fedprox"]
+    assert "client batching: no (its mixstyle style op" in blocks["mixstyle"]
+    assert "client batching: no (its own training_step)" in blocks["fedsam"]
