@@ -19,7 +19,10 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import replace
 from pathlib import Path
+
+import torch
 
 from fedstyle.audit.playbook import AuditSettings
 from fedstyle.audit.report import table, write_outputs
@@ -57,8 +60,14 @@ def train(config: RunConfig, out: Path) -> Path:
 
 
 def audit(run_dir: Path, settings: AuditSettings) -> dict:
+    """The run's audit, kept in RUN_DIR/audit_report.pt (examples included) so a rerun reuses it."""
+    saved = run_dir / "audit_report.pt"
+    if saved.exists():
+        return torch.load(saved, weights_only=False)
     print(f"auditing {run_dir}", flush=True)
-    return audit_run(run_dir, settings, log=lambda line: print("  " + line, flush=True))
+    report = audit_run(run_dir, settings, log=lambda line: print("  " + line, flush=True))
+    torch.save(report, saved)
+    return report
 
 
 def main() -> None:
@@ -91,7 +100,7 @@ def main() -> None:
             for z in NOISES:
                 dp = dict(hp, dp_clip=clip, dp_noise=z)
                 run_dir = train(base.updated(method=method, hparams=dp, **extra), args.out / dataset / f"{name}-z{z:g}")
-                curves.append(audit(run_dir, settings))
+                curves.append(audit(run_dir, replace(settings, baseline=False)))  # the plot needs no baseline
         write_outputs(curves, args.out / dataset / "tradeoff")
         (args.out / dataset / "tradeoff" / "table.md").write_text("".join(table(r) + "\n" for r in curves))
         print(json.dumps({"done": dataset}), flush=True)

@@ -39,6 +39,7 @@ class AuditSettings:
     shadow_sets: int = 24        # shadow payloads per source domain for the attribute probes
     max_set: int = 512           # a set payload's members scored / used (the payload itself uses all)
     seed: int = 0
+    baseline: bool = True        # also invert one weight update (the scale every verdict compares with)
 
 
 @dataclass

@@ -130,7 +130,7 @@ def audit_run(run_dir: str | Path, settings: AuditSettings | None = None, device
         log(f"{config.method}: attacking its {surface.kind} ({len(victims)} senders)")
         results.append(attack_surface(surface, victims, public, classify, settings))
     lr, wd = config.lr, config.weight_decay
-    for batch in sorted({1, min(8, config.batch_size)}):
+    for batch in sorted({1, min(8, config.batch_size)}) if settings.baseline else ():
         log(f"{config.method}: gradient inversion of one local step, batch {batch}")
         results.append(gradient_baseline(exp.model, normalize, victims, public, classify, settings, batch=batch,
                                          lr=lr, weight_decay=wd))

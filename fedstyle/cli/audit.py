@@ -44,7 +44,7 @@ def _cmd_audit_privacy(args: argparse.Namespace) -> int:
         if getattr(args, name) < 1:
             raise ConfigError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
     settings = AuditSettings(victims=args.victims, candidates=args.candidates, steps=args.steps,
-                             shadow_sets=args.shadow_sets, seed=args.seed)
+                             shadow_sets=args.shadow_sets, seed=args.seed, baseline=not args.no_baseline)
     log = (lambda _: None) if args.quiet else (lambda line: print(line, file=sys.stderr, flush=True))
     written, text = audit_privacy(args.run_dirs, settings=settings, out=args.out, device=args.device, log=log)
     print(text, end="")
@@ -69,6 +69,8 @@ def add_audit_command(sub: argparse._SubParsersAction) -> None:
     privacy.add_argument("--steps", type=int, default=200, help="optimisation steps per inversion (default 200)")
     privacy.add_argument("--shadow-sets", type=int, default=24, help="shadow payloads per domain that train the "
                          "attribute probes (default 24)")
+    privacy.add_argument("--no-baseline", action="store_true", help="skip the weight-update inversion (faster; "
+                         "the verdict lines then have nothing to compare with)")
     privacy.add_argument("--seed", type=int, default=0, help="the attacker's random draws")
     privacy.add_argument("--device", default=None, help="cpu, cuda, auto (default: the run's --device)")
     privacy.add_argument("--quiet", action="store_true", help="print only the table")
