@@ -17,8 +17,9 @@ from fedstyle.experiments.grid.spec import Grid, VariantSpec, _check_folder_name
 from fedstyle.experiments.rundir import CONFIG, DONE
 from fedstyle.experiments.tracks import merge_settings
 
-#: settings that never change a run's result: a finished run made with other values is reused
-RESULT_NEUTRAL = frozenset({"device", "data_root", "backend", "ray_address", "client_cpus", "client_gpus",
+#: settings that never change a run's result beyond float rounding (device, client batching): a finished run made
+#: with other values is reused
+RESULT_NEUTRAL = frozenset({"device", "client_batching", "data_root", "backend", "ray_address", "client_cpus", "client_gpus",
                             "state_budget", *TRACKER_SETTINGS})
 OTHERS = "others"
 

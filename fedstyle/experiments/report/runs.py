@@ -20,7 +20,7 @@ from fedstyle.experiments.config import TRACKER_SETTINGS
 WHICH = {"selected": "model chosen by the run's selection rule", "last": "last round"}
 #: config keys that do not make two runs' results different settings (where and how a run ran, its
 #: name, what the table shows as columns or rows anyway)
-NOT_SETTINGS = frozenset({"seed", "targets", "device", "backend", "label", "data_root", "skip_bad_images",
+NOT_SETTINGS = frozenset({"seed", "targets", "device", "client_batching", "backend", "label", "data_root", "skip_bad_images",
                           "allow_oracle", "selection", "method", "ray_address", "client_cpus", "client_gpus",
                           "state_budget", *TRACKER_SETTINGS})
 
