@@ -28,7 +28,7 @@ from fedstyle.audit.playbook import AuditSettings
 from fedstyle.audit.report import table, write_outputs
 from fedstyle.audit.run import audit_run
 from fedstyle.experiments.config import RunConfig
-from fedstyle.experiments.runner import DONE, run_experiment
+from fedstyle.experiments.runner import DONE, resume_experiment, run_experiment
 
 TARGETS = {"digits4": "mnistm", "fashion4": "sketch"}
 #: name -> (method, hyperparameters, extra settings)
@@ -54,7 +54,11 @@ def base_config(dataset: str, seed: int, device: str) -> RunConfig:
 
 
 def train(config: RunConfig, out: Path) -> Path:
-    if not (out / DONE).exists():
+    if (out / DONE).exists():
+        return out
+    if (out / "config.json").exists():  # interrupted: continue it
+        resume_experiment(out, quiet=True)
+    else:
         run_experiment(config, out, quiet=True)
     return out
 
@@ -76,19 +80,24 @@ def main() -> None:
     parser.add_argument("--datasets", nargs="+", default=list(TARGETS), choices=list(TARGETS))
     parser.add_argument("--rows", nargs="+", default=list(ROWS), choices=list(ROWS))
     parser.add_argument("--no-tradeoff", action="store_true", help="only the audit table")
+    parser.add_argument("--noises", type=float, nargs="+", default=list(NOISES), help="noise multipliers z")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--steps", type=int, default=200, help="inversion steps")
     parser.add_argument("--victims", type=int, default=3)
+    parser.add_argument("--shadow-sets", type=int, default=24, help="shadow payloads per domain (attribute probes)")
     args = parser.parse_args()
-    settings = AuditSettings(victims=args.victims, steps=args.steps, candidates=6, seed=args.seed)
+    settings = AuditSettings(victims=args.victims, steps=args.steps, candidates=6, seed=args.seed,
+                             shadow_sets=args.shadow_sets)
     for dataset in args.datasets:
         base = base_config(dataset, args.seed, args.device)
         reports = []
         for name in args.rows:
             method, hp, extra = ROWS[name]
             run_dir = train(base.updated(method=method, hparams=hp, **extra), args.out / dataset / name)
-            reports.append(audit(run_dir, settings))
+            # the weight-update inversion once per dataset (the FedAvg and FedGCA rows): it is the same attack on
+            # every run, and the style rows' verdicts are read against the FedAvg row's
+            reports.append(audit(run_dir, replace(settings, baseline=name in ("fedavg", "fedgca"))))
         write_outputs(reports, args.out / dataset / "audit")
         (args.out / dataset / "audit" / "table.md").write_text("".join(table(r) + "\n" for r in reports))
         if args.no_tradeoff:
@@ -97,7 +106,7 @@ def main() -> None:
         for name, clip in CLIPS.items():
             method, hp, extra = ROWS[name]
             curves += [reports[list(args.rows).index(name)]] if name in args.rows else []
-            for z in NOISES:
+            for z in args.noises:
                 dp = dict(hp, dp_clip=clip, dp_noise=z)
                 run_dir = train(base.updated(method=method, hparams=dp, **extra), args.out / dataset / f"{name}-z{z:g}")
                 curves.append(audit(run_dir, replace(settings, baseline=False)))  # the plot needs no baseline

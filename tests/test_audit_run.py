@@ -103,7 +103,7 @@ def test_audit_cli_writes_the_report_of_a_run(tiny_config, tmp_path, capsys):
                  "--shadow-sets", "2", "--quiet"])
     assert code == 0
     text = capsys.readouterr().out
-    assert "dataset style" in text and "weight update (1 step, batch 1)" in text and "shows the receiver" in text
+    assert "dataset style" in text and "weight update (1 step, batch 1)" in text and "over a guess vs" in text
     report = json.loads((out / "audit" / "privacy.json").read_text())[0]
     assert report["method"] == "stablefdg" and report["round"] == 2
     assert [r["payload"] for r in report["results"]][0] == "dataset style"

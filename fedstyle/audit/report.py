@@ -47,14 +47,22 @@ def _chance(result: SurfaceResult, key: str) -> float | None:
 
 
 def verdict(result: SurfaceResult, baseline: SurfaceResult | None) -> str:
-    """One sentence: does this payload let the receiver see more or less than one weight update does?"""
+    """One sentence: does this payload let the receiver see more or less of the images than one weight
+    update does? Gains are PSNR over the uninformed guess; an attack that does not beat the guess shows
+    nothing, and the sentence says so rather than ranking two failures."""
     gain = result.scores.get("recon_psnr", float("nan")) - result.scores.get("guess_psnr", float("nan"))
+    mia = result.scores.get("membership_auc")
+    member = f"; membership AUC {mia:.2f}" if mia is not None else ""
     if baseline is None or result is baseline:
-        return f"reconstruction {gain:+.1f} dB over a guess"
+        return f"reconstruction {gain:+.1f} dB over a guess{member}"
     base = baseline.scores["recon_psnr"] - baseline.scores["guess_psnr"]
+    against = f"one weight update of {baseline.set_size:.0f} image{'s' if baseline.set_size != 1 else ''}"
+    if gain <= 0 and base <= 0:
+        return (f"reconstruction {gain:+.1f} dB over a guess vs {base:+.1f} dB from {against}: neither lets this "
+                f"attacker see the sender's images better than public images of its domain do{member}")
     word = "more" if gain > base else "less"
-    return (f"reconstruction {gain:+.1f} dB over a guess vs {base:+.1f} dB from one weight update of "
-            f"{baseline.set_size:.0f} images: this payload shows the receiver {word} of the images than the weights do")
+    return (f"reconstruction {gain:+.1f} dB over a guess vs {base:+.1f} dB from {against}: this payload shows "
+            f"the receiver {word} of the images than the weights do{member}")
 
 
 def table(report: dict[str, Any]) -> str:

@@ -36,6 +36,7 @@ from torch import nn
 from fedstyle.algorithms import Algorithm
 from fedstyle.models.batchnorm import batch_statistics
 from fedstyle.style.privacy import StylePrivacy
+from fedstyle.style.sharing import query_batch
 from fedstyle.style.shift import StyleAccumulator, summarize_styles
 from fedstyle.style.stats import channel_stats
 from fedstyle.style.transfer.augment import client_style, make_backend
@@ -165,7 +166,7 @@ def classifier_surface(method: str, model: nn.Module, stages: list[str], normali
         return images.to(device).float().div(255.0)
 
     def chunks(images: Images):
-        step = len(images) if batch_stats else 256  # batch statistics: the whole set in one pass
+        step = len(images) if batch_stats else query_batch(device)  # batch statistics: the whole set in one pass
         return (floats(images[s:s + step]) for s in range(0, len(images), step))
 
     @torch.no_grad()
