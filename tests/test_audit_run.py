@@ -128,3 +128,23 @@ def test_refusals_name_the_fix(tiny_config, tmp_path, capsys):
     assert "--out" in capsys.readouterr().err
     assert main(["audit", "privacy", str(tmp_path / "missing")]) == 2
     assert main(["audit", "privacy", str(out), "--steps", "0"]) == 2
+
+
+@pytest.mark.slow
+def test_runs_with_and_without_the_defence_give_the_tradeoff_plot_and_their_epsilon(tiny_config, tmp_path):
+    from dataclasses import replace
+
+    clean, noisy = tmp_path / "clean", tmp_path / "noisy"
+    run_experiment(_config(tiny_config, "stablefdg").updated(rounds=1), clean, quiet=True)
+    run_experiment(_config(tiny_config, "stablefdg", dp_clip=10.0, dp_noise=1.0).updated(rounds=1), noisy, quiet=True)
+    written, text = audit_privacy([clean, noisy], settings=replace(FAST, baseline=False), out=tmp_path / "audit")
+    assert "tradeoff.png" in {p.name for p in written}
+    reports = json.loads((tmp_path / "audit" / "privacy.json").read_text())
+    assert reports[0]["epsilon"] is None
+    assert reports[1]["epsilon"] == pytest.approx(4.3772, abs=1e-3)  # z = 1, delta = 1e-5: the analytic Gaussian
+    assert "eps = 4.38 per release" in text
+    # the defended payload is not the clean one: the audit released it through the run's clipping and noise
+    exp_clean, clean_surface = _surface(tiny_config, "stablefdg")
+    _, noisy_surface = _surface(tiny_config, "stablefdg", dp_clip=10.0, dp_noise=1.0)
+    images = exp_clean.simulator.clients[0].images
+    assert not torch.allclose(clean_surface.release(images), noisy_surface.release(images))

@@ -163,7 +163,7 @@ def save_tradeoff(reports: list[dict[str, Any]], path: Path) -> Path:
 
 def write_outputs(reports: list[dict[str, Any]], out: Path) -> list[Path]:
     """privacy.json, privacy.md and reconstructions.png (one per run, numbered when several), plus
-    tradeoff.png when the runs differ in their defence."""
+    tradeoff.png when the runs differ in their defence and one of them uses it."""
     out.mkdir(parents=True, exist_ok=True)
     written = []
     text = "".join(table(r) + "\n" for r in reports)
@@ -173,6 +173,7 @@ def write_outputs(reports: list[dict[str, Any]], out: Path) -> list[Path]:
     for i, r in enumerate(reports):
         name = "reconstructions.png" if len(reports) == 1 else f"reconstructions-{i}-{r['method']}.png"
         written.append(save_grid(r, out / name))
-    if len({json.dumps(r["defence"], sort_keys=True) for r in reports}) > 1:
+    defended = any(r["defence"].get("dp_clip") or r["defence"].get("dp_noise") for r in reports)
+    if defended and len({json.dumps(r["defence"], sort_keys=True) for r in reports}) > 1:
         written.append(save_tradeoff(reports, out / "tradeoff.png"))
     return written
