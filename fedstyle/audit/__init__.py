@@ -1,10 +1,16 @@
-"""Privacy audit attacks: what an honest-but-curious receiver learns from shared styles (issue 24).
+"""The privacy audit (issue 24): what an honest-but-curious receiver learns from a run's shared styles.
 
-- :mod:`fedstyle.audit.metrics`: PSNR, SSIM, ROC AUC, best-match scoring of reconstructions.
-- :mod:`fedstyle.audit.invert`: reconstruct images from channel statistics by optimisation.
-- :mod:`fedstyle.audit.gradient_inversion`: the baseline, inverting a plain FedAvg update.
-- :mod:`fedstyle.audit.membership`: membership scores for per-image and per-set styles.
-- :mod:`fedstyle.audit.attributes`: linear probes that infer domain or class mix from styles.
+Entry points: ``fedstyle audit privacy RUN_DIR`` and, in Python,
+``fedstyle.audit.run.audit_privacy([run_dir], settings=AuditSettings(...))`` (one run:
+:func:`fedstyle.audit.run.audit_run`).
+
+- :mod:`fedstyle.audit.surfaces`: what each method sends beyond weights, as functions of images.
+- :mod:`fedstyle.audit.playbook`: every attack on one surface, scored against the truth and a guess.
+- :mod:`fedstyle.audit.baseline`: gradient inversion of one FedAvg step, the scale of every verdict.
+- :mod:`fedstyle.audit.run` / :mod:`fedstyle.audit.report`: run directories in, tables and PNGs out.
+- The attack library: :mod:`~fedstyle.audit.metrics` (PSNR, SSIM, ROC AUC, best match),
+  :mod:`~fedstyle.audit.invert` (images from statistics), :mod:`~fedstyle.audit.gradient_inversion`,
+  :mod:`~fedstyle.audit.membership`, :mod:`~fedstyle.audit.attributes` (linear probes).
 
 Nothing is imported here; import the submodule you need.
 """
