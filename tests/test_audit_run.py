@@ -117,6 +117,10 @@ def test_a_weights_only_method_gets_the_baseline_rows_only(tiny_config, tmp_path
     report = json.loads((out / "audit" / "privacy.json").read_text())[0]
     assert {r["method"] for r in report["results"]} == {"fedavg"}
     assert "privacy.md" in {p.name for p in written}
+    from dataclasses import replace
+
+    written, _ = audit_privacy([out], settings=replace(FAST, baseline=False), out=tmp_path / "bare")
+    assert {p.name for p in written} == {"privacy.json", "privacy.md"}  # nothing reconstructed: no grid
 
 
 def test_refusals_name_the_fix(tiny_config, tmp_path, capsys):

@@ -162,6 +162,8 @@ def attributes(surface: Surface, victims: list[Victim], public: Public, settings
         tdom = torch.cat([torch.full((len(t),), v.domain) for t, v in test])
         tcls = torch.cat([v.labels[: settings.max_set] for _, v in test])
         for name, y, ty in (("domain", torch.cat(dom), tdom), ("class", torch.cat(cls), tcls)):
+            if len(torch.unique(y)) < 2:
+                continue  # one public domain (or class): nothing to tell apart
             scores = attribute_scores(train_probe(x, y, kind="classify"), tx, ty, "classify")
             out[f"{name}_accuracy"], out[f"{name}_chance"] = scores["accuracy"], scores["chance"]
         return out
@@ -182,8 +184,9 @@ def attributes(surface: Surface, victims: list[Victim], public: Public, settings
     t_dom = torch.tensor([v.domain for v in victims])
     t_mix = torch.stack([torch.bincount(v.labels, minlength=public.num_classes).float() / len(v.labels)
                          for v in victims])
-    scores = attribute_scores(train_probe(x, y_dom, kind="classify"), tx, t_dom, "classify")
-    out["domain_accuracy"], out["domain_chance"] = scores["accuracy"], scores["chance"]
+    if len(domains) > 1:  # one public domain: no domain to infer
+        scores = attribute_scores(train_probe(x, y_dom, kind="classify"), tx, t_dom, "classify")
+        out["domain_accuracy"], out["domain_chance"] = scores["accuracy"], scores["chance"]
     mix_scores = attribute_scores(train_probe(x, y_mix, kind="regress"), tx, t_mix, "regress")
     out.update({f"mix_{k}": v for k, v in mix_scores.items()})
     return out

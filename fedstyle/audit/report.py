@@ -78,7 +78,9 @@ def table(report: dict[str, Any]) -> str:
             cell = "—" if value is None else fmt.format(value)
             cells.append(cell + (f" / {chance:.2f}" if chance is not None and value is not None else ""))
         lines.append(f"| {r.kind} | " + " | ".join(cells) + " |")
-    baselines = [r for r in results if r.method == "fedavg"]
+    # the receiver's best weight-update attack (largest gain over its guess) is the scale
+    baselines = sorted((r for r in results if r.method == "fedavg"),
+                       key=lambda r: r.scores["recon_psnr"] - r.scores["guess_psnr"])
     lines.append("")
     for r in results:
         if r.method != "fedavg":
@@ -171,6 +173,8 @@ def write_outputs(reports: list[dict[str, Any]], out: Path) -> list[Path]:
     written.append(atomic_write(out / "privacy.json", lambda tmp: Path(tmp).write_text(data)))
     written.append(atomic_write(out / "privacy.md", lambda tmp: Path(tmp).write_text("# Privacy audit\n\n" + text)))
     for i, r in enumerate(reports):
+        if not any(result.examples for result in r["results"]):
+            continue  # nothing reconstructed (a weights-only method audited with --no-baseline)
         name = "reconstructions.png" if len(reports) == 1 else f"reconstructions-{i}-{r['method']}.png"
         written.append(save_grid(r, out / name))
     defended = any(r["defence"].get("dp_clip") or r["defence"].get("dp_noise") for r in reports)

@@ -123,7 +123,11 @@ def audit_run(run_dir: str | Path, settings: AuditSettings | None = None, device
     def classify(x01: torch.Tensor) -> torch.Tensor:
         return torch.cat([exp.model(normalize(x01[s:s + 256])).argmax(1).cpu() for s in range(0, len(x01), 256)])
 
-    victims, public = _victims(exp, 30, settings.seed), _public(exp)
+    public = _public(exp)
+    victims = [v for v in _victims(exp, 30, settings.seed) if v.domain in public.images]
+    if not victims:
+        raise ConfigError("no sender's domain has public (source-validation) images for the attacker: give the run "
+                          "a larger --val-fraction (each source domain needs at least 4 validation images)")
     surfaces = SURFACES.get(config.method)(exp, normalize) if config.method in SURFACES else []
     results: list[SurfaceResult] = []
     for surface in surfaces:

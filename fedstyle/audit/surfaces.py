@@ -126,7 +126,7 @@ def encoder_surface(method: str, algorithm: Algorithm, device: torch.device, kin
             noise = privacy.generator(seed, "audit", next(releases)) if privacy is not None else None
             style, _ = client_style(backend, images, style_type="single" if kind == "per-image style" else "overall",
                                     count=len(images), seed=0, batch_size=64, privacy=privacy, noise=noise)
-        rows = torch.cat([style.tensors["mean"], style.tensors["std"]], 1).double()
+        rows = torch.cat([style.tensors["mean"], style.tensors["std"]], 1).double().to(device)  # styles live on the CPU
         return rows if kind == "per-image style" else rows.flatten()
 
     sender = "each client, once at setup, to the server" + (

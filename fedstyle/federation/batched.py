@@ -117,7 +117,9 @@ class _Client:
 
 class _StackedOptimizer:
     """``torch.optim.SGD`` / ``Adam`` (as :meth:`TrainSettings.make_optimizer` makes them) on stacked
-    tensors: the same element-wise updates, per client; ``index`` None means every client."""
+    tensors: the same element-wise updates, per client; ``index`` None means every client. One difference:
+    a trainable parameter the forward never uses gets a zero gradient here (so weight decay and momentum
+    move it) where torch's optimisers skip a parameter without one; no batchable method has such a one."""
 
     def __init__(self, train: TrainSettings, params: dict[str, torch.Tensor]):
         self.train = train
