@@ -262,7 +262,9 @@ class Algorithm:
     def training_loss(self, ctx: ClientContext, model: nn.Module, x, y, payload: Payload) -> torch.Tensor:
         """Loss of one mini-batch: :meth:`functional_loss` of the model's output (cross-entropy, plus
         :meth:`weight_penalty` when a method defines one)."""
-        return self.functional_loss(model(x), y, trainable_weights(model), ctx.global_weights)
+        # the weights by name only for a method with a weight penalty: no dict per step on FedAvg's hot path
+        has_penalty = type(self).weight_penalty is not Algorithm.weight_penalty
+        return self.functional_loss(model(x), y, trainable_weights(model) if has_penalty else {}, ctx.global_weights)
 
     def functional_loss(self, logits: torch.Tensor, y: torch.Tensor, params: Mapping[str, torch.Tensor],
                         global_weights: Mapping[str, torch.Tensor]) -> torch.Tensor:
