@@ -68,15 +68,55 @@ def test_phi_of_a_tiny_client_by_hand(monkeypatch):
     assert torch.allclose(phi, expected, atol=1e-6)
     monkeypatch.setattr(sharing, "QUERY_BATCH", 1)  # the whole dataset, one image per pass: same Phi
     assert torch.allclose(method.round_query(context(data, phase="query"), model)["style"], expected, atol=1e-6)
-    # style_images=1: Phi of one of the two images, the same one for the same seed
-    one = algo({"attention": False, "style_images": 1}).round_query(context(data, phase="query"), model)["style"]
+    # style_images=1 (eval statistics): Phi of one of the two images, the same one for the same seed
+    hp = {"attention": False, "style_images": 1, "style_stats": "eval"}
+    one = algo(hp).round_query(context(data, phase="query"), model)["style"]
     assert torch.allclose(one[2:], torch.zeros(2, 3)) and one[0, 0] in (0.0, 1.0)
-    again = algo({"attention": False, "style_images": 1}).round_query(context(data, phase="query"), model)["style"]
+    again = algo(hp).round_query(context(data, phase="query"), model)["style"]
     assert torch.equal(one, again)
+    # reference_code: per-sample variances over the 2 pixels with 1/(HW - 1), those over the 2 samples with
+    # 1/(N - 1), and 1e-6 on the spread (trainer.py:697-715)
+    ref = algo({"attention": False, "reference_code": True}).round_query(context(data, phase="query"), model)["style"]
+    two = math.sqrt(2 + 1e-6)  # unbiased sigma of (-1, 1)
+    expected = torch.tensor([[0.5, -0.5, 0.0],
+                             [(two + 1e-3) / 2] * 2 + [two],
+                             [0.5 + 1e-6, 0.5 + 1e-6, 1e-6],
+                             [2 * ((two - 1e-3) / 2) ** 2 + 1e-6] * 2 + [1e-6]])
+    assert torch.allclose(ref, expected, atol=1e-6)
 
 
-def test_phi_is_computed_in_eval_mode_on_the_downloaded_weights():
-    method, model = make_model("stablefdg")
+def test_phi_from_training_batches_uses_batch_statistics_and_leaves_the_running_ones():
+    """style_stats=train (default): Phi of the features a training forward computes (BatchNorm with each
+    batch's statistics), on augmented batches of the training batch size; the model's state is untouched."""
+    method, model = make_model("stablefdg", {"attention": False})
+    data = make_clients(1, per_client=24)[0]
+    model.eval()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    ctx = context(data, phase="query")
+    phi = method.round_query(ctx, model)["style"]
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    # by hand: the same batches (the context's generator), BatchNorm in training mode on a copy
+    import copy
+    twin = copy.deepcopy(model).train()
+    mus, sigmas = [], []
+    with torch.no_grad():
+        for x, _, _ in data.batches(SETTINGS.batch_size, torch.Generator().manual_seed(0), CPU,
+                                    data.num_batches(SETTINGS.batch_size)):
+            mu, sigma = channel_stats(twin.backbone.forward_until(x, "layer1"))
+            mus.append(mu.flatten(1))
+            sigmas.append(sigma.flatten(1))
+    mu, sigma = torch.cat(mus), torch.cat(sigmas)
+    expected = torch.stack([mu.mean(0), sigma.mean(0), mu.var(0, correction=0), sigma.var(0, correction=0)])
+    assert torch.allclose(phi, expected, atol=1e-5)
+    evaluated = algo({"attention": False, "style_stats": "eval"}).round_query(context(data, phase="query"), model)
+    assert not torch.allclose(evaluated["style"], phi, atol=1e-3)  # running statistics give another Phi
+    assert StableFDG.resolve({"dp_clip": 1.0})["style_stats"] == "eval"  # the defence's bound needs it
+    with pytest.raises(ConfigError, match="style_stats=eval"):
+        StableFDG.resolve({"dp_clip": 1.0, "style_stats": "train"})
+
+
+def test_phi_is_computed_on_the_downloaded_weights_and_eval_mode_with_eval_statistics():
+    method, model = make_model("stablefdg", {"style_stats": "eval"})
     clients = make_clients(3)
     sim = StarSimulator(method, model, clients, SETTINGS, seed=0, device=CPU)
     seen = []
@@ -108,6 +148,30 @@ def test_derangement_never_maps_a_client_to_itself_and_is_seeded(n):
 def test_derangement_differs_between_seeds_and_covers_two_cycles():
     perms = {tuple(derangement(4, torch.Generator().manual_seed(s))) for s in range(200)}
     assert len(perms) == 9  # all 9 derangements of 4 items (Sattolo alone gives only the 6 4-cycles)
+
+
+def test_greedy_pairing_is_the_public_codes_loop_and_can_pair_a_client_with_itself():
+    """trainer.py:599-611: each participant in turn takes a free style not its own; the last one, left with
+    its own, gets it on the next pass (about 25 % of assignments at n = 3, 7 % at n = 10)."""
+    for n in (2, 3, 5, 10):
+        selves = 0
+        for seed in range(400):
+            perm = sharing.greedy_pairing(n, torch.Generator().manual_seed(seed))
+            assert sorted(perm) == list(range(n))
+            wrong = [i for i, p in enumerate(perm) if p == i]
+            assert wrong in ([], [n - 1])  # only the last participant can get its own style
+            selves += bool(wrong)
+        if n == 2:
+            assert selves == 0  # the first takes the second's; the second is left with the first's
+        else:
+            assert 0 < selves < 400
+    server = ServerContext(weights={}, state={}, round=3, num_clients=10, seed=7)
+    queries = {c: {"style": torch.full((4, 2), float(c))} for c in range(10)}
+    got = {tuple(sorted((c, int(p["style"][0, 0])) for c, p in algo({"reference_code": True}).round_payloads(
+        ServerContext(weights={}, state={}, round=r, num_clients=10, seed=7), list(range(10)), queries).items()))
+        for r in range(200)}
+    assert any(any(c == s for c, s in pairs) for pairs in got)  # a self-pairing happens under reference_code
+    assert server.round == 3
 
 
 def test_round_payloads_share_one_to_one_and_one_participant_gets_nothing():
@@ -313,7 +377,7 @@ def _forward_with_extras(hp, x, y):
     ctx = context(make_clients(1)[0])
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(stablefdg_pipeline, "oversample_features",
-                      lambda *args: enlarged.append(oversample(*args)) or enlarged[-1])
+                      lambda *args, **kw: enlarged.append(oversample(*args, **kw)) or enlarged[-1])
         loss = method.training_loss(ctx, model, x, y, {})
     assert torch.isfinite(loss) and ctx.logged_metrics()["explore_fired"] == 1.0
     assert len(enlarged) == 1
@@ -524,7 +588,8 @@ def test_the_pipeline_hands_the_hyperparameters_to_the_style_ops(hp, select, cen
         train_step(dict(ALWAYS, oversample_ratio=0.5, alpha=2.0, **hp), torch.randn(6, 3, 16, 16),
                    torch.tensor([0, 0, 1, 1, 2, 3]), RECEIVED)
     assert [args[2] for args, _ in calls["selective_shift"]] == [select]
-    assert [args[2:] for args, _ in calls["oversample_features"]] == [(3, 4, True)]  # M = round(0.5 B)
+    # M = round(0.5 B) extras, drawn by the pipeline's draws (balanced)
+    assert [(args[2:], tuple(kw["indices"].shape)) for args, kw in calls["oversample_features"]] == [((3, 4), (3,))]
     (args, kw), *later = calls["explore_and_mix"]  # once per firing stage: exploration at the first only
     assert args[1:] == (6, 2.0) and kw["center_count"] == center_count and kw["min_sigma"] == min_sigma
     assert kw["mix_weights"] is not None and all(args[1] is None for args, _ in later)

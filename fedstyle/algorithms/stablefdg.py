@@ -2,16 +2,22 @@
 oversampling, and the attention-based feature highlighter.
 
 **Per round, style sharing (Section 3.1 step 1, Eq. 2-3).** Each sampled client, on the weights it
-just downloaded (its own BatchNorm layers under ``local_bn``), in eval mode, runs its whole local
-dataset (un-augmented: the eval transform) to ``share_stage`` and sends
+just downloaded (its own BatchNorm layers under ``local_bn``), runs its whole local dataset to
+``share_stage`` and sends
 
     Phi_n = [mu_n, sigma_n, Sigma_n(mu), Sigma_n(sigma)]      (4 x C; means and 1/N variances of the
                                                                per-sample channel statistics, Eq. 2)
 
-(``round_query``; ``style_images=N`` estimates it from a seeded random N images instead, a cost
-knob: the pass over all local data costs about 40% of a local epoch on the ConvNet, whose
-full-resolution first stage is its most expensive forward). The server gives each participant
-another participant's Phi by a seeded random derangement (``round_payloads``,
+(``round_query``). The paper does not say which forward the features come from; as the public code
+(trainer.py:676-721, ``style_collect`` on a copy of the global model in training mode, fed the
+augmented training loader), ``style_stats=train`` (default) takes one epoch of the client's augmented
+training batches with BatchNorm normalising by each batch's statistics — the features the shift is
+then applied to — and leaves the running statistics alone; ``style_stats=eval`` is the earlier
+choice, un-augmented images and the running statistics (at initialisation sigma 0.36 vs 0.52 in
+training: a received Phi then shifts features toward a scale they never have). ``style_images=N``
+estimates Phi from fewer images (eval: a seeded random N; train: the first ceil(N / B) batches), a cost
+knob: the pass over all local data costs about 40% of a local epoch on the ConvNet. The server gives
+each participant another participant's Phi by a seeded random derangement (``round_payloads``,
 :func:`fedstyle.style.sharing.derangement`; one participant: nothing is shared and it trains without
 shifting). Phi travels up and down as payload bytes (:mod:`fedstyle.style.sharing`).
 
@@ -46,16 +52,42 @@ exploration acts on the oversampled part; giving them ``true`` against that is a
 Other ablations: ``select=random`` (Table 11), ``oversample_balanced=false`` (Table 12),
 ``oversample_ratio`` (Fig. 4), ``alpha`` (Fig. 4), ``shift_p`` / ``explore_p`` (Table 13).
 
-**reference_code=true** reproduces the public code's choices: the first B/2 samples of the batch
-get the k-means cluster centres' styles and the rest draws around the received style; oversampling
-(as exploration) only at the first firing exploration stage (later firing stages: MixStyle only;
-no firing stage: no oversampling), the exploration centre over the original batch; attention
-partners = the next same-class sample; no style sharing in round 0; equal client weights
-(``aggregation=uniform`` unless given; ``explore_repeat`` stays ``once``). Not reproduced: styles
-of all 30 clients recomputed each round (here only the participants'), k-means in scikit-learn on
-the CPU, B = 32 hard-wired, extra batches fetched for singleton classes, the never-stepped
-per-client scheduler (use ``--lr-schedule constant``) and the server's derangement loop that never
-ends on Python >= 3.11.
+**reference_code=true** reproduces the public code (savertm/StableFDG_github @ 77eac35; proven on one
+ResNet-18 step by tests/test_parity_stablefdg.py: loss equal to 1e-7, every gradient within 1.4e-4,
+docs/parity.md):
+
+- the shift (style_insert.py:17-69): the first B/2 samples get scikit-learn's k-means cluster centres'
+  styles (``KMeans(B/2, k-means++, max_iter=1, n_init=1)``, :func:`~fedstyle.style.selection.sklearn_kmeans_centres`),
+  the last B/2 draw around the received style, sigma' clamped at 0 (not 1e-6);
+- per-sample variances with 1/(HW - 1) everywhere (style_insert.py:20, oma.py:158, 181, trainer.py:698);
+- Phi: means over samples, spreads sqrt(var + 1e-6) with 1/(N - 1) (trainer.py:713-715), from training
+  batches (``style_stats=train``, as the default); no style sharing in round 0; the server's greedy
+  pairing (trainer.py:599-611, :func:`~fedstyle.style.sharing.greedy_pairing`), which gives the last
+  participant its own style when only that is left (7 % of rounds at 10 participants);
+- oversampling (as exploration) only at the first firing exploration stage (later firing stages:
+  MixStyle only; no firing stage: no oversampling), the extras in the code's level-by-level order
+  (oma.py:133-155, :func:`~fedstyle.style.oversample.level_order_indices`), the exploration centre over the
+  original batch (oma.py:169-170);
+- OMA normalises with mu and sigma that keep their gradients (only the targets are detached,
+  oma.py:157-161, 180-184, 191) and MixStyle mixes a negative explored sigma as it is (oma.py:172-200;
+  the paper's sequence, the default, mixes |sigma_e| and mirrors the map);
+- the attention (cross_attn.py): 1 x 1 convolutions with biases, queries and keys L2-normalised per
+  position (cosine scores), partners = the next same-class sample, and the embedding = the last map
+  summed over positions / 49 (average pooling only at 224 px; ConvNet: its flattened map);
+- equal client weights (``aggregation=uniform`` unless given; ``explore_repeat`` stays ``once``).
+
+Not reproduced (intended): styles of all 30 clients recomputed each round (trainer.py:590-592; here only
+the participants', which are the only ones used); B = 32 hard-wired (style_insert.py:17: here B/2 for any B);
+a class with one sample in the batch (oma.py:113-131, cross_attn.py:45-48, 64-65: the code appends a
+class-balanced batch's feature and uses its query; here the sample is its own partner and nothing is
+appended); the Dataset loaders' dropped last batch in Phi (here only a trailing single sample is dropped);
+the never-stepped per-client scheduler (use ``--lr-schedule constant``) and the derangement loop that
+never ends on Python >= 3.11 (trainer.py:599-611: ``random.sample`` of a set).
+
+The paper mode follows the paper where it speaks and the code where it is silent: Eq. 2-3's 1/N
+variances and the statistics of the MixStyle paper it cites for step 5 (1/HW variance, statistics
+detached), Eq. 6-8's plain dot-product attention and global average pooling (Section 3.2), a
+derangement (n != n'); Phi from training batches (silent: the code's).
 """
 
 from __future__ import annotations
@@ -71,16 +103,16 @@ from fedstyle.algorithms.base import Algorithm, apply_reference_code
 from fedstyle.algorithms.context import ClientContext, ServerContext
 from fedstyle.algorithms.hparams import HParam
 from fedstyle.algorithms.registry import register_method
-from fedstyle.algorithms.stablefdg_pipeline import FeaturePipeline
+from fedstyle.algorithms.stablefdg_pipeline import FeaturePipeline, PipelineDraws
 from fedstyle.algorithms.stages import check_known_stages, parse_stages
 from fedstyle.algorithms.style_exchange import DP_HPARAMS, style_privacy
 from fedstyle.errors import ConfigError
-from fedstyle.models.attention import AttentionNeck, same_class_partners
+from fedstyle.models.attention import AttentionNeck
 from fedstyle.payload import Payload
 from fedstyle.seeding import derive_seed
 from fedstyle.style import MixStyle, StyleSummary
 from fedstyle.style.privacy import count_release, release_metrics
-from fedstyle.style.sharing import dataset_style, deranged_exchange
+from fedstyle.style.sharing import STYLE_STATS, dataset_style, deranged_exchange
 
 STYLE_KEY = "style"
 _QUERY_SECONDS = "stablefdg/query_seconds"
@@ -108,6 +140,10 @@ class StableFDG(Algorithm):
         HParam("share_stage", "layer1", "backbone stage whose output gives Phi_n, is shifted and oversampled"),
         HParam("style_images", 0, "images per client for Phi_n (0: all of them, the paper; N: a random N drawn "
                "with the round's seed, a cheaper estimate)", low=0),
+        HParam("style_stats", "train", "the features Phi_n is computed on: one epoch of augmented training batches "
+               "with BatchNorm's batch statistics, as a training forward sees them (train: the public code; the "
+               "paper does not say) or un-augmented images with the running statistics (eval; the default with "
+               "dp_clip, whose bound needs images that do not share batch statistics)", choices=STYLE_STATS),
         HParam("shift_p", 0.5, "probability of style shifting per mini-batch", low=0.0, high=1.0),
         HParam("select", "kmeans", "which B/2 samples keep their style: k-means++ (paper) or random (Table 11)",
                choices=("kmeans", "random")),
@@ -153,7 +189,14 @@ class StableFDG(Algorithm):
         if hp["reference_code"] and hp["explore_repeat"] != "once":
             raise ConfigError("reference_code=true explores once per mini-batch, as the public code; "
                               "drop explore_repeat or set reference_code=false")
-        return apply_reference_code(hp, given, {"aggregation": "uniform"})  # the public code: equal weights
+        if hp["dp_clip"] > 0 and hp["style_stats"] == "train":
+            # the clipping bounds one image's effect on Phi only when images do not share batch statistics
+            if "style_stats" in given:
+                raise ConfigError("dp_clip bounds one image's effect on Phi only with style_stats=eval (with batch "
+                                  "statistics one image moves every image of its batch); use style_stats=eval")
+            hp["style_stats"] = "eval"
+        # the public code: equal client weights, Phi from training batches
+        return apply_reference_code(hp, given, {"aggregation": "uniform", "style_stats": "train"})
 
     @classmethod
     def display_name(cls, hp: Mapping[str, Any]) -> str:
@@ -177,6 +220,8 @@ class StableFDG(Algorithm):
         super().__init__(hparams, num_classes=num_classes, num_clients=num_clients)
         self.explore_stages = parse_stages(self.hp["explore_stages"])
         self.mix = MixStyle(p=1.0, alpha=self.hp["mix_alpha"])  # fires when the stage fires
+        #: the mini-batch pipeline's random draws (None: :class:`PipelineDraws`); tests force the authors' draws
+        self.draws: PipelineDraws | None = None
 
     # -- model --------------------------------------------------------------------------
     def configure_model(self, model: nn.Module) -> None:
@@ -194,8 +239,13 @@ class StableFDG(Algorithm):
                               "where the oversampled features exploration acts on are made; drop them or move "
                               "share_stage earlier")
         if self.hp["attention"]:
-            # wrap the model's own neck: A(z) goes next to "the last embedding feature" (Section 3.2)
-            model.set_neck(AttentionNeck(model.neck, backbone.out_channels, self.hp["attention_dim"]))
+            # wrap the model's own neck: A(z) goes next to "the last embedding feature" (Section 3.2); the public
+            # code's cosine scores, biased 1 x 1 convolutions and sum/49 embedding under reference_code (the
+            # last only where the backbone pools: the ConvNet's embedding is its flattened map)
+            reference = self.hp["reference_code"]
+            pools = backbone.feature_dim == backbone.out_channels
+            model.set_neck(AttentionNeck(model.neck, backbone.out_channels, self.hp["attention_dim"], cosine=reference,
+                                         bias=reference, embedding_divisor=49.0 if reference and pools else None))
         super().configure_model(model)  # after the neck, so that the recorded parameter keys include it
 
     def uses_phase(self, phase: str) -> bool:
@@ -211,8 +261,12 @@ class StableFDG(Algorithm):
             return {}  # the public code shares nothing in round 0
         start = time.perf_counter()
         privacy = style_privacy(self.hp)  # off by default; noise seeded from the client's round seed
+        reference = self.hp["reference_code"]
         phi = dataset_style(model.backbone, ctx.data, self.hp["share_stage"], ctx.device, self.hp["style_images"],
-                            ctx.generator, privacy, privacy.generator(ctx.seed, "stablefdg")).as_tensor()
+                            ctx.generator, privacy, privacy.generator(ctx.seed, "stablefdg"),
+                            mode=self.hp["style_stats"], batch_size=ctx.train.batch_size,
+                            batch_stats=getattr(model, "batchnorm", "train") == "train",
+                            unbiased=reference, spread_eps=1e-6 if reference else 0.0).as_tensor()
         count_release(ctx.state, privacy)
         if ctx.device.type == "cuda":
             torch.cuda.synchronize(ctx.device)  # once per round: the phase's time for the metrics
@@ -222,7 +276,8 @@ class StableFDG(Algorithm):
     def round_payloads(self, server: ServerContext, client_ids: list[int], queries: dict[int, Payload]
                        ) -> dict[int, Payload]:
         g = torch.Generator().manual_seed(derive_seed(server.seed, "stablefdg-share", server.round))
-        return deranged_exchange(client_ids, queries, STYLE_KEY, g)
+        return deranged_exchange(client_ids, queries, STYLE_KEY, g,
+                                 pairing="greedy" if self.hp["reference_code"] else "derangement")
 
     # -- local training -----------------------------------------------------------------
     def _received(self, ctx: ClientContext, payload: Payload) -> StyleSummary | None:
@@ -241,13 +296,14 @@ class StableFDG(Algorithm):
         return super().local_train(ctx, model, payload)
 
     def training_loss(self, ctx: ClientContext, model: nn.Module, x, y, payload: Payload) -> torch.Tensor:
+        draws = self.draws or PipelineDraws(self.mix.sample_mix_weights, self.hp["reference_code"])
         step = FeaturePipeline(self.hp, self.num_classes, self.explore_stages, y, self._received(ctx, payload),
-                               self.mix.sample_mix_weights, ctx.timed)
+                               draws, ctx.timed)
         maps = model.backbone.forward_stages(x, step)
         labels = step.labels
         if self.hp["attention"]:
             with ctx.timed("attention"):
-                partner = same_class_partners(labels, "next" if self.hp["reference_code"] else "random")
+                partner = draws.partners(labels, "next" if self.hp["reference_code"] else "random")
                 features = model.neck(maps, partner=partner)
         else:
             features = model.neck(maps)

@@ -35,9 +35,12 @@ operations are the style layer's; this module decides when each one runs.
    restyle gives the same features (up to the 1e-6 inside sigma)
    (:func:`~fedstyle.style.fused.explore_and_mix`).
 
-``reference_code=true``: the first B/2 samples get the k-means cluster centres' styles and the rest
-draws around the received style; oversampling (as exploration) only at the first firing exploration
-stage (none when no stage fires), the exploration centre over the original batch.
+``reference_code=true``: the public code's OMA and style_insert (see :mod:`fedstyle.algorithms.stablefdg`):
+the first B/2 samples get scikit-learn's k-means cluster centres' styles and the rest draws around the
+received style (sigma' clamped at 0); oversampling (as exploration) only at the first firing exploration
+stage (none when no stage fires), in the code's level order, the exploration centre over the original
+batch; unbiased per-sample variances; normalising statistics that keep their gradients; signed mixing.
+Every random draw goes through :class:`PipelineDraws`.
 """
 
 from __future__ import annotations
@@ -46,11 +49,52 @@ from typing import Any, Callable, ContextManager, Mapping
 
 import torch
 
-from fedstyle.style.fused import MixWeights, explore_and_mix
+from fedstyle.models.attention import same_class_partners
+from fedstyle.style.fused import MixWeights, explore_and_mix, random_permutation
 from fedstyle.style.mixstyle import fires
-from fedstyle.style.oversample import oversample_features
-from fedstyle.style.selection import selective_shift
-from fedstyle.style.shift import StyleSummary
+from fedstyle.style.oversample import level_order_indices, oversample_features, oversample_indices
+from fedstyle.style.selection import select_by_kmeans, selective_shift, sklearn_kmeans_centres
+from fedstyle.style.shift import StyleSummary, standard_normal
+
+
+class PipelineDraws:
+    """Every random draw of one mini-batch's pipeline, in one place (tests replace it to force the
+    authors' draws: tests/test_parity_stablefdg.py).
+
+    Paper mode: torch's global generators, drawn as the style ops always drew them. ``reference``:
+    the public code's samplers — scikit-learn's k-means (style_insert.py:72-81; its random_state drawn
+    from torch's generator, so a seeded run repeats) and the level-by-level order of the oversampled
+    extras (oma.py:133-155) — and the same torch draws for the rest.
+    """
+
+    def __init__(self, mix_weights: MixWeights, reference: bool = False):
+        self._mix_weights, self.reference = mix_weights, reference
+
+    def fires(self, p: float) -> bool:
+        return fires(p)
+
+    def normal(self, shape: tuple, like: torch.Tensor) -> torch.Tensor:
+        return standard_normal(shape, like)
+
+    def kmeans(self, points: torch.Tensor, k: int) -> tuple[torch.Tensor | None, torch.Tensor]:
+        """(keep mask or None, the k centres)."""
+        if self.reference:
+            return None, sklearn_kmeans_centres(points, k, int(torch.randint(2**31 - 1, (1,))))
+        return select_by_kmeans(points, k)
+
+    def oversample(self, labels: torch.Tensor, count: int, num_classes: int, balanced: bool) -> torch.Tensor:
+        if self.reference and balanced:
+            return level_order_indices(labels, count)
+        return oversample_indices(labels, count, num_classes, balanced)
+
+    def mix_weights(self, batch: int, like: torch.Tensor) -> torch.Tensor:
+        return self._mix_weights(batch, like)
+
+    def permutation(self, n: int, device: torch.device) -> torch.Tensor:
+        return random_permutation(n, device)
+
+    def partners(self, labels: torch.Tensor, mode: str) -> torch.Tensor:
+        return same_class_partners(labels, mode)
 
 
 class FeaturePipeline:
@@ -58,13 +102,13 @@ class FeaturePipeline:
 
     ``hp``: StableFDG's resolved hyperparameters; ``labels``: the batch's, extended by the oversampled
     part's (read :attr:`labels` after the forward); ``received``: the style to shift to (None: no
-    shift); ``mix_weights``: MixStyle's lambda sampler; ``timed(name)`` times each part.
+    shift); ``draws``: the random draws (:class:`PipelineDraws`); ``timed(name)`` times each part.
     """
 
     def __init__(self, hp: Mapping[str, Any], num_classes: int, explore_stages: list[str], labels: torch.Tensor,
-                 received: StyleSummary | None, mix_weights: MixWeights, timed: Callable[[str], ContextManager]):
+                 received: StyleSummary | None, draws: PipelineDraws, timed: Callable[[str], ContextManager]):
         self.hp, self.num_classes, self.explore_stages = hp, num_classes, explore_stages
-        self.mix_weights, self.timed = mix_weights, timed
+        self.draws, self.timed = draws, timed
         self.labels = labels
         self.original = labels.shape[0]
         self.extra_start: int | None = None  # where the oversampled part s~ begins
@@ -78,20 +122,22 @@ class FeaturePipeline:
         with self.timed("oversample"):
             self.extra_start = x.shape[0]
             count = int(round(self.hp["oversample_ratio"] * self.labels.shape[0]))
-            x, self.labels = oversample_features(x, self.labels, count, self.num_classes,
-                                                 self.hp["oversample_balanced"])
+            idx = self.draws.oversample(self.labels, count, self.num_classes, self.hp["oversample_balanced"])
+            x, self.labels = oversample_features(x, self.labels, count, self.num_classes, indices=idx)
         return x
 
     def __call__(self, name: str, x: torch.Tensor) -> torch.Tensor:
-        hp, reference = self.hp, self.hp["reference_code"]
+        hp, reference, draws = self.hp, self.hp["reference_code"], self.draws
         if name == hp["share_stage"]:
-            if self.received is not None and fires(hp["shift_p"]):
-                x = selective_shift(x, self.received, "centres" if reference else hp["select"], self.timed)
+            if self.received is not None and draws.fires(hp["shift_p"]):
+                x = selective_shift(x, self.received, "centres" if reference else hp["select"], self.timed,
+                                    kmeans=draws.kmeans, normal=draws.normal, unbiased=reference,
+                                    sigma_floor=0.0 if reference else 1e-6)
                 self.shifted = True
             if hp["oversample"] and not reference:
                 x = self._oversample(x)
         if name in self.explore_stages and (hp["explore"] or hp["mixstyle"] or reference) \
-                and fires(hp["explore_p"]):
+                and draws.fires(hp["explore_p"]):
             first = not self.fired_before
             self.fired_before = True
             if reference and first and hp["oversample"]:
@@ -106,6 +152,7 @@ class FeaturePipeline:
                     x = explore_and_mix(x, self.extra_start if explore else None, hp["alpha"],
                                         center_count=self.original if reference else None,
                                         min_sigma=1e-6 if hp["negative_sigma"] == "clamp" else None,
-                                        mix_weights=self.mix_weights if hp["mixstyle"] else None)
+                                        mix_weights=draws.mix_weights if hp["mixstyle"] else None,
+                                        permutation=draws.permutation, reference=reference)
                 self.explored = self.explored or explore
         return x

@@ -28,6 +28,13 @@ from fedstyle.style.stats import channel_stats, restyle
 
 #: ``mix_weights(batch, like)``: MixStyle's lambda, (batch, 1, 1, 1) on ``like``'s device and dtype
 MixWeights = Callable[[int, torch.Tensor], torch.Tensor]
+#: ``permutation(n, device)``: MixStyle's random partners, a permutation of range(n)
+Permutation = Callable[[int, torch.device], torch.Tensor]
+
+
+def random_permutation(n: int, device: torch.device) -> torch.Tensor:
+    """A uniform permutation of range(n) from torch's global generator of ``device``."""
+    return torch.randperm(n, device=device)
 
 
 class BetaMixWeights:
@@ -55,7 +62,8 @@ def mix_statistics(own_mu: torch.Tensor, own_sigma: torch.Tensor, mu: torch.Tens
 
 
 def explore_and_mix(x: torch.Tensor, start: int | None, alpha: float, *, center_count: int | None = None,
-                    min_sigma: float | None = None, mix_weights: MixWeights | None = None) -> torch.Tensor:
+                    min_sigma: float | None = None, mix_weights: MixWeights | None = None,
+                    permutation: Permutation = random_permutation, reference: bool = False) -> torch.Tensor:
     """What a firing stage of StableFDG does: exploration of the oversampled part (the samples from
     ``start`` on, Eq. 4-5), mu_new = mu + alpha (mu - mean mu), sigma_new likewise, means over the
     whole batch (``center_count``: over its first ``center_count`` samples, the public code's centre),
@@ -64,31 +72,44 @@ def explore_and_mix(x: torch.Tensor, start: int | None, alpha: float, *, center_
     ``start=None`` (or B): nothing to explore; ``mix_weights=None``: no MixStyle, and the samples
     before ``start`` stay bit for bit. ``min_sigma`` floors an extrapolated sigma
     (:func:`~fedstyle.style.shift.explore_styles`); None keeps a negative one as Eq. 5 gives it
-    (AdaIN's negative scale mirrors the normalised map).
+    (AdaIN's negative scale mirrors the normalised map). ``permutation(n, device)`` draws MixStyle's
+    partners (after lambda).
 
     In sequence, MixStyle would measure an explored sample's statistics as (mu_e, |sigma_e|) (up
     to the 1e-6 inside sigma) and its normalised map as sign(sigma_e) times the original's; so
     the two ops are the single map sign(sigma_e) (x - mu) / sigma * mix(|sigma_e|) + mix(mu_e),
     one pass over the features instead of two (statistics detached, as in both ops).
+
+    ``reference=True`` is the public code's OMA module (oma.py:157-200), which differs in three ways:
+    per-sample variances with 1/(HW - 1); mu and sigma normalise the map *with* their gradients (only
+    the targets are detached, oma.py:191); and MixStyle mixes the explored statistics as they are,
+    a negative sigma_e included (signed; no |sigma_e| and no sign flip), so a sample mixed with a
+    negative partner can get any sigma.
     """
     explore = start is not None and start < x.shape[0]
     if not explore and mix_weights is None:
         return x
-    mu, sigma = channel_stats(x)
-    mu, sigma = mu.detach(), sigma.detach()
+    mu, sigma = channel_stats(x, unbiased=reference)
+    target_mu, target_sigma = mu.detach(), sigma.detach()
+    if not reference:
+        mu, sigma = target_mu, target_sigma
     if explore:
-        centre_mu, centre_sigma = (mu, sigma) if center_count is None else (mu[:center_count], sigma[:center_count])
+        centre_mu, centre_sigma = ((target_mu, target_sigma) if center_count is None
+                                   else (target_mu[:center_count], target_sigma[:center_count]))
         center = (centre_mu.mean(0, keepdim=True), centre_sigma.mean(0, keepdim=True))
-        mu_e, sigma_e = explore_styles(mu[start:], sigma[start:], alpha, center, min_sigma=min_sigma)
+        mu_e, sigma_e = explore_styles(target_mu[start:], target_sigma[start:], alpha, center, min_sigma=min_sigma)
         if mix_weights is None:  # the original part stays bit for bit
             return torch.cat([x[:start], restyle(x[start:], mu[start:], sigma[start:], mu_e, sigma_e)])
-        mu_t, sigma_t = torch.cat([mu[:start], mu_e]), torch.cat([sigma[:start], sigma_e])
+        mu_t, sigma_t = torch.cat([target_mu[:start], mu_e]), torch.cat([target_sigma[:start], sigma_e])
     else:
-        mu_t, sigma_t = mu, sigma
+        mu_t, sigma_t = target_mu, target_sigma
+    lam = mix_weights(x.shape[0], x)
+    perm = permutation(x.shape[0], x.device)
+    if reference:
+        mu_t, sigma_t = mix_statistics(mu_t, sigma_t, mu_t, sigma_t, lam, perm)
+        return restyle(x, mu, sigma, mu_t, sigma_t)
     sign = torch.where(sigma_t < 0, -1.0, 1.0).to(sigma.dtype)
     sigma_t = sigma_t.abs()
-    lam = mix_weights(x.shape[0], x)
-    perm = torch.randperm(x.shape[0], device=x.device)
     mu_t, sigma_t = mix_statistics(mu_t, sigma_t, mu_t, sigma_t, lam, perm)
     return restyle(x, mu, sigma * sign, mu_t, sigma_t)
 

@@ -14,6 +14,7 @@ among those t. The members copied for a class are drawn uniformly with replaceme
 samples in the batch. The extras are ordered minority class first.
 
 :func:`oversample_features` appends the chosen extras to a batch of features (and their labels).
+:func:`level_order_indices` is the public StableFDG code's order of the same counts (oma.py:133-155).
 """
 
 from __future__ import annotations
@@ -71,11 +72,45 @@ def oversample_indices(labels: torch.Tensor, count: int, num_classes: int, balan
     return by_class.index_select(0, start.index_select(0, slot_class) + pick)
 
 
-def oversample_features(x: torch.Tensor, labels: torch.Tensor, count: int, num_classes: int, balanced: bool = True
-                        ) -> tuple[torch.Tensor, torch.Tensor]:
+def level_order_indices(labels: torch.Tensor, count: int) -> torch.Tensor:
+    """The public StableFDG code's class-balanced extras (oma.py:133-155), indices (count,) into the batch.
+
+    Level by level: the classes at the lowest count in the batch all get one extra (in a random order)
+    and their count rises by one, until fewer classes sit at the lowest level than extras remain;
+    those get one each, chosen at random. Each extra is a uniformly drawn member of its class. The
+    counts equal :func:`balanced_extra_counts`' (both fill the lowest classes first); the extras are
+    ordered by level, not minority class first. A host loop (the public code's, on the CPU): for
+    ``reference_code`` runs only.
+    """
+    if count < 0:
+        raise ConfigError(f"the oversampling size must be >= 0, got {count}")
+    if count == 0:
+        return torch.zeros(0, dtype=torch.long, device=labels.device)
+    if labels.numel() == 0:
+        raise ConfigError("cannot oversample an empty batch")
+    classes, counts = torch.unique(labels.cpu(), return_counts=True)
+    chosen: list[int] = []
+    left = count
+    while left > 0:
+        lowest = (counts == counts.min()).nonzero().flatten()
+        order = lowest[torch.randperm(len(lowest))]
+        if len(order) >= left:
+            chosen += order[:left].tolist()
+            break
+        chosen += order.tolist()
+        counts[lowest] += 1
+        left -= len(lowest)
+    members = [(labels.cpu() == classes[c]).nonzero().flatten() for c in range(len(classes))]
+    picks = [int(members[c][torch.randint(len(members[c]), (1,))]) for c in chosen]
+    return torch.tensor(picks, dtype=torch.long, device=labels.device)
+
+
+def oversample_features(x: torch.Tensor, labels: torch.Tensor, count: int, num_classes: int, balanced: bool = True,
+                        indices: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """[s, s~] and its labels (StableFDG step 3): ``count`` extra samples of the features ``x``
-    (:func:`oversample_indices`) appended right after the batch, their labels after ``labels``."""
-    idx = oversample_indices(labels, count, num_classes, balanced)
+    (:func:`oversample_indices`, or the given ``indices``) appended right after the batch, their labels
+    after ``labels``."""
+    idx = oversample_indices(labels, count, num_classes, balanced) if indices is None else indices.to(labels.device)
     extra = x.index_select(0, idx)  # not x[idx]: its backward adds duplicates atomically (not reproducible)
     if x.is_contiguous(memory_format=torch.channels_last):
         extra = extra.contiguous(memory_format=torch.channels_last)  # keep the layout convolutions run fastest in

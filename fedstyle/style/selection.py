@@ -31,7 +31,7 @@ from typing import Callable, ContextManager
 import torch
 
 from fedstyle.errors import ConfigError
-from fedstyle.style.shift import StyleSummary, sample_styles
+from fedstyle.style.shift import Normal, StyleSummary, sample_styles, standard_normal
 from fedstyle.style.stats import channel_stats, restyle
 
 #: how :func:`selective_shift` chooses the samples that keep their style
@@ -104,37 +104,63 @@ def _untimed(name: str) -> ContextManager:
     return nullcontext()
 
 
+def sklearn_kmeans_centres(points: torch.Tensor, k: int, random_state: int) -> torch.Tensor:
+    """The k cluster centres (k, D) of scikit-learn's ``KMeans(k, init="k-means++", max_iter=1, n_init=1)``
+    on ``points``, the public StableFDG code's selection (style_insert.py:72-81): greedy k-means++
+    seeding with local trials, one Lloyd iteration, on the CPU (a host synchronisation per batch)."""
+    import warnings
+
+    from sklearn.cluster import KMeans
+
+    if not 0 <= k <= points.shape[0]:
+        raise ConfigError(f"k-means needs 0 <= k <= number of points, got k={k} for {points.shape[0]} points")
+    if k == 0:
+        return points[:0].detach()
+    model = KMeans(n_clusters=k, init="k-means++", max_iter=1, n_init=1, random_state=random_state)
+    with warnings.catch_warnings():  # duplicate styles: fewer distinct clusters than k (centres repeat)
+        warnings.simplefilter("ignore")
+        model.fit(points.detach().cpu().numpy())
+    return torch.as_tensor(model.cluster_centers_, dtype=points.dtype, device=points.device)
+
+
 def selective_shift(x: torch.Tensor, received: StyleSummary, select: str = "kmeans",
-                    timed: Callable[[str], ContextManager] = _untimed) -> torch.Tensor:
+                    timed: Callable[[str], ContextManager] = _untimed, *,
+                    kmeans: Callable[[torch.Tensor, int], tuple[torch.Tensor, torch.Tensor]] = select_by_kmeans,
+                    normal: Normal = standard_normal, unbiased: bool = False, sigma_floor: float = 1e-6
+                    ) -> torch.Tensor:
     """Selective style shifting (StableFDG Section 3.1 step 2) of features ``x`` (B, C, H, W).
 
-    k = floor(B/2) samples keep their style — chosen by :func:`select_by_kmeans` on the styles
+    k = floor(B/2) samples keep their style — chosen by ``kmeans`` (:func:`select_by_kmeans`) on the styles
     [mu, sigma] (``kmeans``, the paper) or uniformly at random (``random``, Table 11) — and the other
     B - k are AdaIN-ed to the received style with noise, sigma' = sigma_n' + eps_sigma, mu' = mu_n' +
     eps_mu, eps ~ N(0, Sigma_n') (:func:`~fedstyle.style.shift.sample_styles`; a draw of sigma' below
-    1e-6 is floored there). ``centres`` is the public code's variant: the first k samples get the
-    k-means cluster centres' styles (sigma floored at 1e-6), the rest draws around ``received``.
-    Source statistics detached, as MixStyle's. B = 1: nothing to select, the sample is shifted.
-    ``timed(name)`` times the ``kmeans`` and ``shift`` parts (e.g. ``ClientContext.timed``).
+    ``sigma_floor`` is floored there). ``centres`` is the public code's variant (style_insert.py:17-69):
+    the first k samples get the k-means cluster centres' styles (``kmeans(points, k)[1]``), the last
+    B - k draw around ``received`` (noise drawn for those B - k only, eps_mu first). Source statistics
+    detached, as MixStyle's; ``unbiased``: per-sample variances with 1/(HW - 1) (the public code's
+    ``x.var``). B = 1: nothing to select, the sample is shifted. ``timed(name)`` times the ``kmeans``
+    and ``shift`` parts (e.g. ``ClientContext.timed``); ``kmeans`` and ``normal`` make the draws
+    (tests force them).
     """
     if select not in SELECTIONS:
         raise ConfigError(f"unknown selection {select!r} for the style shift; choose {', '.join(SELECTIONS)}")
     b = x.shape[0]
     k = b // 2
-    mu, sigma = channel_stats(x)
+    mu, sigma = channel_stats(x, unbiased=unbiased)
     mu, sigma = mu.detach(), sigma.detach()
-    mu_t, sigma_t = sample_styles(received, b, x)
     if select == "centres":
+        mu_t, sigma_t = sample_styles(received, b - k, x, normal=normal, sigma_floor=sigma_floor)
         with timed("kmeans"):
-            _, centres = select_by_kmeans(torch.cat([mu.flatten(1), sigma.flatten(1)], 1), k)
+            _, centres = kmeans(torch.cat([mu.flatten(1), sigma.flatten(1)], 1), k)
         with timed("shift"):
             c = mu.shape[1]
-            mu_t = torch.cat([centres[:, :c].view(k, c, 1, 1), mu_t[k:]])
-            sigma_t = torch.cat([centres[:, c:].clamp_min(1e-6).view(k, c, 1, 1), sigma_t[k:]])
+            mu_t = torch.cat([centres[:, :c].view(k, c, 1, 1), mu_t])
+            sigma_t = torch.cat([centres[:, c:].clamp_min(sigma_floor).view(k, c, 1, 1), sigma_t])
             return restyle(x, mu, sigma, mu_t, sigma_t)
+    mu_t, sigma_t = sample_styles(received, b, x, normal=normal, sigma_floor=sigma_floor)
     with timed("kmeans"):
         if select == "kmeans":
-            keep, _ = select_by_kmeans(torch.cat([mu.flatten(1), sigma.flatten(1)], 1), k)
+            keep, _ = kmeans(torch.cat([mu.flatten(1), sigma.flatten(1)], 1), k)
         else:
             keep = torch.zeros(b, dtype=torch.bool, device=x.device)
             keep[torch.randperm(b, device=x.device)[:k]] = True

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -86,8 +87,10 @@ class StyleAccumulator:
         self._sigma_floor: float | None = None  # set by privatize: noisy sums can give sigma_mean <= 0
         self._eps = 1e-6
 
-    def add(self, x: torch.Tensor, eps: float = 1e-6) -> None:
-        mu, sigma = channel_stats(x, eps=eps)
+    def add(self, x: torch.Tensor, eps: float = 1e-6, unbiased: bool = False) -> None:
+        """Adds every sample of the feature maps ``x``; ``unbiased``: per-sample variances over H x W with
+        1/(HW - 1) (the public StableFDG code's ``x.var``)."""
+        mu, sigma = channel_stats(x, eps=eps, unbiased=unbiased)
         mu, sigma = mu.flatten(1).double(), sigma.flatten(1).double()
         mu2, sigma2 = mu * mu, sigma * sigma
         if self.clip > 0:
@@ -105,7 +108,10 @@ class StyleAccumulator:
             self._sums = privacy.perturb(self._sums, generator)
             self._sigma_floor = math.sqrt(self._eps)
 
-    def summary(self, unbiased: bool = False) -> StyleSummary:
+    def summary(self, unbiased: bool = False, spread_eps: float = 0.0) -> StyleSummary:
+        """Means and variances of the per-sample statistics; ``unbiased``: variances over the samples with
+        1/(N - 1); ``spread_eps`` is added to both variances (the public StableFDG code's spread is
+        sqrt(var + 1e-6), trainer.py:714)."""
         if self._sums is None or self.count < (2 if unbiased else 1):
             raise ConfigError("a style summary needs samples; the client has none")
         n = float(self.count)
@@ -116,28 +122,39 @@ class StyleAccumulator:
         var_sigma = ((s_sigma2 - n * mean_sigma * mean_sigma) / denom).clamp_min(0)
         if self._sigma_floor is not None:
             mean_sigma = mean_sigma.clamp_min(self._sigma_floor)
+        var_mu, var_sigma = var_mu + spread_eps, var_sigma + spread_eps
         return StyleSummary(*(t.float() for t in (mean_mu, mean_sigma, var_mu, var_sigma)))
 
 
-def sample_styles(summary: StyleSummary, count: int, like: torch.Tensor, noise: bool = True
-                  ) -> tuple[torch.Tensor, torch.Tensor]:
+#: ``normal(shape, like)``: standard normal draws of ``shape`` on ``like``'s device and dtype
+Normal = Callable[[tuple, torch.Tensor], torch.Tensor]
+
+
+def standard_normal(shape: tuple, like: torch.Tensor) -> torch.Tensor:
+    """N(0, 1) of ``shape`` from torch's global generator of ``like``'s device."""
+    return torch.randn(shape, device=like.device, dtype=like.dtype)
+
+
+def sample_styles(summary: StyleSummary, count: int, like: torch.Tensor, noise: bool = True,
+                  normal: Normal = standard_normal, sigma_floor: float = 1e-6) -> tuple[torch.Tensor, torch.Tensor]:
     """``count`` styles drawn around a received summary, each (count, C, 1, 1) on ``like``'s device:
 
         mu' = mu_bar + eps_mu * sqrt(var_mu),  sigma' = sigma_bar + eps_sigma * sqrt(var_sigma),
         eps ~ N(0, 1) per sample and channel
 
     (StableFDG Section 3.1 step 2: eps ~ N(0, Sigma_n'); StyleDDG Eq. 17 with DSU's per-element
-    noise). ``noise=False`` gives the centre itself. sigma' is clamped at 1e-6 so that a large
-    negative draw cannot flip a feature map's sign.
+    noise). ``noise=False`` gives the centre itself. sigma' is clamped at ``sigma_floor`` (1e-6) so that
+    a large negative draw cannot flip a feature map's sign (the public StableFDG code clamps at 0,
+    style_insert.py:64). ``normal(shape, like)`` draws the noise, eps_mu first (tests force draws through it).
     """
     s = summary.to(like.device, like.dtype)
     shape = (count, s.channels, 1, 1)
     mu = s.mu_mean.view(1, -1, 1, 1).expand(shape)
     sigma = s.sigma_mean.view(1, -1, 1, 1).expand(shape)
     if noise:
-        mu = mu + torch.randn(shape, device=like.device, dtype=like.dtype) * s.mu_var.clamp_min(0).sqrt().view(1, -1, 1, 1)
-        sigma = sigma + torch.randn(shape, device=like.device, dtype=like.dtype) * s.sigma_var.clamp_min(0).sqrt().view(1, -1, 1, 1)
-    return mu, sigma.clamp_min(1e-6)
+        mu = mu + normal(shape, like) * s.mu_var.clamp_min(0).sqrt().view(1, -1, 1, 1)
+        sigma = sigma + normal(shape, like) * s.sigma_var.clamp_min(0).sqrt().view(1, -1, 1, 1)
+    return mu, sigma.clamp_min(sigma_floor)
 
 
 def shift_to_style(x: torch.Tensor, summary: StyleSummary, noise: bool = True, eps: float = 1e-6,
