@@ -31,10 +31,33 @@ the renormalisation. A client without a previous participation reports no gap (N
 is left alone. Weights computed from the gaps of round r are used for round r's aggregation (in
 the paper, the weights computed after round r-1's aggregation aggregate round r: the same timing).
 
-``reference_code=true`` is PARDON's fork: step (1 - r/R) / 3 (d = 1, M = 3, unless given), round 0
-aggregated by size, a client without a previous participation counts its previous loss as 0, a
-round with a NaN gap aggregated by size, and the previous local loss = the training loss
-(``local_loss=train`` unless given; how the fork records it is read from the notes).
+``reference_code=true`` is PARDON's fork (judydnguyen/PARDON-FedDG, ``FedDGGA``, src/server.py:579-693, and
+``FedDGGAClient``, src/client.py:805-875): step (1 - r/R) / 3 (d = 1, M = 3, unless given; :597,684);
+round 0 and a round with a NaN gap aggregated by size, the weights left as they are (:676-689); a
+client without a previous participation counts its previous loss as 0 (client.py:856-860); the
+previous local loss = the round's mean training loss (``local_loss=train`` unless given; client.py:861-872);
+participants whose weights are all 0 aggregated equally (:646-647); every weight clipped to 0 kept at 0
+(no renormalisation, :653-662). tests/test_parity_feddg_ga.py checks the server's weights and mixing
+coefficients over 8 rounds against a fixture made with the fork's code.
+
+Not reproduced:
+
+- The official code's step schedule (MediaBrain-SJTU/FedDG-GA, algorithms/*/train_pacs_GA.py, e.g.
+  fedavg/train_pacs_GA.py:61-62,83): R + 1 rounds r = 0..R, the weights adjusted after round r's
+  aggregation with d - (r - 1) d / R (the first step d (1 + 1/R)). Here the adjustment for round r
+  (from the gaps of the model aggregated in round r - 1) uses d (1 - r/R): 2d/R smaller than the
+  official step for the same gaps. Its single adjustment (utils/weight_adjust.py:3-37, M = 3) is
+  ``adjust_weights`` with ``step = d_r / 3``: tests/test_parity_feddg_ga.py feeds it the official steps
+  and matches its weights to float64 precision.
+- Where the gaps are measured: the official code on each site's validation split, the fork on the
+  client's training loader (src/client.py:112,812-833, shuffled, with the training set's transform);
+  here on the client's training data without augmentation (fedstyle keeps no per-client validation split).
+- The fork's local loss is the per-sample mean over its local epochs (each batch's loss weighted by
+  its size, src/client.py:861-870); ``local_loss=train`` takes the mean over the local steps (the two
+  differ only when a batch is smaller than the others).
+- Division by zero in both codes when every gap is 0 (max |G| = 0: NaN weights; weight_adjust.py:19,
+  src/server.py:635) and in the official clip when every weight is clipped to 0 (weight_adjust.py:34-35):
+  here the weights are left alone / set to 1/N.
 
 Defaults: d = 0.2 (the official PACS scripts; their helper's default is 0.1), metric loss (the
 paper's definition; the official scripts default to accuracy), no centring (the official code).
@@ -83,9 +106,10 @@ def local_loss_and_accuracy(model, data, device: torch.device, batch_size: int =
 
 
 def adjust_weights(weights: torch.Tensor, clients: list[int], gaps: list[float], step: float, *,
-                   sign: float = 1.0, center: bool = False) -> torch.Tensor:
+                   sign: float = 1.0, center: bool = False, keep_zero: bool = False) -> torch.Tensor:
     """One generalization adjustment: ``weights`` (N,) moved by ``sign * step * G^_i`` for the clients
-    with a finite gap, clipped to [0, 1] and renormalised to a probability vector (see the module)."""
+    with a finite gap, clipped to [0, 1] and renormalised to a probability vector (see the module).
+    When every weight is clipped to 0: 1/N each, or (``keep_zero``, PARDON's fork) all 0."""
     out = weights.clone().to(torch.float64)
     g = torch.tensor(gaps, dtype=torch.float64)
     valid = torch.isfinite(g)
@@ -99,7 +123,9 @@ def adjust_weights(weights: torch.Tensor, clients: list[int], gaps: list[float],
             out[ids] += sign * step * g / scale
     out.clamp_(0.0, 1.0)
     total = float(out.sum())
-    return out / total if total > 0 else torch.full_like(out, 1.0 / len(out))
+    if total > 0:
+        return out / total
+    return out if keep_zero else torch.full_like(out, 1.0 / len(out))
 
 
 @register_method
@@ -144,17 +170,22 @@ class FedDGGA(Algorithm):
     def round_payloads(self, server, client_ids, queries):
         gaps = [float(queries.get(c, {}).get("gap", math.nan)) for c in client_ids]
         sign = -1.0 if self.hp["metric"] == "acc" else 1.0
-        server.state[WEIGHTS] = adjust_weights(server.state[WEIGHTS].cpu(), list(client_ids), gaps,
-                                               self.step_at(server), sign=sign, center=self.hp["center"])
-        by_size = self.hp["reference_code"] and (server.round == 0 or not all(math.isfinite(g) for g in gaps))
+        reference = self.hp["reference_code"]
+        by_size = reference and (server.round == 0 or not all(math.isfinite(g) for g in gaps))
+        if not by_size:  # the fork adjusts nothing in a round it aggregates by size (src/server.py:686-689)
+            server.state[WEIGHTS] = adjust_weights(server.state[WEIGHTS].cpu(), list(client_ids), gaps,
+                                                   self.step_at(server), sign=sign, center=self.hp["center"],
+                                                   keep_zero=reference)
         server.state[_SIZE_ROUND] = torch.tensor(float(by_size), dtype=torch.float64)
         return {}
 
     def aggregate(self, server, updates):
         weights = server.state[WEIGHTS]
         coefs = [float(weights[u.client_id]) for u in updates]
-        if bool(server.state[_SIZE_ROUND]) or sum(coefs) <= 0:  # every participant clipped to 0: by size
+        if bool(server.state[_SIZE_ROUND]):
             return weighted_average(updates)
+        if sum(coefs) <= 0:  # every participant clipped to 0: by size (the fork: equally, src/server.py:646-647)
+            return weighted_average(updates, uniform=self.hp["reference_code"])
         return weighted_average(updates, coefs=coefs)
 
     # -- client -------------------------------------------------------------------------

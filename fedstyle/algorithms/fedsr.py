@@ -32,6 +32,18 @@ Decisions (defaults from ../shared/notes/baselines.md §1):
 - Optimiser state resets every round (fedstyle's clients build their optimiser per local training; the
   public code keeps one SGD optimiser per client across rounds).
 
+The public code's settings (atuannguyen/FedSR): ``l2r=norm cmi_scale=true predict=mc mc_samples=20
+aggregation=uniform``. tests/test_parity_fedsr.py checks them against a fixture made with its
+``Model`` (src/methods/FedSR.py:15-73, src/methods/base.py:65-91): the Monte-Carlo prediction, the sample
+z, CE, L2R, CMI, the loss and every gradient of one step match to float32 rounding. Not reproduced:
+
+- sigma has no floor there (base.py:71, the KL's log at FedSR.py:51); here ``sigma_floor`` >= 1e-12,
+  which vanishes next to softplus values of order 1 (the parity test runs with 1e-12);
+- one SGD optimiser per client for the whole run (base.py:38-43, FedSR.py:22), momentum kept across rounds
+  (see the decision on the optimiser state above);
+- each local step takes the first batch of a fresh iterator, ``next(iter(loader))`` (FedSR.py:32): with a
+  shuffling loader, batches drawn independently (with replacement across steps), not epochs.
+
 ``--hp style=...``, ``local_bn`` and the other local options compose: the style ops run inside the
 backbone before the neck, and FedBN's BatchNorm keys join the reference as local keys.
 """

@@ -34,6 +34,14 @@ Decisions:
 - mu = 1 (the public code's default and the paper's CIFAR-100 value; its CIFAR-10 value, 5, came with
   10 local epochs: in a 4-round digits4 single-source smoke run with 10 local steps, mu = 5 held the
   source-validation accuracy at 0.42 against 0.80 with mu = 1 and 0.74 for FedAvg), tau = 0.5, out_dim = 256.
+- The public code (QinbinLi/MOON): tests/test_parity_moon.py checks one local step against a fixture made
+  with its ``train_net_fedcon`` (main.py:246-340) on ``ModelFedCon`` (model.py:536-587): cross-entropy on
+  the projected z, l_con against the frozen eval-mode global and previous models (main.py:294-311), the
+  loss and every gradient agree bitwise; ``model_contrastive_loss`` also matches its pool of two previous
+  models. Not reproduced: its previous-model pool — from round 1 on a copy of every client's network,
+  the never-trained ones included (main.py:537-553), and a FIFO of ``model_buffer_size`` models (here
+  one, and no l_con before a client's first training; see "First participation"); its projection head's
+  PyTorch default initialisation (model.py:562-566; here Kaiming, see ``ProjectionNeck.reset_parameters``).
 - Cost: three forward passes per batch (two of them without gradients; their time is logged as
   ``moon_frozen_forward_seconds``), ``moon_ce`` and ``moon_con`` are logged per round.
 """
