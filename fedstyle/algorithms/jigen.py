@@ -48,6 +48,23 @@ Decisions:
   0.9) gives 0.475, and alpha = 0 with beta = 1 reproduces FedAvg's run exactly.
 - Logged per round: ``jigen_ce`` (the object term), ``jigen_jigsaw`` (the jigsaw CE), ``jigen_ordered``
   (the batch's share of ordered images).
+
+``reference_code=true``: the public code (fmcarlucci/JigenDG) for the options not given explicitly:
+``classify=all`` (train_jigsaw.py:97-107 with ``--classify_only_sane`` off, its default, train_jigsaw.py:44)
+and the loader's draw of the jigsaw class, uniform over 0..P and then 0 with probability beta
+(data/JigsawLoader.py:88-91). ``tests/test_parity_jigen.py`` checks, given the authors' permutation file
+and draws, the classes, the shuffled batch (equal) and ``Trainer._do_epoch``'s losses and gradients
+(train_jigsaw.py:91-114, both ``classify`` settings) to float precision.
+
+Not reproduced: the public permutation file (``permutations_30.npy``, loaded by JigsawLoader.py:103-109):
+each of its rows maximises the summed Hamming distance to the rows before it, as here, but it starts
+from a random permutation (7 2 0 1 5 6 3 4 8) and does not contain the identity, so one of its classes
+(0 1 2 3 4 5 6 8 7) differs from the ordered image (class 0) in two tiles only; fedstyle's set starts from
+the identity (its closest class differs in 5 tiles). Also not reproduced: the tile augmentation
+(``RandomGrayscale`` per tile, data/data_helper.py:114-117) and the crop of tiles at fractional
+coordinates when the size is not divisible by 3 (JigsawLoader.py:68-74; its image sizes 222 and 225 are).
+With ``classify=ordered`` a batch without an ordered image adds 0 here; the public code's criterion on an
+empty selection is NaN (train_jigsaw.py:102).
 """
 
 from __future__ import annotations
@@ -60,13 +77,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fedstyle.algorithms.base import Algorithm
+from fedstyle.algorithms.base import Algorithm, apply_reference_code
 from fedstyle.algorithms.hparams import HParam
 from fedstyle.algorithms.registry import register_method
 from fedstyle.errors import ConfigError
 
 #: tiles per side of the puzzle (the paper's 3 x 3 grid)
 GRID = 3
+#: reference_code=true: the public code's default for the options not given explicitly (train_jigsaw.py:44,
+#: ``--classify_only_sane`` off: every image is classified)
+REFERENCE = {"classify": "all"}
 
 
 @functools.lru_cache(maxsize=4)
@@ -139,7 +159,13 @@ class JiGen(Algorithm):
         HParam("classify", "ordered", "object classification on the ordered images only (ordered: the paper's "
                                       "Eq. 1) or on every image (all: the public code's default)",
                choices=("ordered", "all")),
+        HParam("reference_code", False, "the public code: classify=all unless given, and its draw of the jigsaw "
+                                        "class (uniform over 0..P, then 0 with probability beta)"),
     )
+
+    @classmethod
+    def resolve(cls, given):
+        return apply_reference_code(super().resolve(given), given, REFERENCE)
 
     def __init__(self, hparams=None, *, num_classes, num_clients):
         super().__init__(hparams, num_classes=num_classes, num_clients=num_clients)
@@ -158,7 +184,12 @@ class JiGen(Algorithm):
 
     def draw_orders(self, batch: int, device: torch.device) -> torch.Tensor:
         """Jigsaw class per sample: 0 (ordered) with probability beta, else uniform in 1..P (torch's
-        generator of ``device``, seeded by the runtime)."""
+        generator of ``device``, seeded by the runtime). ``reference_code``: as the public loader
+        (data/JigsawLoader.py:88-91), uniform in 0..P, then 0 with probability beta."""
+        if self.hp["reference_code"]:
+            drawn = torch.randint(0, self.hp["permutations"] + 1, (batch,), device=device)
+            forced = torch.rand(batch, device=device) < self.hp["bias_whole_image"]
+            return torch.where(forced, torch.zeros_like(drawn), drawn)
         ordered = torch.rand(batch, device=device) < self.hp["bias_whole_image"]
         shuffled = torch.randint(1, self.hp["permutations"] + 1, (batch,), device=device)
         return torch.where(ordered, torch.zeros_like(shuffled), shuffled)

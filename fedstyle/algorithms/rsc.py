@@ -52,6 +52,24 @@ DomainBed's re-implementation, ``algorithms.RSC``):
   accuracy is 0.406 against FedAvg's 0.520: muting slows fitting on a short budget, as intended.
 - Logged per round: ``rsc_ce``, ``rsc_muted`` (share of the batch muted) and ``rsc_spatial`` (share of
   batches muted spatially).
+
+``reference_code=true``: the public code's ``ResNet.forward(..., flag=True, epoch)`` (DeLightCMU/RSC
+``Domain_Generalization/models/resnet.py``:70-150) in its first ten epochs, for the options not given
+explicitly: ceil(C/3.2) channels muted channel-wise (resnet.py:117; spatially ceil(hw/3), resnet.py:109,
+drop_f's default), batch share 0.3 (``self.pecent``, set to 0.3 + 0.2·floor(epoch/10) at epochs 0, 10, 20,
+resnet.py:71-73), a sample muted only if its confidence dropped by more than 1e-4 (resnet.py:140-143), the
+count rounded half to even (Python's ``round``, resnet.py:142). ``tests/test_parity_rsc.py`` checks the
+masks, the loss and the gradients against that forward (spatial and channel, fixed choice) on a reduced
+ResNet: equal masks, loss and gradients to float precision.
+
+Not reproduced: the share's growth to 0.5 and 0.7 at epochs 10 and 20 (resnet.py:71-73; a client has no
+epochs of its own); the flipped copy of every batch (Domain_Generalization/train.py:86-88, data
+augmentation); ties at the threshold (the public code mutes entries strictly above the (k+1)-th largest
+score, resnet.py:110-112 and 118-120, so tied scores mute fewer than k; here exactly k); how the
+spatial/channel choice is drawn (Python's ``random.randint(0, 9) <= 4``, resnet.py:106, here torch's CPU
+generator with ``spatial_p``). Public-code limits not carried over: the spatial branch expands a
+threshold to 49 positions (resnet.py:111) and reshapes to H x H (resnet.py:114), so it runs only on 7 x 7
+square maps (224 px ResNet inputs); every mask is made with ``.cuda()`` (resnet.py:87-141), so it needs a GPU.
 """
 
 from __future__ import annotations
@@ -61,11 +79,18 @@ import math
 import torch
 import torch.nn.functional as F
 
-from fedstyle.algorithms.base import Algorithm
+from fedstyle.algorithms.base import Algorithm, apply_reference_code
 from fedstyle.algorithms.hparams import HParam
 from fedstyle.algorithms.registry import register_method
 
 MODES = ("random", "spatial", "channel")
+#: reference_code=true: the public code's batch share in its first 10 epochs (resnet.py:72-73), unless given
+REFERENCE = {"drop_b": 0.3}
+#: reference_code=true: the public code's channel-wise drop, ceil(C / 3.2) channels (resnet.py:117), unless
+#: drop_f is given (its spatial drop is drop_f's default, ceil(hw / 3), resnet.py:109)
+REFERENCE_CHANNEL_DROP = 1 / 3.2
+#: reference_code=true: a sample is muted only if its confidence dropped by more than this (resnet.py:140-143)
+REFERENCE_MARGIN = 1e-4
 
 
 def top_mask(scores: torch.Tensor, drop: float) -> torch.Tensor:
@@ -78,15 +103,18 @@ def top_mask(scores: torch.Tensor, drop: float) -> torch.Tensor:
     return mask
 
 
-def muted_samples(before: torch.Tensor, after: torch.Tensor, share: float) -> torch.Tensor:
+def muted_samples(before: torch.Tensor, after: torch.Tensor, share: float, margin: float = 0.0,
+                  half_even: bool = False) -> torch.Tensor:
     """(B,) bool: the round(share·B) samples with the largest drop ``before - after`` (true-class
-    probabilities), among those whose drop is positive."""
+    probabilities), among those whose drop exceeds ``margin``. Halves round up, or to even with
+    ``half_even`` (Python's ``round``, as the public code)."""
     change = before - after
-    count = min(int(math.floor(share * len(change) + 0.5)), len(change))
+    count = round(share * len(change)) if half_even else int(math.floor(share * len(change) + 0.5))
+    count = min(count, len(change))
     chosen = torch.zeros_like(change, dtype=torch.bool)
     if count > 0:
         chosen[change.topk(count).indices] = True
-    return chosen & (change > 0)
+    return chosen & (change > margin)
 
 
 @register_method
@@ -107,7 +135,20 @@ class RSC(Algorithm):
         HParam("spatial_score", "gradcam", "spatial ranking: Grad-CAM, features x channel-mean gradient (gradcam: "
                                             "the public code) or the channel-mean gradient (gradient: the paper)",
                choices=("gradient", "gradcam")),
+        HParam("reference_code", False, "the public code's choices: ceil(C/3.2) channels muted channel-wise (unless "
+                                        "drop_f is given), batch share 0.3, drops above 1e-4, Python's rounding"),
     )
+
+    def __init__(self, hparams=None, *, num_classes, num_clients):
+        super().__init__(hparams, num_classes=num_classes, num_clients=num_clients)
+        reference = self.hp["reference_code"]
+        given = hparams or {}
+        self.channel_drop = REFERENCE_CHANNEL_DROP if reference and "drop_f" not in given else self.hp["drop_f"]
+        self.margin = REFERENCE_MARGIN if reference else 0.0
+
+    @classmethod
+    def resolve(cls, given):
+        return apply_reference_code(super().resolve(given), given, REFERENCE)
 
     def choose_spatial(self) -> bool:
         if self.hp["mode"] != "random":
@@ -127,10 +168,10 @@ class RSC(Algorithm):
                 score = grad.mean(1) if self.hp["spatial_score"] == "gradient" else (z * channel[:, :, None, None]).sum(1)
                 mask = top_mask(score.reshape(b, h * w), self.hp["drop_f"]).view(b, 1, h, w)
             else:
-                mask = top_mask(channel, self.hp["drop_f"]).view(b, c, 1, 1)
+                mask = top_mask(channel, self.channel_drop).view(b, c, 1, 1)
             before = F.softmax(logits.detach(), 1).gather(1, y[:, None]).squeeze(1)
             after = F.softmax(model.head(model.neck(z * mask)), 1).gather(1, y[:, None]).squeeze(1)
-            muted = muted_samples(before, after, self.hp["drop_b"])
+            muted = muted_samples(before, after, self.hp["drop_b"], self.margin, half_even=self.hp["reference_code"])
             mask = torch.where(muted.view(b, 1, 1, 1), mask, torch.ones_like(mask))
         return mask, muted
 

@@ -19,8 +19,9 @@ class DSU(nn.Module):
         beta = mu + N(0, 1) * Sigma_mu,  gamma = sigma + N(0, 1) * Sigma_sigma           (noise per element)
         out = gamma * (x - mu) / sigma + beta
 
-    Nothing is detached, as in the reference code. The batch variances are unbiased, so a
-    batch of one sample has no spread to estimate and passes through unchanged.
+    Nothing is detached, as in the reference code. The variances are unbiased, so a batch of one
+    sample, or a map of one position (a 1 x 1 last stage on small inputs), has no spread to estimate
+    and passes through unchanged (the reference code's output is NaN there).
     """
 
     label = "DSU"
@@ -34,7 +35,7 @@ class DSU(nn.Module):
         return f"p={self.p}, eps={self.eps}"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not self.training or x.shape[0] < 2 or not fires(self.p):
+        if not self.training or x.shape[0] < 2 or x.shape[2] * x.shape[3] < 2 or not fires(self.p):
             return x
         mu, sigma = channel_stats(x, eps=self.eps, unbiased=True)
         spread_mu = (mu.var(dim=0, keepdim=True) + self.eps).sqrt()
