@@ -181,7 +181,7 @@ def test_partition_option_reaches_finch():
 
 
 def test_options_are_checked_and_reference_code_sets_the_public_codes_choices():
-    assert FPL.resolve({"reference_code": True})["tau"] == 0.1
+    assert FPL.resolve({"reference_code": True})["tau"] == 0.02
     assert FPL.resolve({"reference_code": True})["prototypes"] == "batches"
     assert FPL.resolve({"reference_code": True, "tau": 0.05})["tau"] == 0.05
     with pytest.raises(ConfigError, match="tau"):

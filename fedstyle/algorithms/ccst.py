@@ -53,8 +53,18 @@ J = ceil(d / 32), the paper's value (Section 4.2: "the value of M is ceil(datase
 i.e. one style per batch of 32); alpha = 1 as the public code. ``reference_code=true`` reproduces
 the public code's other choices: in single mode one random style per batch of 32 consecutive
 content images (not per image), client models averaged with equal weights
-(``aggregation=uniform`` unless given), and the overall style over every image (``style_images=0``). Its other quirks (styles at 512 x 512, validation drawn
-from the augmented list) are not reproduced.
+(``aggregation=uniform`` unless given), the overall style over every image (``style_images=0``), and
+the transfer's content statistics with the unbiased variance (``unbiased_content`` of the adain and lite
+backends: the code's ``calc_mean_std``, ``style_transfer/AdaIN/function.py:4-12``; its styles are
+population statistics, as fedstyle's). ``tests/test_parity_ccst.py`` (``parity/ccst.py``) checks the adain
+backend in this mode against the code (JeremyCJM/CCST at 87c3e44) with seeded weights: single-image
+styles, the overall style from pooled sums, and encoder -> AdaIN -> decoder at alpha 1 and 0.6.
+Not reproduced: styles and transfers at 512 x 512 (``--image_size``/``--style_size``, resized by
+torchvision), validation drawn from the augmented list, the overall style's float32 sums (fedstyle
+sums in float64), and the code's output rounding (``save_image``: half up; fedstyle: half to even).
+Bugs of the public code: ``CCST_SingleStyleTransfer.py:232`` stops in the debugger
+(``pdb.set_trace()``) after the first style domain; ``mean_std_computation_effcientMem.py:146``, which
+saves the overall style, is commented out.
 """
 
 from __future__ import annotations
@@ -69,6 +79,7 @@ from fedstyle.algorithms.style_exchange import DP_HPARAMS, STYLE_IMAGES, StyleBa
 from fedstyle.errors import ConfigError
 from fedstyle.seeding import derive_seed
 from fedstyle.style.transfer.augment import KEEP_ORIGINAL, plan_cross_client
+from fedstyle.style.transfer.feature_adain import FeatureAdaIN
 
 #: images per style draw in the public code's single mode (its batch size; also the paper's J = d / 32)
 REFERENCE_BATCH = 32
@@ -103,7 +114,7 @@ class CCST(StyleBackendExchange):
         HParam("alpha", 1.0, "content/style interpolation of the transfer (1 = full style)", low=0.0, high=1.0),
         HParam("reference_code", False, "public code's choices: one random style per batch of 32 images "
                "(single mode), equal client weights (aggregation=uniform), overall style over all images "
-               "(style_images=0)"),
+               "(style_images=0), the transfer's content statistics with the unbiased variance"),
         *DP_HPARAMS,
     )
 
@@ -135,6 +146,14 @@ class CCST(StyleBackendExchange):
     def num_styles(self, num_images: int) -> int:
         """J: the given ``j``, or ceil(d / 32)."""
         return self.hp["j"] or math.ceil(num_images / REFERENCE_BATCH)
+
+    def backend(self, ctx):
+        """The style backend; under ``reference_code`` an encoder backend normalises the content with the
+        unbiased variance in transfer, as the public code (``function.py:4-12``)."""
+        backend = super().backend(ctx)
+        if self.hp["reference_code"] and isinstance(backend, FeatureAdaIN):
+            backend.unbiased_content = True
+        return backend
 
     def setup_upload(self, ctx, model):
         return self.upload_style(ctx, self.hp["style_type"], self.num_styles(len(ctx.data)), "ccst-styles")

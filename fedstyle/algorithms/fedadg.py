@@ -39,16 +39,31 @@ Haoxiang-Wang/FedADG, ``pacs-ours/localTrain.py`` latest, ``Nets.py``, ``train.p
   on PACS, 0.0007 / 0.001 on VLCS); the run's optimiser type, momentum and weight decay (code: SGD, 0.9, 1e-5).
 - One D step per local step; ``ce_warmup`` = 0.3 = E0 / (E0 + E1) = 3 / (3 + 7) (PACS command; VLCS code 5 / 15).
 - ``label_smoothing`` = 0: plain cross-entropy, as fedstyle's other baselines (the code: 0.01 on PACS, 0.2 on VLCS).
+  The code's ``LabelSmoothingLoss(s)`` (``utils/utilss.py:6-21``) gives the true class 1 - s and every other class
+  s / (K - 1); torch's (used here) gives s' / K to every class: the code's s is ``label_smoothing`` = s K / (K - 1)
+  (0.01167 for PACS's s = 0.01, K = 7; 0.25 for VLCS's 0.2, K = 5).
+
+Checked against the code by ``tests/test_parity_fedadg.py`` (``parity/fedadg.py``: ``pacs-ours/localTrain.py``
+``train_step`` on fedstyle's ConvNet with their G and D): one step's four losses and the gradients of its D, F + C
+and G updates, to float rounding.
 
 Deviations: the classifier is fedstyle's linear head on the neck's output (the code: a two-layer MLP on AlexNet's
 fc7); a round is ``local_steps`` steps split by ``ce_warmup`` (not E0 + E1 epochs), with no local model selection on
-a client validation split and no warm-up / plateau lr schedulers (the run's lr schedule applies); the server's
+a client validation split and no warm-up / plateau lr schedulers (the run's lr schedule applies; the code's warm-up
+restarts with every round's new ``localTrain``, ``pacs-ours/train.py:87``, ``localTrain.py:22-35``, so with
+``--ite-warmup 100`` and 3 + 7 epochs a round it trains at 1-10 % of lr0 and lr1 throughout); the server's
 average weighs clients by sample count (``aggregation=uniform`` is the code's plain mean). Optimisers are made anew
 each round, as in the authors' PACS code (its VLCS version keeps D's SGD momentum across rounds); nothing but
 weights persists, so a resumed run equals an uninterrupted one. The runtime uploads the whole model state, D too
 (ignored by the server). Cost: G holds (noise_dim + K)·gen_hidden + gen_hidden·d weights (9.5 M on the digits
 ConvNet, d = 256) that travel both ways each round; per step one extra eval-mode forward of F, two of G, four of D.
 Logged: ``fedadg_ce`` (L_err), ``fedadg_adv_d``, ``fedadg_adv_f``, ``fedadg_adv_g``.
+
+Bugs of the public code (mirror at 1d34f2a), not reproduced: ``pacs-ours/train.py:88`` unpacks four values from
+``localTrain.train``, which returns three (``localTrain.py:63``), so the PACS script stops after its first client;
+the discriminator's projection is normalised at construction (``pacs-ours/Nets.py:122``) and then re-initialised
+(``:125``, ``:140``), so the normalisation has no effect; the generator fixes 7 labels and 4,096 hidden units
+(``Nets.py:10-15``) whatever the arguments.
 """
 
 from __future__ import annotations

@@ -9,9 +9,10 @@ on ResNets, the flattened 64 x h x w map on the ConvNet; the paper's f, 512-d on
 Client m, after local training (Eq. 2, Algorithm 1): one local prototype per class it holds,
 c_m^k = mean of z over its samples of class k, uploaded as ``{"fpl/protos": (K_m, d), "fpl/classes": (K_m,)}``
 (``prototypes=local``: a pass over all local images after training, un-augmented, eval mode, as
-Algorithm 1; ``batches``: the mean of the detached z of this round's training batches, train mode, as
-the public code collects them during its last local epoch). A class absent on a client has no
-prototype from it.
+Algorithm 1; ``batches``: the mean of the detached z of the training batches of the round's last local
+epoch — its last ceil(d / B) steps, every step of a round of at most one epoch —, train mode, as the
+public code collects them, ``models/fpl.py:189-196``, ``agg_func`` ``:19-33``). A class absent on a client
+has no prototype from it.
 
 Server, each round (Eq. 4-6), from the prototypes the round's clients uploaded: per class k, FINCH
 (cosine, ``fedstyle.style.transfer.interpolation.finch_partition``) on {c_m^k}; each cluster's mean is
@@ -32,14 +33,15 @@ Local loss (Eq. 12), per sample i of class k, averaged over the batch:
 
 Decisions and defaults:
 
-- tau = 0.02: the paper's default (Sec. 4.2, Fig. 4) and PARDON's benchmark code; RethinkFL's
-  ``main.py`` defaults ``--infoNCET`` to 0.1 (``reference_code=true``). Eq. 8 is computed with
-  logsumexp, so tau = 0.01 does not overflow (the paper reports NaN there with exp()).
+- tau = 0.02: the paper's default (Sec. 4.2, Fig. 4), PARDON's benchmark code and RethinkFL's
+  ``main.py:55`` (``--infoNCET``; 0.1 only in its first commit a52a765, changed to 0.02 four days later).
+  Eq. 8 is computed with logsumexp, so tau = 0.01 does not overflow (the paper reports NaN there with
+  exp(); the code's ``calculate_infonce``, ``models/fpl.py:106-121``, uses exp()).
 - UPCR per element (mean over the d dimensions): the scale of the public code's weight 1; Eq. 10's
   sum is d times larger (256 on the ConvNet) and swamps CE (``upcr=sum`` to get it). Measured on the
   learning check's digits3x (tests/learning.py: 3 clients, 6 rounds x 15 steps, seed 0), best mean
-  source-validation accuracy: defaults 0.616, ``upcr=sum`` 0.10 (chance), ``reference_code`` 0.520,
-  FedAvg 0.520.
+  source-validation accuracy: defaults 0.616, ``upcr=sum`` 0.10 (chance), ``reference_code`` 0.586
+  (0.520 with the tau 0.1 it used before), FedAvg 0.520.
 - Batch average: the per-sample CPCL and UPCR are summed over the samples whose class has prototypes
   and divided by the batch size, as the public code (a sample of a class that no client of the last
   round held contributes 0, and its class is no negative either). With no negative class at all,
@@ -49,9 +51,17 @@ Decisions and defaults:
   logged ``train_loss`` therefore jumps in round 2, when CPCL and UPCR join (``fpl_ce`` keeps falling).
 - Clustering uses only the round's participants' prototypes (the code's online clients); a resumed
   run gets P back from the checkpoint, so it equals an uninterrupted one.
-- ``reference_code=true`` sets the public code's choices not given explicitly: tau 0.1 and
-  ``prototypes=batches`` (its optimiser, SGD lr 0.01, momentum 0.9, weight decay 1e-5, batch 64,
-  is a run setting). ``lambda_cpcl=0`` or ``lambda_upcr=0`` gives the ablations of Table 1.
+- ``reference_code=true`` sets the public code's choices not given explicitly: tau 0.02 (its
+  ``main.py:55`` at commit 74201b3) and ``prototypes=batches`` (its optimiser, SGD lr 0.01, momentum
+  0.9, weight decay 1e-5, batch 64, is a run setting). ``lambda_cpcl=0`` or ``lambda_upcr=0`` gives the
+  ablations of Table 1. Checked against the code by ``tests/test_parity_fpl.py`` (``parity/fpl.py``): the
+  server's FINCH cluster prototypes, one local step's CE, CPCL and UPCR, gradients and batch prototypes.
+- Not reproduced (bugs of the public code): a class whose prototype came from one client only is kept as
+  a 1-D tensor (``models/fpl.py:86``) and the loss then fails to concatenate it with the other classes'
+  (``:107``: "Tensors must have same number of dimensions"), so a run where some class reaches the server
+  from one client crashes; fedstyle keeps it as one cluster. Its ``np.array`` of lists of tensors
+  (``:91-95``) needs numpy < 1.24. The code draws the online clients' order at random (``:125``);
+  fedstyle clusters in client-id order (the partition does not depend on the order, up to ties).
 Logged per round: ``fpl_ce``, ``fpl_cpcl``, ``fpl_upcr``.
 """
 
@@ -70,8 +80,8 @@ from fedstyle.style.transfer.interpolation import check_partition, finch_partiti
 
 PROTOS, CLASSES = "fpl/protos", "fpl/classes"  # payload keys (up: local prototypes; down: cluster prototypes)
 SERVER_PROTOS, SERVER_CLASSES = "fpl/cluster_protos", "fpl/cluster_classes"  # server.state
-_RECEIVED, _SUMS = "fpl/received", "fpl/sums"  # ctx.scratch
-REFERENCE = {"tau": 0.1, "prototypes": "batches"}  # RethinkFL's choices (reference_code=true)
+_RECEIVED, _SUMS, _STEP = "fpl/received", "fpl/sums", "fpl/step"  # ctx.scratch
+REFERENCE = {"tau": 0.02, "prototypes": "batches"}  # RethinkFL's choices (reference_code=true; main.py:55)
 _BATCH = 256  # images per forward of the prototype pass
 
 
@@ -138,7 +148,7 @@ class FPL(Algorithm):
     paper = ("Huang, Ye, Shi, Li, Du, Rethinking federated learning with domain shift: a prototype view, "
              "CVPR 2023")
     HPARAMS = (
-        HParam("tau", 0.02, "temperature of CPCL (Eq. 7; paper 0.02, public code 0.1)"),
+        HParam("tau", 0.02, "temperature of CPCL (Eq. 7; paper and public code 0.02)"),
         HParam("lambda_cpcl", 1.0, "weight of the cluster-prototype contrastive loss (Eq. 12: 1)", low=0.0),
         HParam("lambda_upcr", 1.0, "weight of the unbiased-prototype regulariser (Eq. 12: 1)", low=0.0),
         HParam("upcr", "mean", "UPCR over the feature dimensions: mean (public code's MSELoss) or sum (Eq. 10 "
@@ -146,9 +156,9 @@ class FPL(Algorithm):
         HParam("partition", "coarsest", "FINCH partition of a class's client prototypes: coarsest (public code), "
                "finest (Eq. 4's first-neighbour links alone) or a number of clusters"),
         HParam("prototypes", "local", "local prototypes from a pass over all local images after training (local, "
-               "Algorithm 1) or from this round's training batches (batches, public code)",
+               "Algorithm 1) or from the training batches of the round's last local epoch (batches, public code)",
                choices=("local", "batches")),
-        HParam("reference_code", False, "the public code's choices (tau 0.1, prototypes=batches) for the options "
+        HParam("reference_code", False, "the public code's choices (tau 0.02, prototypes=batches) for the options "
                "not given explicitly"),
     )
 
@@ -195,9 +205,12 @@ class FPL(Algorithm):
         ce = F.cross_entropy(model.head(z), y)
         ctx.log("fpl_ce", ce)
         if self.hp["prototypes"] == "batches":
-            sums, counts = class_sums(z, y, self.num_classes)
-            acc = ctx.scratch.get(_SUMS)
-            ctx.scratch[_SUMS] = (sums, counts) if acc is None else (acc[0] + sums, acc[1] + counts)
+            step = ctx.scratch.get(_STEP, 0)
+            ctx.scratch[_STEP] = step + 1
+            if step >= self.last_epoch_start(ctx):  # the code collects its last local epoch's features
+                sums, counts = class_sums(z, y, self.num_classes)
+                acc = ctx.scratch.get(_SUMS)
+                ctx.scratch[_SUMS] = (sums, counts) if acc is None else (acc[0] + sums, acc[1] + counts)
         received = self.received(ctx, payload)
         if received is None:  # round 0: no prototypes yet
             return ce
@@ -205,6 +218,11 @@ class FPL(Algorithm):
         ctx.log("fpl_cpcl", cpcl)
         ctx.log("fpl_upcr", upcr)
         return ce + self.hp["lambda_cpcl"] * cpcl + self.hp["lambda_upcr"] * upcr
+
+    @staticmethod
+    def last_epoch_start(ctx) -> int:
+        """The first step of the round's last local epoch (0 for a round of at most one epoch)."""
+        return max(0, ctx.train.steps_for(ctx.data) - ctx.data.num_batches(ctx.train.batch_size))
 
     @torch.no_grad()
     def upload_payload(self, ctx, model):

@@ -14,7 +14,13 @@ A backend of this family is an encoder ``enc`` (images in [0, 1] -> a feature ma
 Every sigma is sqrt(var + eps) with the population variance and eps = 1e-5 (as the reference
 implementations; they use the unbiased variance, a factor HW / (HW - 1) that fedstyle leaves out so
 that a single image's style and a dataset's style are the same statistic). A channel with zero
-variance therefore gives no NaN: it maps to the constant mu_t.
+variance therefore gives no NaN: it maps to the constant mu_t. ``unbiased_content = True`` (set by
+CCST's ``reference_code``) normalises the content in :meth:`FeatureAdaIN.transfer` with the unbiased
+variance instead, as CCST's transfer does (``calc_mean_std``, JeremyCJM/CCST
+``style_transfer/AdaIN/function.py:4-12``, in ``adaIN_StyleStat_ContentFeat``, ``:26-33``); the styles stay
+population statistics, as CCST's style scripts make them (E[f^2] - mu^2:
+``CCST_SingleStyleTransfer.py:201-203``, ``mean_std_computation_effcientMem.py:135-137``). The setting
+joins :attr:`FeatureAdaIN.encoder_id` (so caches and style checks keep the two apart).
 
 Input handling (uint8 (B, C, H, W) tensors): one channel is repeated to three (grayscale -> RGB);
 images whose shorter side is below the encoder's ``min_size`` are upsampled bilinearly so that the
@@ -80,6 +86,8 @@ class FeatureAdaIN(StyleTransfer):
     """
 
     supports_privacy = True  # styles are channel moments: dataset_style(privacy=...), private_styles
+    #: transfer normalises the content with the unbiased variance (CCST's public code; see the module docstring)
+    unbiased_content = False
 
     def __init__(
         self,
@@ -104,7 +112,7 @@ class FeatureAdaIN(StyleTransfer):
 
     @property
     def encoder_id(self) -> str:
-        return self._encoder_id
+        return self._encoder_id + ("+unbiased-content" if self.unbiased_content else "")
 
     # -- images <-> features ------------------------------------------------------------
     def prepare(self, images: torch.Tensor) -> torch.Tensor:
@@ -239,7 +247,8 @@ class FeatureAdaIN(StyleTransfer):
                     f"the style has {mean.shape[1]} channels but the encoder gives {features.shape[1]}"
                 )
             target_mean, target_std = (mean, std) if styles == 1 else (mean[part], std[part])
-            restyled = adain(features, target_mean[..., None, None], target_std[..., None, None], eps=ADAIN_EPS)
+            restyled = adain(features, target_mean[..., None, None], target_std[..., None, None], eps=ADAIN_EPS,
+                             unbiased=self.unbiased_content)
             if alpha < 1.0:
                 restyled = alpha * restyled + (1.0 - alpha) * features
             out[part] = self.decode(restyled, size).cpu()

@@ -14,7 +14,10 @@ low-frequency square M (FedDG Section 3.2, continuous frequency-space interpolat
 The square is FedDG's: after ``fftshift`` it spans rows and columns ``c - b .. c + b`` around the
 zero frequency ``c = floor(side / 2)``, with half-width ``b = floor(min(H, W) * band)`` (their ``L``),
 clipped to the image; ``band = 0`` exchanges nothing (identity), ``band = 1`` the whole spectrum
-(``band >= 0.5`` for square images). Default ``band = 0.1``: the default of FedDG's (and FDA's)
+(``band >= 0.5`` for square images). FedDG's code differs at both ends: its L = 0 (what its training
+uses) still exchanges the zero-frequency term (here: any band in (0, 1 / min(H, W))), and for L > 0.5
+the square's negative start index makes numpy exchange only a corner (a bug; see
+``fedstyle.algorithms.feddg_fft``). Default ``band = 0.1``: the default of FedDG's (and FDA's)
 ``low_freq_mutate``; at 32 x 32 that is a 7 x 7 square (FedDG's fundus demo uses L = 0.003 at
 384 x 384, a 3 x 3 square). The output is rounded and clipped to uint8.
 """
