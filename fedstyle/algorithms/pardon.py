@@ -79,11 +79,34 @@ images): CE alone 62.7 %, + L_T squared 64.6 %, + L_T Euclidean (default) 68.1 %
 given explicitly: one random negative, L2-normalised features, non-squared distance with the hinge,
 CE on the originals only, frozen BatchNorm, L_reg averaged over elements, transfer_alpha 0.5, the finest FINCH partition on
 the server, the lower median, flattened feature maps for the local clustering (encoder backends;
-``fft`` keeps its per-image spectra) of all local images (``style_images=0``). The public code's
+``fft`` keeps its per-image spectra) of all local images (``style_images=0``), the client style from the
+clusters' pooled moments (``client_style=pooled``: ``src/client.py:636-652`` averages each cluster's E[f] and
+E[f^2] with equal weights, then var = E[f^2] - mu^2), and, for the encoder backends, the transfer's content
+statistics with the unbiased variance (``unbiased_content``: ``style_transfer``, ``src/utils.py:52-67``, calls
+``adaIN_StyleStat_ContentFeat``, ``src/functions.py:26-35``, whose ``calc_mean_std``, ``:4-13``, uses
+``var()``; fedstyle's styles stay population statistics, as the code's ``calc_sum`` styles are). The public code's
 optimiser (Adam, lr 3e-5) is a run setting shared with every other method, so it is not switched by
 the method: give ``--optimizer adam --lr 3e-5 --weight-decay 0 --lr-schedule constant`` (a warning
-says so when reference_code runs with another optimiser). Not reproduced: its pretrained ResNet-50 (``--backbone resnet50
---pretrained`` comes close) with a 2048 -> 2048 featurizer head, its encoder read before the ReLU of conv4_1 on ImageNet-normalised inputs.
+says so when reference_code runs with another optimiser). ``tests/test_parity_pardon.py`` (``parity/pardon.py``)
+checks this mode against the code (judydnguyen/PARDON-FedDG at e5df7dd) with a seeded stand-in encoder and
+decoder and a seeded ConvNet: the client style (``abstract_style``, ``src/client.py:607-657``) and its FINCH
+partition, S_g (``find_optimal_metadata``, ``src/server.py:387-427``) and its partition, one step's loss and
+gradients (``contrastive_fit``, ``src/client.py:449-486``, with the code's negatives) and the transfer at alpha
+0.5 (``style_transfer``). Not reproduced: its pretrained ResNet-50 (``--backbone resnet50
+--pretrained`` comes close) with a 2048 -> 2048 featurizer head; its encoder read before the ReLU of conv4_1
+(``list(vgg.children())[:-1]``, ``src/client.py:612``) for the styles but at relu4_1 for the transfer
+(``:36``), on ImageNet-normalised inputs; x' made at every step from the augmented, ImageNet-normalised batch
+(``src/client.py:465``, ``style_stransfer_batch`` ``:487-524``) with the decoder's float output, unclamped and
+not normalised, fed to the featurizer (fedstyle transfers each image once into the uint8 cache and crops and
+flips x and x' alike: a transfer at every step would cost, for 32 digits4 images on one CPU thread, 4-5x a
+ConvNet FedAvg step with the ``lite`` backend and 24-32x with VGG ``adain``); the triplets' extra forward
+passes (``src/client.py:534-536``; the same values under frozen BatchNorm) and ``TripletMarginLoss``'s eps
+1e-7 (``:532``; fedstyle's ``pairwise_distance``: 1e-6); the client style's float32 sums (``src/utils.py:38-50``;
+fedstyle pools per-image moments in float64). Bugs of the public code: ``abstract_style`` and
+``find_optimal_metadata`` hard-code ``torch.device("cuda")`` (``src/client.py:610``, ``src/server.py:419``) and
+the latter 512 channels (``:395-396``); x' reaches the featurizer unnormalised while x is ImageNet-normalised;
+S_g is cached in ``style_stats/`` under the dataset, split, iid and client count only (``src/server.py:349-362``),
+so a rerun with other data or weights reuses a stale style, and the repository ships such files for PACS.
 """
 
 from __future__ import annotations
@@ -101,8 +124,9 @@ from fedstyle.algorithms.registry import register_method
 from fedstyle.algorithms.style_exchange import STYLE_IMAGES, StyleBackendExchange, check_style_backend
 from fedstyle.errors import ConfigError
 from fedstyle.style.transfer import Style
+from fedstyle.style.transfer.feature_adain import FeatureAdaIN
 from fedstyle.style.transfer.fft import DEFAULT_BAND
-from fedstyle.style.transfer.interpolation import LOCAL_FEATURES, MEDIANS, check_partition
+from fedstyle.style.transfer.interpolation import CLIENT_STYLES, LOCAL_FEATURES, MEDIANS, check_partition
 from fedstyle.style.transfer.interpolation import interpolation_style, local_style
 
 #: the aligned view holding each image's transfer to S_g
@@ -114,7 +138,7 @@ SERVER_CLUSTERS = "pardon/server_clusters"  # server.state: the number of client
 REFERENCE = {"negatives": "random", "normalize": True, "distance": "euclidean", "hinge": True, "ce_views": "original",
              "batchnorm_stats": "frozen",
              "reg_scale": "element", "transfer_alpha": 0.5, "server_partition": "finest", "median": "lower",
-             "local_features": "flat", "gamma1": 0.75, "gamma2": 0.2, "margin": 0.3, "style_images": 0}
+             "local_features": "flat", "client_style": "pooled", "gamma1": 0.75, "gamma2": 0.2, "margin": 0.3, "style_images": 0}
 _warned_optimizer = False
 
 
@@ -134,6 +158,9 @@ class PARDON(StyleBackendExchange):
         STYLE_IMAGES,
         HParam("local_features", "style", "what FINCH clusters a client's images on: per-image style [mu, sigma] "
                "(style) or flattened encoder feature maps (flat, the public code)", choices=LOCAL_FEATURES),
+        HParam("client_style", "mean", "the client style from its cluster styles: their mean (S_Ck after Eq. 2) or "
+               "the style of their pooled first and second moments, equal weight per cluster (pooled, public code)",
+               choices=CLIENT_STYLES),
         HParam("local_partition", "coarsest", "FINCH partition inside a client (Eq. 1): finest, coarsest (paper and "
                "code) or a number of clusters"),
         HParam("server_partition", "coarsest", "FINCH partition of the client styles (Eq. 3): coarsest (paper), "
@@ -165,8 +192,9 @@ class PARDON(StyleBackendExchange):
                choices=("mean", "sum")),
         HParam("reg_scale", "element", "L_reg per element, i.e. Eq. 8 / feature dim (element, public code) or per "
                "sample ||z||^2 as printed (sample)", choices=("sample", "element")),
-        HParam("reference_code", False, "the public code's choices for every option above not given explicitly "
-               "(optimizer and lr are run flags: --optimizer adam --lr 3e-5)"),
+        HParam("reference_code", False, "the public code's choices for every option above not given explicitly, "
+               "and the transfer's content statistics with the unbiased variance (optimizer and lr are run flags: "
+               "--optimizer adam --lr 3e-5)"),
     )
 
     @classmethod
@@ -185,16 +213,26 @@ class PARDON(StyleBackendExchange):
                               "backend (lite, adain)")
         return hp
 
+    def backend(self, ctx):
+        """The style backend; under ``reference_code`` an encoder backend normalises the content with the
+        unbiased variance in transfer, as the public code (``src/functions.py:4-13`` in ``:26-35``)."""
+        backend = super().backend(ctx)
+        if self.hp["reference_code"] and isinstance(backend, FeatureAdaIN):
+            backend.unbiased_content = True
+        return backend
+
     # -- setup exchange -----------------------------------------------------------------
     def setup_upload(self, ctx, model):
         """The client style: FINCH clusters of the local images, their styles, the mean (Eq. 1-2)."""
         images = self.images_for_style(ctx, "pardon-style")  # all, or the class-stratified style_images sample
         recipe = {"local_features": self.hp["local_features"], "local_partition": self.hp["local_partition"]}
+        if self.hp["client_style"] != "mean":  # the default keeps its old cache key
+            recipe["client_style"] = self.hp["client_style"]
 
         def compute(backend, tick):
             local = local_style(backend, images, features=self.hp["local_features"],
                                 partition=check_partition(self.hp["local_partition"]),
-                                batch_size=self.hp["transfer_batch"], progress=tick)
+                                batch_size=self.hp["transfer_batch"], combine=self.hp["client_style"], progress=tick)
             return local.style, {"images": local.images, "clusters": local.clusters}
 
         # a rerun does not encode again; the cluster count becomes setup_download's style_clusters metric

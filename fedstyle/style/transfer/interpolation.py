@@ -12,7 +12,11 @@ A client's style (Eq. 1-2 and the mean after Eq. 2):
    the per-image styles (``StyleTransfer.pool_styles``, exact for images of one size), or, for a
    backend that cannot pool, the backend's ``dataset_style`` over the cluster's images;
 4. the client style is the plain mean of its cluster styles (so a dominant domain does not
-   dominate).
+   dominate; ``client_style="mean"``, S_Ck = (1/L_k) sum_j S(eps_j) after Eq. 2), or, as the public code
+   (client.py:636-652), the style of the clusters' pooled moments with equal weights per cluster
+   (``"pooled"``): mu = mean_j mu_j, sigma^2 = mean_j (sigma_j^2 + mu_j^2) - mu^2 (+ eps)
+   (``StyleTransfer.pool_styles`` over one group). The two differ in sigma only, and most where the
+   clusters' means differ (measured 35 % in the 2026-11-25 parity notes).
 
 The server's interpolation style (Eq. 3-5): FINCH on the client styles, each cluster's style the
 mean of its members (Eq. 4), and the global style S_g the element-wise median over the cluster
@@ -214,16 +218,33 @@ def median_style(style: Style, rule: str = "midpoint") -> Style:
     return Style(style.backend, style.encoder, out)
 
 
+#: how a client's cluster styles become its style (see the module docstring)
+CLIENT_STYLES = ("mean", "pooled")
+
+
+def combine_clusters(backend: StyleTransfer, clusters: Style, rule: str = "mean") -> Style:
+    """The client style from its cluster styles: their element-wise ``mean`` or their ``pooled`` moments."""
+    if rule not in CLIENT_STYLES:
+        raise ConfigError(f"client style rule {rule!r} is not one of {', '.join(CLIENT_STYLES)}")
+    if rule == "mean":
+        return mean_style(clusters)
+    try:
+        return backend.pool_styles(clusters, torch.zeros(len(clusters), dtype=torch.long))
+    except NotImplementedError:
+        raise ConfigError(f"client_style=pooled needs a backend whose styles are moments; {backend.name!r} "
+                          "cannot pool them: use client_style=mean") from None
+
+
 def local_style(backend: StyleTransfer, images: torch.Tensor, *, features: str = "style",
-                partition: str | int = "coarsest", batch_size: int = 64,
+                partition: str | int = "coarsest", batch_size: int = 64, combine: str = "mean",
                 progress: Callable[[int], None] | None = None) -> LocalStyle:
-    """A client's style: FINCH clusters of its images (Eq. 1), each cluster's style (Eq. 2), their mean.
-    ``progress(n)`` after each batch of n images encoded."""
+    """A client's style: FINCH clusters of its images (Eq. 1), each cluster's style (Eq. 2), combined by
+    ``combine`` (:func:`combine_clusters`). ``progress(n)`` after each batch of n images encoded."""
     per_image, vectors = image_features(backend, images, features, batch_size, progress)
     device = getattr(backend, "device", None)
     labels = finch_partition(vectors, partition, device=device)
     clusters = cluster_styles(backend, per_image, labels, images, batch_size)
-    return LocalStyle(mean_style(clusters), len(clusters), int(images.shape[0]))
+    return LocalStyle(combine_clusters(backend, clusters, combine), len(clusters), int(images.shape[0]))
 
 
 def interpolation_style(client_styles: Style, *, partition: str | int = "coarsest", median: str = "midpoint"
