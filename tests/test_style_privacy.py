@@ -23,6 +23,7 @@ from fedstyle.seeding import seed_everything
 from fedstyle.style import StyleAccumulator, channel_stats
 from fedstyle.style.privacy import (
     StylePrivacy,
+    SystemNormal,
     clip_rows,
     composed_epsilon,
     gaussian_epsilon,
@@ -112,7 +113,7 @@ def test_the_noise_has_std_z_times_2c():
     backend, batch = PixelAdaIN(), images(n=10)
     clean = backend.dataset_style([batch], privacy=StylePrivacy(clip=10.0)).tensors["mean"]
     z = 0.05
-    privacy = StylePrivacy(clip=10.0, noise=z)
+    privacy = StylePrivacy(clip=10.0, noise=z, source="seeded")
     noisy = torch.stack([backend.dataset_style([batch], privacy=privacy, generator=privacy.generator(0, i))
                          .tensors["mean"] for i in range(300)])
     assert float((noisy - clean).std()) == pytest.approx(z * 2 * 10.0 / 10, rel=0.1)
@@ -178,19 +179,97 @@ def test_stablefdg_phi_under_the_defence_differs_by_the_predicted_noise():
     _, _, clean = query({"style_stats": "eval"})  # the statistics the defence runs on (its default there)
     assert torch.equal(clean, query({"style_stats": "eval", "dp_clip": 0.0, "dp_noise": 0.0})[2])  # zeros = off
     z, clip, n = 1e-3, 1e3, 24  # C above every contribution: the difference is the noise alone
-    _, ctx, noisy = query({"dp_clip": clip, "dp_noise": z})
+    seeded = {"dp_clip": clip, "dp_noise": z, "dp_noise_source": "seeded"}
+    _, ctx, noisy = query(seeded)
     expected = z * 2 * clip / n  # noise std on the mean rows (sums / N)
     rms = float((noisy[:2] - clean[:2]).square().mean().sqrt())
     assert rms == pytest.approx(expected, rel=0.25)
-    assert torch.equal(noisy, query({"dp_clip": clip, "dp_noise": z})[2])  # reproducible
-    assert not torch.equal(noisy, query({"dp_clip": clip, "dp_noise": z}, seed=1)[2])  # seeded per client/round
+    assert torch.equal(noisy, query(seeded)[2])  # reproducible
+    assert not torch.equal(noisy, query(seeded, seed=1)[2])  # seeded per client/round
     assert bool((noisy[2:] >= 0).all()) and bool((noisy[1] > 0).all())  # variances >= 0, sigma_mean > 0
+    # from the OS CSPRNG: the same config and seed release other noise each time, of the same size
+    system = {**seeded, "dp_noise_source": "os"}
+    first, second = query(system)[2], query(system)[2]
+    assert not torch.equal(first, second) and not torch.equal(first, noisy)
+    assert float((first[:2] - clean[:2]).square().mean().sqrt()) == pytest.approx(expected, rel=0.25)
     # the releases are counted in the client state, whose count the round's metrics report with their eps
-    query({"dp_clip": clip, "dp_noise": z}, state=ctx.state)
+    query(seeded, state=ctx.state)
     metrics = release_metrics(ctx.state, StylePrivacy(clip, z))
     assert metrics["dp_releases"] == 2 and metrics["dp_epsilon"] == gaussian_epsilon(z, 1e-5)
     assert metrics["dp_epsilon_total"] == pytest.approx(gaussian_epsilon(z / math.sqrt(2), 1e-5))
     assert release_metrics(query({})[1].state, StylePrivacy()) == {}  # off: nothing counted, nothing logged
+
+
+def test_system_noise_is_standard_normal_and_never_repeats():
+    draws = SystemNormal().randn((200_000,))
+    assert draws.dtype == torch.float64 and draws.shape == (200_000,)
+    assert abs(float(draws.mean())) < 0.01 and float(draws.std()) == pytest.approx(1.0, rel=0.01)
+    assert float((draws.abs() > 3).double().mean()) == pytest.approx(0.0027, rel=0.25)  # Gaussian tails
+    assert not torch.equal(SystemNormal().randn((8,)), SystemNormal().randn((8,)))
+    privacy = StylePrivacy(clip=1.0, noise=1.0)  # the default source: os, whatever seed is given
+    assert isinstance(privacy.generator(0, "x"), SystemNormal) and privacy.source == "os"
+    assert StylePrivacy(clip=1.0, noise=1.0, source="auto").source == "os"  # unresolved auto is the safe reading
+    assert "CSPRNG" in privacy.describe() and "seed removes it" in StylePrivacy(1.0, 1.0, source="seeded").describe()
+    with pytest.raises(ConfigError, match="dp_noise_source"):
+        StylePrivacy(clip=1.0, noise=1.0, source="urandom")
+
+
+def test_fedstyle_run_seeds_the_noise_a_deployment_draws_it_from_the_os():
+    """The run's config says which source was used: seeded in the simulators (reproducible), os in a deployment,
+    whose coordinator knows the config and seed; a deployment refuses seeded noise, and a deployed site forces os
+    whatever config it receives."""
+    from fedstyle.algorithms.stablefdg import StableFDG
+    from fedstyle.experiments.build import deployment_noise, simulation_noise
+    from fedstyle.experiments.config import RunConfig
+
+    hp = {"dp_clip": 1.0, "dp_noise": 1.0}
+    assert simulation_noise(StableFDG.resolve(hp))["dp_noise_source"] == "seeded"
+    assert simulation_noise(StableFDG.resolve({**hp, "dp_noise_source": "os"}))["dp_noise_source"] == "os"
+    config = RunConfig(method="stablefdg", dataset="digits4", hparams=hp)
+    assert deployment_noise(config).hparams["dp_noise_source"] == "os"
+    with pytest.raises(ConfigError, match="regenerate and subtract"):
+        deployment_noise(config.updated(hparams={**hp, "dp_noise_source": "seeded"}))
+    forced = deployment_noise(config.updated(hparams={**hp, "dp_noise_source": "seeded"}), refuse_seeded=False)
+    assert forced.hparams["dp_noise_source"] == "os"
+    fedavg = RunConfig(method="fedavg", dataset="digits4")
+    assert deployment_noise(fedavg) is fedavg  # a method without the defence is left alone
+
+
+def test_a_site_outside_the_simulation_engine_is_a_deployment():
+    pytest.importorskip("flwr")
+    from types import SimpleNamespace
+
+    from fedstyle.runtimes.flower.node_config import in_simulation_engine
+
+    def node(**config):
+        return SimpleNamespace(node_config=config)
+
+    assert in_simulation_engine(node(**{"partition-id": 0, "num-partitions": 3}))  # Flower's simulation engine
+    assert not in_simulation_engine(node(**{"partition-id": 0, "state-dir": "/s"}))  # fedstyle deploy / site
+    assert not in_simulation_engine(node(**{"partition-id": 0}))  # a hand-started SuperNode
+    assert not in_simulation_engine(node(**{"partition-id": 0, "num-partitions": 3, "state-dir": "/s"}))
+
+
+def test_a_deployed_site_releases_fresh_noise_for_the_same_config_and_seed(tiny_config):
+    """Two deployments with one config and seed: their sites, rebuilding the run from the config as a SuperNode
+    does, release different noisy Phi; two simulations with seeded noise release identical ones."""
+    pytest.importorskip("flwr")
+    from fedstyle.runtimes.flower import site as site_module
+
+    hp = {"attention": False, "dp_clip": 1e3, "dp_noise": 1e-3, "dp_noise_source": "seeded"}
+    config_json = tiny_config.updated(method="stablefdg", hparams=hp, rounds=1).to_json()
+
+    def release(deployed: bool) -> torch.Tensor:
+        site_module._SITES.clear()  # a fresh process per deployment
+        exp = site_module._site(config_json, None, deployed).experiment
+        ctx = exp.simulator.context(0, 1, "query")
+        return exp.algorithm.round_query(ctx, exp.model.eval())["style"], exp.algorithm.hp["dp_noise_source"]
+
+    (a, source_a), (b, _) = release(True), release(True)
+    assert source_a == "os" and not torch.equal(a, b)
+    (c, source_c), (d, _) = release(False), release(False)
+    assert source_c == "seeded" and torch.equal(c, d)
+    site_module._SITES.clear()
 
 
 def _rows(run_dir):

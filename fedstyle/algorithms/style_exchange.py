@@ -26,7 +26,7 @@ from fedstyle.data.lazy import LazyImages
 from fedstyle.errors import ConfigError
 from fedstyle.payload import Payload
 from fedstyle.seeding import derive_seed
-from fedstyle.style.privacy import StylePrivacy
+from fedstyle.style.privacy import NOISE_SOURCES, StylePrivacy
 from fedstyle.style.transfer import DEFAULT_BACKEND, TRANSFER_BACKENDS, Style, StyleTransfer
 from fedstyle.style.transfer.augment import (
     AugmentPlan,
@@ -63,13 +63,17 @@ DP_HPARAMS = (
     HParam("dp_noise", 0.0, "style privacy: Gaussian noise multiplier z, noise std z * 2C on the summed statistics "
            "(0: no noise; needs dp_clip > 0)", low=0.0),
     HParam("dp_delta", 1e-5, "style privacy: the delta of the (eps, delta) logged as dp_epsilon", low=0.0, high=1.0),
+    HParam("dp_noise_source", "auto", "style privacy: where the noise comes from: os (the OS CSPRNG: the receiver "
+           "cannot regenerate it), seeded (reproducible, simulations only: the seed removes it) or auto (seeded in "
+           "fedstyle run, os in a deployment)", choices=NOISE_SOURCES),
 )
 
 
 def style_privacy(hp: Mapping[str, Any], backend: str | None = None) -> StylePrivacy:
     """The defence the dp_* hyperparameters set (off for a method without them); ConfigError for bad values,
     noise without clipping, or a ``backend`` (a style transfer backend's name) that cannot apply it."""
-    privacy = StylePrivacy(hp.get("dp_clip", 0.0), hp.get("dp_noise", 0.0), hp.get("dp_delta", 1e-5))
+    privacy = StylePrivacy(hp.get("dp_clip", 0.0), hp.get("dp_noise", 0.0), hp.get("dp_delta", 1e-5),
+                           hp.get("dp_noise_source", "os"))
     if privacy.enabled and backend is not None:
         check_private_backend(backend)
     return privacy

@@ -88,8 +88,13 @@ def table(report: dict[str, Any]) -> str:
         lines += [f"  - note: {note}" for note in r.notes]
     if any(report["defence"].get(k) for k in ("dp_clip", "dp_noise")):
         eps = report.get("epsilon")
-        lines.append("- defence: " + ", ".join(f"{k}={v:g}" for k, v in report["defence"].items())
-                     + (f"; eps = {eps:.3g} per release (Gaussian mechanism)" if eps is not None else "; no noise: no eps"))
+        numbers = {k: v for k, v in report["defence"].items() if not isinstance(v, str)}
+        source = report["defence"].get("dp_noise_source")
+        where = {"os": "drawn from the OS CSPRNG (the receiver cannot regenerate it)",
+                 "seeded": "seeded (reproducible; whoever knows the run's seed can subtract it)"}.get(source, "")
+        lines.append("- defence: " + ", ".join(f"{k}={v:g}" for k, v in numbers.items())
+                     + (f"; eps = {eps:.3g} per release (Gaussian mechanism)" if eps is not None else "; no noise: no eps")
+                     + (f"; the run's noise was {where}; the audit replays it seeded" if where and eps is not None else ""))
     lines += ["", "Columns: " + "; ".join(f"{c[0]} = {c[1]}" for c in COLUMNS) + "."]
     return "\n".join(lines) + "\n"
 

@@ -10,6 +10,7 @@ weights is audited by the gradient-inversion baseline alone, which every report 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 from typing import Any, Callable
@@ -25,6 +26,7 @@ from fedstyle.errors import ConfigError
 from fedstyle.experiments.build import Experiment, build_experiment
 from fedstyle.experiments.checkpoint import load_checkpoint
 from fedstyle.experiments.rundir import read_run_config, read_summary
+from fedstyle.style.privacy import StylePrivacy
 from fedstyle.federation.client import load_weights
 from fedstyle.registry import Registry
 
@@ -32,10 +34,17 @@ from fedstyle.registry import Registry
 SURFACES: Registry[Callable[[Experiment, Callable], list[Surface]]] = Registry("audited method")
 
 
+def replayed_privacy(hp) -> StylePrivacy:
+    """The run's defence as the audit replays its releases: the same clipping and noise level, the noise seeded
+    (the audit is reproducible; an ``os`` run's actual noise is unknowable, and only its distribution matters
+    to the attacks). The run's own source is reported beside (``defence_of``)."""
+    return dataclasses.replace(style_privacy(hp), source="seeded")
+
+
 @SURFACES.register("ccst")
 def _ccst(exp: Experiment, normalize) -> list[Surface]:
     alg = exp.algorithm
-    privacy, seed = style_privacy(alg.hp), exp.config.seed
+    privacy, seed = replayed_privacy(alg.hp), exp.config.seed
     if alg.hp["style_type"] == "single":
         return [encoder_surface("ccst", alg, exp.device, "per-image style", alg.num_styles, privacy, seed)]
     limit = alg.hp.get("style_images", 0)
@@ -59,7 +68,7 @@ def _stablefdg(exp: Experiment, normalize) -> list[Surface]:
     return [classifier_surface("stablefdg", exp.model, [hp["share_stage"]], normalize, exp.device,
                                exp.config.resolution, "each sampled client, every round, to the server, which "
                                "relays it to another client", lambda n: limit if 0 < limit < n else n,
-                               privacy=style_privacy(hp), seed=exp.config.seed)]
+                               privacy=replayed_privacy(hp), seed=exp.config.seed)]
 
 
 @SURFACES.register("styleddg")
@@ -144,9 +153,10 @@ def audit_run(run_dir: str | Path, settings: AuditSettings | None = None, device
             "results": results}
 
 
-def defence_of(exp: Experiment) -> dict[str, float]:
-    """The run's style defence settings (``dp_*`` hyperparameters), empty when the method has none."""
-    return {k: float(v) for k, v in exp.algorithm.hp.items() if k.startswith("dp_")}
+def defence_of(exp: Experiment) -> dict[str, float | str]:
+    """The run's style defence settings (``dp_*`` hyperparameters: the numbers, and ``dp_noise_source``), empty
+    when the method has none."""
+    return {k: (v if isinstance(v, str) else float(v)) for k, v in exp.algorithm.hp.items() if k.startswith("dp_")}
 
 
 def epsilon_of(exp: Experiment) -> float | None:

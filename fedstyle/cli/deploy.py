@@ -128,13 +128,15 @@ def _new_run(args, settings):
     """Validate, then write the run directory (config.json, partition.json) like `fedstyle run`."""
     from fedstyle.errors import ConfigError
     from fedstyle.experiments.backends import refuse_peer_to_peer
+    from fedstyle.experiments.build import deployment_noise
     from fedstyle.experiments.runner import remove_new_run, start_run_dir
     from fedstyle.runtimes.flower import require_flower
 
     require_flower("fedstyle deploy")
     if not args.out:
         raise ConfigError("give --out DIR for the run directory (or --resume DIR to continue one)")
-    config = config_from_args(args)
+    # a style defence's noise from the OS CSPRNG: the coordinator knows the config and the seed
+    config = deployment_noise(config_from_args(args))
     # the ServerApp and the sites run in other folders: paths in config.json must be absolute
     config = config.updated(**{k: str(Path(v).resolve()) for k in ("data_root", "weights")
                                if (v := getattr(config, k)) is not None})

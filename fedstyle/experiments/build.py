@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import networkx as nx
 import torch
@@ -85,9 +86,32 @@ def resolve_config(config: RunConfig, dataset: DomainDataset) -> RunConfig:
         backbone=backbone,
         resolution=dataset.resolution,
         augment=config.augment or dataset.augment,
-        hparams=method.resolve(config.hparams),
+        hparams=simulation_noise(method.resolve(config.hparams)),
         selection=config.resolved_selection(),
     )
+
+
+def simulation_noise(hparams: dict[str, Any]) -> dict[str, Any]:
+    """``dp_noise_source=auto`` is ``seeded`` here: a run built from a config is a simulation unless its runtime
+    says otherwise (``fedstyle deploy`` writes ``os`` before, and a Flower site outside the simulation engine
+    forces ``os``; :mod:`fedstyle.style.privacy`), and one process then plays every party."""
+    if hparams.get("dp_noise_source") == "auto":
+        return {**hparams, "dp_noise_source": "seeded"}
+    return hparams
+
+
+def deployment_noise(config: RunConfig, *, refuse_seeded: bool = True) -> RunConfig:
+    """The config a deployment runs: a style defence's noise from the OS CSPRNG (``dp_noise_source=os``), since
+    the coordinator it protects against knows the config and the seed. An explicit ``seeded`` is refused
+    (``refuse_seeded``) or overridden."""
+    method = METHODS.get(config.method)
+    if "dp_noise_source" not in {h.name for h in method.HPARAMS}:
+        return config
+    given = config.hparams.get("dp_noise_source", "auto")
+    if given == "seeded" and refuse_seeded:
+        raise ConfigError("dp_noise_source=seeded lets the coordinator regenerate and subtract the noise; a "
+                          "deployment draws it from the OS CSPRNG: drop the option (or give os)")
+    return config.updated(hparams={**config.hparams, "dp_noise_source": "os"})
 
 
 def load_config_dataset(config: RunConfig, progress: bool = True) -> DomainDataset:

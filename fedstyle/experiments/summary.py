@@ -180,6 +180,13 @@ def make_summary(exp: Experiment, records: list[dict[str, Any]], selector: Selec
     if "device_target_acc" in last:
         summary["device_target_acc_last"] = last["device_target_acc"]
         summary["consensus_distance_last"] = last["consensus_distance"]
+    hp = exp.algorithm.hp
+    if hp.get("dp_clip", 0) or hp.get("dp_noise", 0):  # the style defence: what was promised and how the noise was made
+        summary["style_privacy"] = {
+            "dp_clip": hp["dp_clip"], "dp_noise": hp["dp_noise"], "dp_delta": hp["dp_delta"],
+            "noise_source": hp.get("dp_noise_source"),
+            "epsilon_total_last_round": last.get("train_metrics", {}).get("dp_epsilon_total"),
+        }
     warnings = divergence_warnings(records, exp.dataset.num_classes, config.lr)
     if warnings:
         summary["warnings"] = warnings

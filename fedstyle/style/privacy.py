@@ -28,6 +28,17 @@ the run: the weights a client uploads depend on its images too and are not prote
 and StableFDG's Phi is computed by a network they trained. Subsampling (``style_images``, J, the clients
 sampled per round) is not used for amplification: conservative.
 
+**Where the noise comes from** (``source``). Noise only protects against a receiver who cannot predict it.
+``os``: every draw from the operating system's CSPRNG (``secrets``/``os.urandom``, Box-Muller on 53-bit
+uniforms; :class:`SystemNormal`) — nothing seeded, so the coordinator of a deployment, who knows the run's
+config and seed, cannot regenerate and subtract it. ``seeded``: a torch generator seeded by
+``derive_seed(seed, "style-privacy", ...)`` — reproducible, for simulations, where one process plays every
+party; anyone with the seed can remove this noise, so it protects nothing across a trust boundary.
+``auto`` (the hyperparameter's default) is ``seeded`` in ``fedstyle run`` (the simulators; the run's
+config.json records the choice) and ``os`` everywhere else: ``fedstyle deploy`` writes ``os``, and a
+Flower site outside the simulation engine uses ``os`` whatever the config it receives says (the config
+comes from the coordinator).
+
 **Accounting.** One release: :func:`gaussian_epsilon` (analytic Gaussian mechanism, Balle & Wang ICML'18,
 Thm 8). T releases (StableFDG, each round the client is sampled): :func:`composed_epsilon` (Renyi DP,
 Mironov CSF'17, Prop. 7 + Props. 1, 3); :meth:`StylePrivacy.total_epsilon` also takes the exact composition
@@ -38,6 +49,7 @@ z / sqrt(T)) and reports the smaller.
 from __future__ import annotations
 
 import math
+import secrets
 from dataclasses import dataclass
 
 import numpy as np
@@ -49,6 +61,24 @@ from fedstyle.seeding import derive_seed
 
 #: ctx.state key counting a client's releases of a defended style (checkpointed with the client state)
 _RELEASES = "style_privacy/releases"
+#: where the noise of a defended style comes from (see the module docstring); ``auto`` is resolved by the runtime
+NOISE_SOURCES = ("auto", "os", "seeded")
+
+
+class SystemNormal:
+    """Standard normal draws from the operating system's CSPRNG: 53-bit uniforms from ``os.urandom`` (through
+    ``secrets.token_bytes``) turned into normals by Box-Muller, in float64 on the CPU. No seed, no state a
+    receiver could reproduce; a few microseconds per number, fine for style statistics (hundreds of numbers)."""
+
+    def randn(self, shape: tuple[int, ...] | torch.Size) -> torch.Tensor:
+        count = math.prod(shape)
+        pairs = (count + 1) // 2
+        raw = np.frombuffer(secrets.token_bytes(16 * pairs), dtype=np.uint64).reshape(pairs, 2)
+        uniform = ((raw >> np.uint64(11)).astype(np.float64) + 0.5) / float(1 << 53)  # in (0, 1), never 0
+        radius = np.sqrt(-2.0 * np.log(uniform[:, 0]))
+        angle = 2.0 * np.pi * uniform[:, 1]
+        normals = np.concatenate([radius * np.cos(angle), radius * np.sin(angle)])[:count]
+        return torch.from_numpy(normals.copy()).reshape(tuple(shape))
 
 
 def _check(noise_multiplier: float, delta: float) -> None:
@@ -124,8 +154,14 @@ class StylePrivacy:
     clip: float = 0.0
     noise: float = 0.0
     delta: float = 1e-5
+    #: ``os`` or ``seeded`` (``auto`` is taken as ``os``: the safe reading when no runtime resolved it)
+    source: str = "os"
 
     def __post_init__(self) -> None:
+        if self.source not in NOISE_SOURCES:
+            raise ConfigError(f"dp_noise_source must be one of {', '.join(NOISE_SOURCES)}, got {self.source!r}")
+        if self.source == "auto":
+            object.__setattr__(self, "source", "os")
         for name, value in (("dp_clip", self.clip), ("dp_noise", self.noise)):
             if not (math.isfinite(value) and value >= 0):
                 raise ConfigError(f"{name} must be a finite number >= 0 (0 = off), got {value}")
@@ -169,27 +205,39 @@ class StylePrivacy:
             return "style privacy off"
         if self.noise == 0:
             return f"styles clipped at C={self.clip:g}, no noise: no (eps, delta) guarantee"
-        text = (f"styles clipped at C={self.clip:g}, Gaussian noise z={self.noise:g} (sigma={self.std:g}): "
+        origin = "from the OS CSPRNG" if self.source == "os" else "seeded (reproducible: the seed removes it)"
+        text = (f"styles clipped at C={self.clip:g}, Gaussian noise z={self.noise:g} (sigma={self.std:g}, {origin}): "
                 f"eps={self.epsilon():.4g} per release at delta={self.delta:g}")
         if releases > 1:
             text += f", {self.total_epsilon(releases):.4g} over {releases} releases"
         return text
 
-    def recipe(self) -> dict[str, float]:
-        """What changes the released style (cache keys): C and z; delta only changes the accounting."""
-        return {"clip": float(self.clip), "noise": float(self.noise)}
+    def recipe(self) -> dict[str, float | str]:
+        """What changes the released style (cache keys): C, z and, with noise, its source; delta only changes
+        the accounting. (A cached OS-noised release is sent again as it is: no new release, nothing more learnt.)"""
+        out: dict[str, float | str] = {"clip": float(self.clip), "noise": float(self.noise)}
+        if self.noise > 0 and self.source != "seeded":  # seeded keys stay what they were
+            out["source"] = self.source
+        return out
 
-    def generator(self, seed: int, *parts: int | str) -> torch.Generator:
-        """The noise's generator, seeded by ``derive_seed(seed, "style-privacy", *parts)`` (reproducible runs)."""
+    def generator(self, seed: int, *parts: int | str) -> torch.Generator | SystemNormal:
+        """Where the noise is drawn from: ``seeded``, a torch generator seeded by ``derive_seed(seed,
+        "style-privacy", *parts)`` (reproducible runs); ``os``, the OS CSPRNG (:class:`SystemNormal`; seed
+        and parts unused)."""
+        if self.source == "os":
+            return SystemNormal()
         return torch.Generator().manual_seed(derive_seed(seed, "style-privacy", *parts))
 
-    def perturb(self, sums: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    def perturb(self, sums: torch.Tensor, generator: torch.Generator | SystemNormal) -> torch.Tensor:
         """``sums`` + N(0, sigma^2) on every element (float64, drawn on the CPU from ``generator`` so that the
         noise does not depend on the device); unchanged without noise."""
         if self.noise == 0:
             return sums
-        noise = torch.randn(sums.shape, generator=generator, dtype=torch.float64) * self.std
-        return sums.to(torch.float64) + noise.to(sums.device)
+        if isinstance(generator, SystemNormal):
+            noise = generator.randn(sums.shape)
+        else:
+            noise = torch.randn(sums.shape, generator=generator, dtype=torch.float64)
+        return sums.to(torch.float64) + (noise * self.std).to(sums.device)
 
     def metrics(self, releases: int) -> dict[str, float]:
         """``dp_epsilon`` (one release), ``dp_epsilon_total`` (``releases`` releases) and ``dp_releases`` for the

@@ -30,6 +30,17 @@ def client_id_of(context: Context, num_clients: int) -> int:
     return cid
 
 
+#: set by Flower's simulation engine (with partition-id) and never by fedstyle's deployments
+SIMULATION_KEY = "num-partitions"
+
+
+def in_simulation_engine(context: Context) -> bool:
+    """Whether this node is one of Flower's simulation engine's (one process plays every party): it sets
+    ``num-partitions`` and never ``state-dir``, which every site of ``fedstyle deploy`` / ``fedstyle site`` has.
+    Anything else is a deployment, where what the site releases crosses a trust boundary."""
+    return SIMULATION_KEY in context.node_config and STATE_DIR_KEY not in context.node_config
+
+
 def node_config(partition_id: int, state_dir: str | Path, data_root: str | Path | None = None) -> str:
     """``flower-supernode --node-config`` for a site of fedstyle's (paths made absolute)."""
     config = f'{PARTITION_KEY}={int(partition_id)} {STATE_DIR_KEY}="{Path(state_dir).expanduser().resolve()}"'

@@ -41,7 +41,7 @@ from flwr.app import ConfigRecord, Context, Message
 
 from fedstyle.federation.client import PHASES, run_client_phase
 from fedstyle.payload import Payload
-from fedstyle.runtimes.flower.node_config import DATA_ROOT_KEY, STATE_DIR_KEY, client_id_of
+from fedstyle.runtimes.flower.node_config import DATA_ROOT_KEY, STATE_DIR_KEY, client_id_of, in_simulation_engine
 from fedstyle.runtimes.flower.received import check_received, received_payload, received_weights
 from fedstyle.runtimes.flower.records import META, PAYLOAD, SETUP, WEIGHTS, build_content, meta_record, payload_names
 from fedstyle.runtimes.site_state import ClientStateStore, Session, default_state_root, same_state, step_of
@@ -60,20 +60,27 @@ class Site:
     setup_applied: set[int] = field(default_factory=set)
 
 
-_SITES: dict[tuple[str, str | None], Site] = {}
+_SITES: dict[tuple[str, str | None, bool], Site] = {}
 
 
-def _site(config_json: str, data_root: str | None) -> Site:
-    """The run rebuilt in this process, from the site's own copy of the data when ``data_root`` is given."""
-    key = (config_json, data_root)
+def _site(config_json: str, data_root: str | None, deployed: bool = False) -> Site:
+    """The run rebuilt in this process, from the site's own copy of the data when ``data_root`` is given.
+    ``deployed`` (a site outside Flower's simulation engine): a style defence's noise comes from the OS CSPRNG
+    whatever the received config says — the config comes from the coordinator the noise protects against."""
+    key = (config_json, data_root, deployed)
     site = _SITES.get(key)
     if site is None:
-        from fedstyle.experiments.build import build_experiment
+        from fedstyle.experiments.build import build_experiment, deployment_noise
         from fedstyle.experiments.config import RunConfig
 
         config = RunConfig.from_mapping(json.loads(config_json), where="the ServerApp's run config")
         if data_root:
             config = config.updated(data_root=data_root)
+        if deployed:
+            if config.hparams.get("dp_noise_source") == "seeded":
+                _LOG.warning("fedstyle: the run's config asks for seeded style noise; this site is deployed and "
+                             "draws it from the OS CSPRNG instead (the coordinator could regenerate seeded noise)")
+            config = deployment_noise(config, refuse_seeded=False)
         _SITES.clear()  # one run per process at a time; free the previous run's data
         site = _SITES[key] = Site(build_experiment(config, progress=False))
     return site
@@ -117,7 +124,7 @@ class Call:
 
     def _bind(self, config_json: str, fresh: bool = False) -> None:
         data_root = self.context.node_config.get(DATA_ROOT_KEY)
-        key = (config_json, str(data_root) if data_root else None)
+        key = (config_json, str(data_root) if data_root else None, not in_simulation_engine(self.context))
         if fresh:
             _SITES.pop(key, None)
         self.site = _site(*key)
