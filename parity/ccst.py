@@ -17,10 +17,13 @@ offline; the fixture keeps their sums), on fixed 64 x 64 uint8 images fed as ``i
 
 No random draw is involved (the code's random choice of the style image is replaced by fixed ones). The
 images are ``images()``'s fixed draws (not stored; their sums are). The scripts run their whole pipeline at
-import, so the generator compiles only ``calc_sum`` and ``style_transfer`` from them (``ast``; the code is read
-from the checkout, never copied); ``net.py`` and ``function.py`` are imported as they are. Nothing needs
-installing besides the project's environment. (A clone of this repository may fail to check out its Git LFS
-files, e.g. ``decoder_iter_160000.pth.tar``; the generator needs none of them.)
+import, so the generator compiles only ``calc_sum`` and ``style_transfer`` from them
+(:func:`parity.common.load_functions`; the code is read from the checkout, never copied); ``net.py`` and
+``function.py`` are imported as they are. Nothing needs installing besides the project's environment. (A clone
+of this repository may fail to check out its Git LFS files, e.g. ``decoder_iter_160000.pth.tar``; the generator
+needs none of them.)
+
+Run: ``.venv/bin/python -m parity.ccst --checkout /tmp/parity/CCST``.
 """
 
 from __future__ import annotations
@@ -29,8 +32,7 @@ from pathlib import Path
 
 import torch
 
-from parity.common import importable, parse_args, require_checkout, seeded_weights, weight_sums, write_fixture
-from parity.feddg_fft import load_functions
+from parity.common import generate, importable, load_functions, seeded_weights, weight_sums
 
 REPOSITORY = "JeremyCJM/CCST"
 COMMIT = "87c3e448cfa28c366b58d17f8dffc5d3d83574e5"
@@ -118,13 +120,11 @@ def run(checkout: Path) -> dict[str, torch.Tensor]:
     return out
 
 
-def main(argv: list[str] | None = None) -> None:
-    args = parse_args(NAME, __doc__.splitlines()[0], REPOSITORY, COMMIT, argv)
-    commit = require_checkout(args.checkout, COMMIT, args.allow_unpinned)
-    write_fixture(args.out, run(args.checkout), repository=REPOSITORY, commit=commit, generator=f"parity.{NAME}",
-                  description="CCST (style_transfer/AdaIN): single-image and overall relu4_1 styles and the "
-                              "encoder -> AdaIN -> decoder transfer with seeded weights, 64 x 64 images",
-                  settings=SETTINGS)
+def main(argv: list[str] | None = None) -> Path:
+    return generate(NAME, __doc__, REPOSITORY, COMMIT, run, argv=argv,
+                    description="CCST (style_transfer/AdaIN): single-image and overall relu4_1 styles and the "
+                                "encoder -> AdaIN -> decoder transfer with seeded weights, 64 x 64 images",
+                    settings=SETTINGS)
 
 
 if __name__ == "__main__":

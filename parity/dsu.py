@@ -24,12 +24,11 @@ Runs, from a checkout of ``lixiaotong97/DSU`` at ``COMMIT`` (the repository's ro
 multi-domain-generalization/dassl/modeling/backbone/uresnet.py:40 does), so the generator passes
 ``lambda dim, p: DistributionUncertainty(p=p)``.
 
-Run: ``python -m parity.dsu --checkout /tmp/parity/DSU``.
+Run: ``.venv/bin/python -m parity.dsu --checkout /tmp/parity/DSU``.
 """
 
 from __future__ import annotations
 
-import contextlib
 import types
 from pathlib import Path
 
@@ -37,8 +36,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from parity.common import (gradient_record, importable, parse_args, require_checkout, seeded, seeded_weights,
-                           weight_sums, write_fixture)
+from parity.common import (FixedDraws, detached, generate, gradient_record, importable, patched, recording, seeded,
+                           seeded_weights, weight_sums)
 
 REPOSITORY = "lixiaotong97/DSU"
 COMMIT = "82a1de036351b72620abef1a9c4cc561751264a2"
@@ -67,77 +66,45 @@ def model_input() -> tuple[torch.Tensor, torch.Tensor]:
     return seeded("images", (BATCH, 3, SIZE, SIZE)), torch.tensor(LABELS)
 
 
-class FixedRandom:
-    """Stands in for ``np.random`` inside the authors' dsu.py: ``random()`` returns fixed values."""
-
-    def __init__(self, values):
-        self.values = list(values)
-
-    def random(self) -> float:
-        return self.values.pop(0)
-
-
-@contextlib.contextmanager
-def recording_randn_like(record):
-    real = torch.randn_like
-
-    def randn_like(*args, **kwargs):
-        out = real(*args, **kwargs)
-        record.append(out.clone())
-        return out
-
-    torch.randn_like = randn_like
-    try:
-        yield
-    finally:
-        torch.randn_like = real
-
-
 def run(checkout: Path) -> dict[str, torch.Tensor]:
     tensors: dict[str, torch.Tensor] = {}
     with importable(checkout):
         import dsu
 
-        real_np = dsu.np
-        try:
-            # 1. the module
-            op = dsu.DistributionUncertainty(p=P, eps=EPS).train()
-            dsu.np = types.SimpleNamespace(random=FixedRandom([MODULE_FIRE_DRAW]))
-            x, w = module_input()
-            x.requires_grad_(True)
-            record: list = []
-            torch.manual_seed(0)
-            with recording_randn_like(record):
-                out = op(x)
-            (out * w).sum().backward()
-            assert len(record) == 2
-            tensors.update({"module/noise_mean": record[0], "module/noise_std": record[1],
-                            "module/out": out.detach(), "module/grad_x": x.grad})
+        # 1. the module (np.random.random() and torch.randn_like are the draws of dsu.py)
+        op = dsu.DistributionUncertainty(p=P, eps=EPS).train()
+        x, w = module_input()
+        x.requires_grad_(True)
+        torch.manual_seed(0)
+        with patched(dsu, np=types.SimpleNamespace(random=FixedDraws(random=[MODULE_FIRE_DRAW]))), \
+                recording(torch, "randn_like", detached) as record:
+            out = op(x)
+        (out * w).sum().backward()
+        assert len(record) == 2
+        tensors.update({"module/noise_mean": record[0], "module/noise_std": record[1],
+                        "module/out": out.detach(), "module/grad_x": x.grad})
 
-            # 2. a UResNet step
-            backbone = dsu.UResNet(dsu.BasicBlock, [1, 1, 1, 1],
-                                   pertubration=lambda dim, p: dsu.DistributionUncertainty(p=p), uncertainty=P)
-            model = nn.ModuleDict({"backbone": backbone, "head": nn.Linear(512, CLASSES)})
-            shapes = {k: v.shape for k, v in backbone.state_dict().items()}
-            shapes.update({f"head.{k}": v.shape for k, v in model["head"].state_dict().items()})
-            state = seeded_weights(shapes, seed=0)
-            backbone.load_state_dict({k: v for k, v in state.items() if not k.startswith("head.")})
-            model["head"].load_state_dict({k[len("head."):]: v for k, v in state.items() if k.startswith("head.")})
-            model.train()
-            fixed = FixedRandom(FIRE_DRAWS)
-            dsu.np = types.SimpleNamespace(random=fixed)
-            images, labels = model_input()
-            record = []
-            torch.manual_seed(1)
-            with recording_randn_like(record):
-                logits = model["head"](backbone(images))
-            loss = F.cross_entropy(logits, labels)
-            model.zero_grad()
-            loss.backward()
-        finally:
-            dsu.np = real_np
+        # 2. a UResNet step
+        backbone = dsu.UResNet(dsu.BasicBlock, [1, 1, 1, 1],
+                               pertubration=lambda dim, p: dsu.DistributionUncertainty(p=p), uncertainty=P)
+        model = nn.ModuleDict({"backbone": backbone, "head": nn.Linear(512, CLASSES)})
+        shapes = {k: v.shape for k, v in backbone.state_dict().items()}
+        shapes.update({f"head.{k}": v.shape for k, v in model["head"].state_dict().items()})
+        state = seeded_weights(shapes, seed=0)
+        backbone.load_state_dict({k: v for k, v in state.items() if not k.startswith("head.")})
+        model["head"].load_state_dict({k[len("head."):]: v for k, v in state.items() if k.startswith("head.")})
+        model.train()
+        fixed = FixedDraws(random=FIRE_DRAWS)
+        images, labels = model_input()
+        torch.manual_seed(1)
+        with patched(dsu, np=types.SimpleNamespace(random=fixed)), \
+                recording(torch, "randn_like", detached) as record:
+            logits = model["head"](backbone(images))
+        loss = F.cross_entropy(logits, labels)
+        model.zero_grad()
+        loss.backward()
     fired = [u <= P for u in FIRE_DRAWS]
-    assert fixed.values == [] and len(record) == 2 * sum(fired) and not fired[0]
+    assert fixed.left("random") == [] and len(record) == 2 * sum(fired) and not fired[0]
     tensors["model/fired"] = torch.tensor(fired)
     for i, noise in enumerate(record):
         tensors[f"model/noise{i}"] = noise
@@ -149,15 +116,11 @@ def run(checkout: Path) -> dict[str, torch.Tensor]:
     return tensors
 
 
-def main(argv: list[str] | None = None) -> None:
-    args = parse_args("dsu", __doc__.splitlines()[0], REPOSITORY, COMMIT, argv)
-    commit = require_checkout(args.checkout, COMMIT, args.allow_unpinned)
-    torch.set_num_threads(1)
-    tensors = run(args.checkout)
-    write_fixture(args.out, tensors, repository=REPOSITORY, commit=commit, generator="parity/dsu.py",
-                  description="DistributionUncertainty.forward (dsu.py) on a fixed input with fixed noise; one step "
-                              "of dsu.py's UResNet [1,1,1,1] with DSU at its six positions (the first not firing)",
-                  settings=SETTINGS)
+def main(argv: list[str] | None = None) -> Path:
+    return generate("dsu", __doc__, REPOSITORY, COMMIT, run, argv=argv, threads=1,
+                    description="DistributionUncertainty.forward (dsu.py) on a fixed input with fixed noise; one step "
+                                "of dsu.py's UResNet [1,1,1,1] with DSU at its six positions (the first not firing)",
+                    settings=SETTINGS)
 
 
 if __name__ == "__main__":

@@ -25,21 +25,20 @@ gradients each of the three optimiser steps applies (D, then F and C, then G), r
 
 Stubs: ``torchvision`` (imported by ``models/test.py`` for ``transforms``, which ``test1`` does not need).
 Nothing needs installing besides the project's environment.
+
+Run: ``.venv/bin/python -m parity.fedadg --checkout /tmp/parity/FedADG``.
 """
 
 from __future__ import annotations
 
-import contextlib
-import sys
-import types
 from argparse import Namespace
 from pathlib import Path
 
 import torch
 from torch import nn
 
-from parity.common import (gradient_record, importable, parse_args, require_checkout, seeded, seeded_weights,
-                           weight_sums, write_fixture)
+from parity.common import (detached, generate, gradient_record, importable, patched, recorder, seeded, seeded_weights,
+                           stub_modules, weight_sums)
 
 REPOSITORY = "Haoxiang-Wang/FedADG"
 COMMIT = "1d34f2ad5b3299ccbdab0f804756d3f0a747f793"
@@ -94,23 +93,6 @@ def model_state() -> dict[str, torch.Tensor]:
     return seeded_weights(weight_shapes())
 
 
-@contextlib.contextmanager
-def torchvision_stub():
-    stub = types.ModuleType("torchvision")
-    stub.transforms = types.ModuleType("torchvision.transforms")
-    added = {"torchvision": stub, "torchvision.transforms": stub.transforms}
-    saved = {k: sys.modules.get(k) for k in added}
-    sys.modules.update(added)
-    try:
-        yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                sys.modules.pop(k, None)
-            else:
-                sys.modules[k] = v
-
-
 class Body(nn.Module):
     """fedstyle's feature extractor F = neck(backbone(x)), the authors' ``fetExtrac``."""
 
@@ -131,30 +113,14 @@ class Head(nn.Module):
         return self.head(z)
 
 
-@contextlib.contextmanager
-def recorded_steps(names: dict[int, str], steps: list[dict[str, torch.Tensor]]):
-    """Every SGD step appends {name: the gradient it applies} (parameters holding one) to ``steps``."""
-    original = torch.optim.SGD.step
-
-    def step(self, *a, **kw):
-        steps.append({names[id(p)]: p.grad.detach().clone() for group in self.param_groups for p in group["params"]
-                      if p.grad is not None})
-        return original(self, *a, **kw)
-
-    torch.optim.SGD.step = step
-    try:
-        yield
-    finally:
-        torch.optim.SGD.step = original
-
-
 def run(checkout: Path) -> dict[str, torch.Tensor]:
     from torch import optim
 
     from fedstyle.models import build_model
 
     state = model_state()
-    with torchvision_stub(), importable(checkout, checkout / "pacs-ours"):
+    with stub_modules(attrs={"torchvision": {}, "torchvision.transforms": {}}), \
+            importable(checkout, checkout / "pacs-ours"):
         from localTrain import localTrain
         from Nets import Discriminator, GeneDistrNet
 
@@ -171,38 +137,30 @@ def run(checkout: Path) -> dict[str, torch.Tensor]:
                          weight_dec=WEIGHT_DECAY, factor=0.2, patience=20, lr_threshold=1e-4, ite_warmup=WARMUP,
                          input_size=NOISE, num_labels=NUM_CLASSES, epochs=1, i_epochs=0)
         body, head = Body(model), Head(model)
-        steps: list[dict[str, torch.Tensor]] = []
         names = {id(p): n for n, p in model.named_parameters()}
         names.update({id(p): "generator." + n for n, p in generator.named_parameters()})
         names.update({id(p): "discriminator." + n for n, p in discriminator.named_parameters()})
-        recorder = recorded_steps(names, steps)  # before the schedulers wrap the optimisers' step methods
-        recorder.__enter__()
-        try:
+
+        steps: list[dict[str, torch.Tensor]] = []
+        sgd_step = torch.optim.SGD.step
+
+        def step(optimizer, *args, **kwargs):
+            """Appends {name: the gradient it applies} (parameters holding one) to ``steps``, then steps."""
+            steps.append({names[id(p)]: p.grad.detach().clone() for group in optimizer.param_groups
+                          for p in group["params"] if p.grad is not None})
+            return sgd_step(optimizer, *args, **kwargs)
+
+        # every SGD step, recorded from before the schedulers wrap the optimisers' step methods
+        with patched(torch.optim.SGD, step=step):
             trainer = localTrain(body, head, generator, discriminator, None, None, args)
-        except BaseException:
-            recorder.__exit__(None, None, None)
-            raise
-        lrs = {"task": trainer.opti_task.param_groups[0]["lr"], "generator": generator.optimizer.param_groups[0]["lr"],
-               "discriminator": discriminator.optimizer.param_groups[0]["lr"]}
-
-        noise, ce = [], []
-        generator_forward, loss_func = generator.forward, trainer.lossFunc
-
-        def record_noise(y, x, device):
-            noise.append(x.detach().clone())
-            return generator_forward(y, x, device)
-
-        def record_ce(pred, target):
-            value = loss_func(pred, target)
-            ce.append(value.detach().clone())
-            return value
-
-        generator.forward, trainer.lossFunc = record_noise, record_ce
-        torch.manual_seed(0)
-        try:
+            lrs = {"task": trainer.opti_task.param_groups[0]["lr"],
+                   "generator": generator.optimizer.param_groups[0]["lr"],
+                   "discriminator": discriminator.optimizer.param_groups[0]["lr"]}
+            generator.forward = recorder(generator.forward, lambda result, y, x, device: x.detach().clone())
+            trainer.lossFunc = recorder(trainer.lossFunc, detached)
+            torch.manual_seed(0)
             total, adv_d, adv_f, adv_g = trainer.train_step(batch())
-        finally:
-            recorder.__exit__(None, None, None)
+        noise, ce = generator.forward.values, trainer.lossFunc.values
 
     assert len(steps) == 3 and all(torch.equal(n, noise[0]) for n in noise), "expected D, F+C and G steps, one noise"
     out = {"noise": noise[0], "labels": torch.tensor(LABELS), "loss/ce": ce[0].reshape(1),
@@ -215,13 +173,11 @@ def run(checkout: Path) -> dict[str, torch.Tensor]:
     return out
 
 
-def main(argv: list[str] | None = None) -> None:
-    args = parse_args(NAME, __doc__.splitlines()[0], REPOSITORY, COMMIT, argv)
-    commit = require_checkout(args.checkout, COMMIT, args.allow_unpinned)
-    write_fixture(args.out, run(args.checkout), repository=REPOSITORY, commit=commit, generator=f"parity.{NAME}",
-                  description="FedADG (pacs-ours/localTrain.py train_step): one step's CE, L_advd, L_advf, L_advg "
-                              "and the gradients of its D, F+C and G optimiser steps",
-                  settings=SETTINGS)
+def main(argv: list[str] | None = None) -> Path:
+    return generate(NAME, __doc__, REPOSITORY, COMMIT, run, argv=argv,
+                    description="FedADG (pacs-ours/localTrain.py train_step): one step's CE, L_advd, L_advf, L_advg "
+                                "and the gradients of its D, F+C and G optimiser steps",
+                    settings=SETTINGS)
 
 
 if __name__ == "__main__":

@@ -18,20 +18,21 @@ output: ``low_freq_mutate_np`` draws an unused ratio from Python's ``random`` (`
 
 The three scripts run code at import (the demo opens its sample images and plots; the dataloader module
 imports h5py and scipy internals), so the generator compiles only these functions' definitions from the
-authors' files (``ast``; their code is read from the checkout, never copied) with numpy and ``random`` as
-their globals. Nothing needs installing besides the project's environment.
+authors' files (:func:`parity.common.load_functions`; their code is read from the checkout, never copied) with
+numpy and ``random`` as their globals. Nothing needs installing besides the project's environment.
+
+Run: ``.venv/bin/python -m parity.feddg_fft --checkout /tmp/parity/FedDG-ELCFS``.
 """
 
 from __future__ import annotations
 
-import ast
 import random
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from parity.common import parse_args, require_checkout, write_fixture
+from parity.common import generate, load_functions
 
 REPOSITORY = "liuquande/FedDG-ELCFS"
 COMMIT = "0a281e408a43d5ab4486f213dd286dacc733dd41"
@@ -58,17 +59,6 @@ def images() -> dict[str, torch.Tensor]:
     return out
 
 
-def load_functions(path: Path, names: tuple[str, ...], namespace: dict) -> dict:
-    """Compile and run only the definitions ``names`` of the file ``path`` in ``namespace``; returns it."""
-    tree = ast.parse(path.read_text(), str(path))
-    nodes = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name in names]
-    missing = set(names) - {n.name for n in nodes}
-    if missing:
-        raise SystemExit(f"error: {path} defines none of {sorted(missing)}: not the pinned commit?")
-    exec(compile(ast.Module(body=nodes, type_ignores=[]), str(path), "exec"), namespace)
-    return namespace
-
-
 def run(checkout: Path) -> dict[str, torch.Tensor]:
     demo = load_functions(checkout / "freq_space_interpolation_demo.py",
                           ("extract_amp_spectrum", "amp_spectrum_swap", "freq_space_interpolation"), {"np": np})
@@ -90,13 +80,11 @@ def run(checkout: Path) -> dict[str, torch.Tensor]:
     return out
 
 
-def main(argv: list[str] | None = None) -> None:
-    args = parse_args(NAME, __doc__.splitlines()[0], REPOSITORY, COMMIT, argv)
-    commit = require_checkout(args.checkout, COMMIT, args.allow_unpinned)
-    write_fixture(args.out, run(args.checkout), repository=REPOSITORY, commit=commit, generator=f"parity.{NAME}",
-                  description="FedDG-ELCFS: amplitude spectra; the demo's continuous low-frequency amplitude "
-                              "interpolation and training's full exchange, for fixed images, bands and weights",
-                  settings=SETTINGS)
+def main(argv: list[str] | None = None) -> Path:
+    return generate(NAME, __doc__, REPOSITORY, COMMIT, run, argv=argv,
+                    description="FedDG-ELCFS: amplitude spectra; the demo's continuous low-frequency amplitude "
+                                "interpolation and training's full exchange, for fixed images, bands and weights",
+                    settings=SETTINGS)
 
 
 if __name__ == "__main__":

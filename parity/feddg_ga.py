@@ -23,26 +23,25 @@ Two checkouts:
   Stored per round: the coefficients (captured from the ``aggregate`` call, float64) and the
   contribution scores after the round.
 
-Import stubs (PARDON's src/server.py): torchvision, wandb, wilds, termcolor and its ``src/adain_net.py``
-are empty stub modules while it imports, and ``torch.load`` returns an empty dict during the import
-(src/server.py:29-30 and src/client.py:34-35 load ``src/models/*.pth``, not in the repository); none of it
-is used by the compared functions. Run: ``python -m parity.feddg_ga --checkout FEDDG_GA --pardon PARDON``.
+Import stubs (PARDON's src/server.py, :func:`parity.common.feddg_benchmark_imports`): torchvision, wandb, wilds,
+termcolor and its ``src/adain_net.py`` are empty stub modules while it imports, and ``torch.load`` returns an
+empty dict during the import (src/server.py:29-30 and src/client.py:34-35 load ``src/models/*.pth``, not in the
+repository); none of it is used by the compared functions.
+
+Run: ``.venv/bin/python -m parity.feddg_ga --checkout /tmp/parity/FedDG-GA --pardon /tmp/parity/PARDON-FedDG``.
 """
 
 from __future__ import annotations
 
-import argparse
-import contextlib
-import importlib.abc
 import importlib.util
 import math
-import sys
 import types
 from pathlib import Path
 
 import torch
 
-from parity.common import importable, parse_args, require_checkout, seeded, write_fixture
+from parity.common import (feddg_benchmark_imports, generator_name, importable, parse_args, require_checkout, seeded,
+                           write_fixture)
 
 REPOSITORY = "MediaBrain-SJTU/FedDG-GA"
 COMMIT = "8d03a24a2af2155dc0b8978afacfdb659146bf62"
@@ -112,74 +111,6 @@ def run_official(checkout: Path, metric: str) -> dict[str, torch.Tensor]:
     return out
 
 
-# -- stubs for modules PARDON's src/server.py imports but the compared functions do not use ---------
-class _StubType(type):
-    def __getattr__(cls, name):
-        if name.startswith("__"):
-            raise AttributeError(name)
-        return _StubType(name, (_Stub,), {})
-
-
-class _Stub(metaclass=_StubType):
-    def __init__(self, *args, **kwargs):
-        pass
-
-    def __call__(self, *args, **kwargs):
-        return _Stub()
-
-    def __iter__(self):
-        return iter(())
-
-    def __getattr__(self, name):
-        if name.startswith("__"):
-            raise AttributeError(name)
-        return _StubType(name, (_Stub,), {})
-
-
-class _StubModule(types.ModuleType):
-    def __getattr__(self, name):
-        if name.startswith("__"):
-            raise AttributeError(name)
-        return _StubType(name, (_Stub,), {})
-
-
-class _StubFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    def __init__(self, names):
-        self.names = tuple(names)
-
-    def find_spec(self, fullname, path=None, target=None):
-        if any(fullname == n or fullname.startswith(n + ".") for n in self.names):
-            return importlib.util.spec_from_loader(fullname, self, is_package=True)
-        return None
-
-    def create_module(self, spec):
-        return _StubModule(spec.name)
-
-    def exec_module(self, module):
-        module.__path__ = []
-
-
-@contextlib.contextmanager
-def stubbed(*names: str):
-    """``names`` import as stubs while the block runs (and ``torch.load`` returns {}); they and the
-    checkout's ``src`` namespace package are dropped from ``sys.modules`` after."""
-    finder = _StubFinder(names)
-    sys.meta_path.insert(0, finder)
-    load = torch.load
-    torch.load = lambda *args, **kwargs: {}
-    try:
-        yield
-    finally:
-        torch.load = load
-        sys.meta_path.remove(finder)
-        for name in list(sys.modules):
-            if any(name == n or name.startswith(n + ".") for n in (*names, "src")):
-                del sys.modules[name]
-
-
-STUBS = ("torchvision", "wandb", "wilds", "termcolor", "src.adain_net")
-
-
 class _Client:
     """A stand-in for PARDON's FedDGGAClient: ``fit`` returns the table's gap and leaves e_i as its model."""
 
@@ -207,7 +138,7 @@ def run_pardon(checkout: Path) -> dict[str, torch.Tensor]:
     """PARDON's FedDGGA over ``ROUNDS`` rounds: per round the mixing coefficients (scattered to all clients)
     and the contribution scores after it, each (ROUNDS, N) float64."""
     n = len(SIZES)
-    with importable(checkout), stubbed(*STUBS):
+    with importable(checkout), feddg_benchmark_imports():
         import src.server as server_module
 
         bundle = types.SimpleNamespace(featurizer=torch.nn.Linear(n, 1, bias=False), classifier=torch.nn.Identity())
@@ -240,22 +171,16 @@ def run_pardon(checkout: Path) -> dict[str, torch.Tensor]:
 
 
 def main(argv: list[str] | None = None) -> Path:
-    extra = argparse.ArgumentParser(add_help=False)
-    extra.add_argument("--pardon", type=Path,
-                       help=f"local checkout of https://github.com/{PARDON_REPOSITORY} at {PARDON_COMMIT}")
-    known, rest = extra.parse_known_args(argv)
-    args = parse_args("feddg_ga", (__doc__ or "").split("\n")[0] + " (also needs --pardon CHECKOUT)",
-                      REPOSITORY, COMMIT, rest)
-    if known.pardon is None:
-        raise SystemExit(f"error: --pardon CHECKOUT is required: a checkout of https://github.com/{PARDON_REPOSITORY} at {PARDON_COMMIT}")
+    args = parse_args("feddg_ga", (__doc__ or "").split("\n")[0], REPOSITORY, COMMIT, argv,
+                      others={"pardon": (PARDON_REPOSITORY, PARDON_COMMIT)})
     commit = require_checkout(args.checkout, COMMIT, args.allow_unpinned)
-    pardon_commit = require_checkout(known.pardon, PARDON_COMMIT, args.allow_unpinned)
+    pardon_commit = require_checkout(args.pardon, PARDON_COMMIT, args.allow_unpinned)
     tensors = {}
     for metric in OFFICIAL:
         tensors.update({f"official/{metric}/{k}": v for k, v in run_official(args.checkout, metric).items()})
-    tensors.update({f"pardon/{k}": v for k, v in run_pardon(known.pardon).items()})
+    tensors.update({f"pardon/{k}": v for k, v in run_pardon(args.pardon).items()})
     settings = dict(SETTINGS, pardon_repository=PARDON_REPOSITORY, pardon_commit=pardon_commit)
-    return write_fixture(args.out, tensors, repository=REPOSITORY, commit=commit, generator="parity.feddg_ga",
+    return write_fixture(args.out, tensors, repository=REPOSITORY, commit=commit, generator=generator_name("feddg_ga"),
                          description="FedDG-GA weight adjustment: the authors' refine_weight_dict_by_GA "
                                      "(utils/weight_adjust.py) over two runs, and PARDON's fork's FedDGGA server "
                                      "(src/server.py:579) over 8 rounds of 6 clients",

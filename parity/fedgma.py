@@ -21,30 +21,28 @@ unchanged (a zero update: sign 0), running statistics moved the same way and the
 advanced by 5 + i steps. The aggregation weights are the clients' sizes (30, 50, 20, 40) over their sum,
 as the benchmark's ``train_federated_model`` passes them. There are no random draws.
 
-Import stubs: the two ``src/server.py`` pull in their whole training stack at import time. The packages
-they name that are not installed here and that ``aggregate`` never touches — torchvision, wandb, wilds,
-termcolor, transformers, torch_scatter — are replaced by empty stub modules in ``sys.modules`` while the
-authors' modules import; PARDON's ``src/adain_net.py`` (the AdaIN VGG and decoder) is stubbed too, and
-``torch.load`` returns an empty dict during that import, because ``src/server.py:22-30`` and
+Import stubs (:func:`parity.common.feddg_benchmark_imports`): the two ``src/server.py`` pull in their whole
+training stack at import time. The packages they name that are not installed here and that ``aggregate`` never
+touches — torchvision, wandb, wilds, termcolor, transformers, torch_scatter — are replaced by empty stub modules
+while the authors' modules import; PARDON's ``src/adain_net.py`` (the AdaIN VGG and decoder) is stubbed too,
+and ``torch.load`` returns an empty dict during that import, because ``src/server.py:22-30`` and
 ``src/client.py:28-36`` load ``src/models/*.pth`` (not in the repository) at module level.
 
 Stored: the client states and the global state (whole: the model is small), each codebase's aggregated
-state, the weight sums. Run: ``python -m parity.fedgma --checkout PARDON --benchmark BENCHMARK``.
+state, the weight sums.
+
+Run: ``.venv/bin/python -m parity.fedgma --checkout /tmp/parity/PARDON-FedDG --benchmark /tmp/parity/FedDG_Benchmark``.
 """
 
 from __future__ import annotations
 
-import contextlib
-import importlib.abc
-import importlib.util
-import sys
 import types
 from pathlib import Path
 
 import torch
 
-from parity.common import (importable, parse_args, require_checkout, seeded, seeded_weights, weight_sums,
-                           write_fixture)
+from parity.common import (feddg_benchmark_imports, generator_name, importable, parse_args, require_checkout, seeded,
+                           seeded_weights, weight_sums, write_fixture)
 
 REPOSITORY = "judydnguyen/PARDON-FedDG"
 COMMIT = "e5df7dd8de43142413885b336e66210104ce9162"
@@ -84,81 +82,13 @@ def inputs() -> tuple[dict[str, torch.Tensor], list[dict[str, torch.Tensor]]]:
     return base, clients
 
 
-# -- stubs for modules the authors' files import but aggregate() does not use ---------------------
-class _StubType(type):
-    """A class whose every attribute is another stub class (stands in for any name of a stubbed module)."""
-
-    def __getattr__(cls, name):
-        if name.startswith("__"):
-            raise AttributeError(name)
-        return _StubType(name, (_Stub,), {})
-
-
-class _Stub(metaclass=_StubType):
-    def __init__(self, *args, **kwargs):
-        pass
-
-    def __call__(self, *args, **kwargs):
-        return _Stub()
-
-    def __iter__(self):
-        return iter(())
-
-    def __getattr__(self, name):
-        if name.startswith("__"):
-            raise AttributeError(name)
-        return _StubType(name, (_Stub,), {})
-
-
-class _StubModule(types.ModuleType):
-    def __getattr__(self, name):
-        if name.startswith("__"):
-            raise AttributeError(name)
-        return _StubType(name, (_Stub,), {})
-
-
-class _StubFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """Imports every module named in ``names`` (and its submodules) as an empty stub."""
-
-    def __init__(self, names):
-        self.names = tuple(names)
-
-    def find_spec(self, fullname, path=None, target=None):
-        if any(fullname == n or fullname.startswith(n + ".") for n in self.names):
-            return importlib.util.spec_from_loader(fullname, self, is_package=True)
-        return None
-
-    def create_module(self, spec):
-        return _StubModule(spec.name)
-
-    def exec_module(self, module):
-        module.__path__ = []
-
-
-@contextlib.contextmanager
-def stubbed(*names: str):
-    """``names`` import as stubs while the block runs; they (and the authors' ``src`` package, a namespace
-    package in PARDON's checkout that :func:`importable` cannot forget) are dropped from ``sys.modules`` after."""
-    finder = _StubFinder(names)
-    sys.meta_path.insert(0, finder)
-    load = torch.load
-    torch.load = lambda *args, **kwargs: {}  # src/server.py:29-30, src/client.py:34-35 load absent .pth files
-    try:
-        yield
-    finally:
-        torch.load = load
-        sys.meta_path.remove(finder)
-        for name in list(sys.modules):
-            if any(name == n or name.startswith(n + ".") for n in (*names, "src")):
-                del sys.modules[name]
-
-
-STUBS = ("torchvision", "wandb", "wilds", "termcolor", "transformers", "torch_scatter", "src.adain_net")
+#: the FedDG benchmark's src/server.py also imports these (not installed here, unused by aggregate())
+BENCHMARK_STUBS = ("transformers", "torch_scatter")
 
 
 def run_aggregate(checkout: Path, hparam: dict, base, clients) -> dict[str, torch.Tensor]:
     """The codebase's ``FedGMA.aggregate`` on a bare server holding ``base`` and the ``clients``' states."""
-    with importable(checkout), stubbed(*STUBS):
+    with importable(checkout), feddg_benchmark_imports(*BENCHMARK_STUBS):
         import src.server as server_module
 
         server = object.__new__(server_module.FedGMA)
@@ -176,22 +106,14 @@ def run_aggregate(checkout: Path, hparam: dict, base, clients) -> dict[str, torc
 
 
 def main(argv: list[str] | None = None) -> Path:
-    import argparse
-
-    extra = argparse.ArgumentParser(add_help=False)
-    extra.add_argument("--benchmark", type=Path,
-                       help=f"local checkout of https://github.com/{BENCHMARK_REPOSITORY} at {BENCHMARK_COMMIT}")
-    known, rest = extra.parse_known_args(argv)
-    args = parse_args("fedgma", (__doc__ or "").split("\n")[0] + " (also needs --benchmark CHECKOUT)",
-                      REPOSITORY, COMMIT, rest)
-    if known.benchmark is None:
-        raise SystemExit(f"error: --benchmark CHECKOUT is required: a checkout of https://github.com/{BENCHMARK_REPOSITORY} at {BENCHMARK_COMMIT}")
+    args = parse_args("fedgma", (__doc__ or "").split("\n")[0], REPOSITORY, COMMIT, argv,
+                      others={"benchmark": (BENCHMARK_REPOSITORY, BENCHMARK_COMMIT)})
     commit = require_checkout(args.checkout, COMMIT, args.allow_unpinned)
-    benchmark_commit = require_checkout(known.benchmark, BENCHMARK_COMMIT, args.allow_unpinned)
+    benchmark_commit = require_checkout(args.benchmark, BENCHMARK_COMMIT, args.allow_unpinned)
 
     base, clients = inputs()
     pardon = run_aggregate(args.checkout, {"mask_threshold": TAU, "step_size": PARDON_STEP}, base, clients)
-    benchmark = run_aggregate(known.benchmark, {"hparam1": TAU}, base, clients)
+    benchmark = run_aggregate(args.benchmark, {"hparam1": TAU}, base, clients)
 
     tensors = {f"global/{k}": v for k, v in base.items()}
     for i, state in enumerate(clients):
@@ -200,7 +122,7 @@ def main(argv: list[str] | None = None) -> Path:
     tensors.update({f"benchmark/{k}": v for k, v in benchmark.items()})
     tensors.update(weight_sums(base))
     settings = dict(SETTINGS, benchmark_repository=BENCHMARK_REPOSITORY, benchmark_commit=benchmark_commit)
-    return write_fixture(args.out, tensors, repository=REPOSITORY, commit=commit, generator="parity.fedgma",
+    return write_fixture(args.out, tensors, repository=REPOSITORY, commit=commit, generator=generator_name("fedgma"),
                          description="FedGMA.aggregate of PARDON's fork (src/server.py:278) and of the FedDG "
                                      "benchmark (src/server.py:351) on a fixed global state and four client states",
                          settings=settings)

@@ -29,23 +29,21 @@ the test, not stored) and labels ``arange(8) % 4``.
 
 Stored: the prediction's log-probabilities, mu and sigma of the batch, the sampled z, CE, L2R, CMI, the total
 loss (the tensor ``obj.backward()`` was called on), every parameter's gradient, the weight sums.
-Run: ``python -m parity.fedsr --checkout /tmp/parity/FedSR``.
+
+Run: ``.venv/bin/python -m parity.fedsr --checkout /tmp/parity/FedSR``.
 """
 
 from __future__ import annotations
 
 import contextlib
-import importlib.abc
-import importlib.util
-import sys
 import types
 from pathlib import Path
 
 import torch
 from torch import nn
 
-from parity.common import (gradient_record, importable, parse_args, require_checkout, seeded, seeded_weights,
-                           weight_sums, write_fixture)
+from parity.common import (backward_calls, generator_name, gradient_record, importable, parse_args, patched,
+                           require_checkout, seeded, seeded_weights, stub_modules, weight_sums, write_fixture)
 
 REPOSITORY = "atuannguyen/FedSR"
 COMMIT = "ba8d894a90fab9da3d62cce570bc8fe17a312a2d"
@@ -89,36 +87,13 @@ class _ResNetStandIn(nn.Module):
         return self.fc(self.backbone(x))
 
 
-class _StubFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """``torchvision`` and ``torchvision.models`` as stubs; the latter's ``resnet18`` returns the stand-in."""
-
-    def find_spec(self, fullname, path=None, target=None):
-        if fullname in ("torchvision", "torchvision.models"):
-            return importlib.util.spec_from_loader(fullname, self, is_package=True)
-        return None
-
-    def create_module(self, spec):
-        module = types.ModuleType(spec.name)
-        if spec.name == "torchvision.models":
-            module.resnet18 = lambda pretrained=False, **kwargs: _ResNetStandIn()
-        return module
-
-    def exec_module(self, module):
-        module.__path__ = []
-
-
 @contextlib.contextmanager
 def authors_code(checkout: Path):
-    finder = _StubFinder()
-    sys.meta_path.insert(0, finder)
-    try:
-        with importable(checkout / "src"):
-            yield
-    finally:
-        sys.meta_path.remove(finder)
-        for name in list(sys.modules):
-            if name in ("torchvision", "torchvision.models", "methods") or name.startswith("methods."):
-                del sys.modules[name]
+    """The authors' ``src`` importable, with ``torchvision`` and ``torchvision.models`` stub modules whose
+    ``resnet18`` returns the stand-in."""
+    stand_in = {"resnet18": lambda pretrained=False, **kwargs: _ResNetStandIn()}
+    with stub_modules(attrs={"torchvision": {}, "torchvision.models": stand_in}), importable(checkout / "src"):
+        yield
 
 
 @contextlib.contextmanager
@@ -126,34 +101,15 @@ def draws(make):
     """``Normal.rsample``'s eps from ``make(shape)`` (recorded in the returned list) while the block runs."""
     import torch.distributions.normal as normal
 
-    original, seen = normal._standard_normal, []
+    seen = []
 
     def standard_normal(shape, dtype, device):
         eps = make(tuple(shape)).to(dtype=dtype, device=device)
         seen.append(eps.clone())
         return eps
 
-    normal._standard_normal = standard_normal
-    try:
+    with patched(normal, _standard_normal=standard_normal):
         yield seen
-    finally:
-        normal._standard_normal = original
-
-
-@contextlib.contextmanager
-def recorded_backward():
-    """Records the tensors ``.backward()`` is called on."""
-    original, seen = torch.Tensor.backward, []
-
-    def backward(self, *args, **kwargs):
-        seen.append(self.detach().clone())
-        return original(self, *args, **kwargs)
-
-    torch.Tensor.backward = backward
-    try:
-        yield seen
-    finally:
-        torch.Tensor.backward = original
 
 
 def main(argv: list[str] | None = None) -> Path:
@@ -189,7 +145,7 @@ def main(argv: list[str] | None = None) -> Path:
         model.train()
         seen_z = []
         hook = model.cls.register_forward_hook(lambda module, inputs, output: seen_z.append(inputs[0].detach().clone()))
-        with draws(lambda shape: seeded("eps/train", shape)) as eps_train, recorded_backward() as losses:
+        with draws(lambda shape: seeded("eps/train", shape)) as eps_train, backward_calls() as losses:
             stats = model.train_client([(x, y)], steps=1)
         hook.remove()
     assert len(eps_predict) == 1 and len(eps_train) == 1 and len(losses) == 1
@@ -206,7 +162,7 @@ def main(argv: list[str] | None = None) -> Path:
                "loss/cmi": torch.as_tensor(stats["regCMI"]).reshape(1).float()}
     tensors.update(gradient_record(grads))
     tensors.update(weight_sums(state))
-    return write_fixture(args.out, tensors, repository=REPOSITORY, commit=commit, generator="parity.fedsr",
+    return write_fixture(args.out, tensors, repository=REPOSITORY, commit=commit, generator=generator_name("fedsr"),
                          description="FedSR Model (src/methods/FedSR.py, src/methods/base.py): Monte-Carlo "
                                      "prediction and one train_client step on seeded weights",
                          settings=SETTINGS)

@@ -28,21 +28,20 @@ Needs numpy < 1.24 (their code builds ``np.array`` of lists of tensors: numpy 1.
 list and coerces the equal-shaped one to a float array, ``models/fpl.py:91-95``) and a scipy / scikit-learn
 that go with it, in a scratch folder on PYTHONPATH, e.g.:
 ``.venv/bin/pip install --target /tmp/parity-deps/fpl -c constraints.txt numpy==1.23.5 scipy==1.10.1
-scikit-learn==1.2.2`` then ``PYTHONPATH=/tmp/parity-deps/fpl .venv/bin/python -m parity.fpl --checkout DIR``.
+scikit-learn==1.2.2``.
+
+Run: ``PYTHONPATH=/tmp/parity-deps/fpl .venv/bin/python -m parity.fpl --checkout /tmp/parity/RethinkFL``.
 """
 
 from __future__ import annotations
 
-import contextlib
-import sys
-import types
 from argparse import ArgumentParser
 from pathlib import Path
 
 import torch
 
-from parity.common import (gradient_record, importable, parse_args, require_checkout, seeded, seeded_weights,
-                           weight_sums, write_fixture)
+from parity.common import (detached, generator_name, gradient_record, importable, parse_args, recorder,
+                           require_checkout, seeded, seeded_weights, stub_modules, weight_sums, write_fixture)
 
 REPOSITORY = "WenkeHuang/RethinkFL"
 COMMIT = "74201b3762746e6328fdf5b8fc6cb8ecca768aef"
@@ -82,29 +81,17 @@ def model_state() -> dict[str, torch.Tensor]:
     return seeded_weights({k: v.shape for k, v in build_model("convnet", NUM_CLASSES, SIZE).state_dict().items()})
 
 
-@contextlib.contextmanager
 def stubs(checkout: Path):
     """``torchvision``, ``utils.args`` and a bare ``models`` package in sys.modules while the block runs."""
-    torchvision = types.ModuleType("torchvision")
-    torchvision.transforms = types.ModuleType("torchvision.transforms")
-    args = types.ModuleType("utils.args")
-    args.ArgumentParser = ArgumentParser
-    args.add_management_args = args.add_experiment_args = lambda parser: None
-    args.__all__ = ["ArgumentParser", "add_management_args", "add_experiment_args"]
-    models = types.ModuleType("models")
-    models.__path__ = [str(checkout / "models")]
-    added = {"torchvision": torchvision, "torchvision.transforms": torchvision.transforms, "utils.args": args,
-             "models": models}
-    saved = {k: sys.modules.get(k) for k in added}
-    sys.modules.update(added)
-    try:
-        yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                sys.modules.pop(k, None)
-            else:
-                sys.modules[k] = v
+    def no_arguments(parser):
+        return None
+
+    return stub_modules(attrs={
+        "torchvision": {}, "torchvision.transforms": {},
+        "utils.args": {"ArgumentParser": ArgumentParser, "add_management_args": no_arguments,
+                       "add_experiment_args": no_arguments,
+                       "__all__": ["ArgumentParser", "add_management_args", "add_experiment_args"]},
+        "models": {"__path__": [str(checkout / "models")]}})
 
 
 class AuthorsNet(torch.nn.Module):
@@ -160,20 +147,9 @@ def run(checkout: Path) -> dict[str, torch.Tensor]:
         model.load_state_dict(state)
         model.train()
         net = AuthorsNet(model)
-        terms, infonce = [], []
-        info_loss, calc_infonce = algo.hierarchical_info_loss, algo.calculate_infonce
-
-        def record_infonce(*a, **kw):
-            value = calc_infonce(*a, **kw)
-            infonce.append(value.detach().clone())
-            return value
-
-        def record_terms(*a, **kw):
-            value = info_loss(*a, **kw)
-            terms.append(value.detach().clone())
-            return value
-
-        algo.calculate_infonce, algo.hierarchical_info_loss = record_infonce, record_terms
+        algo.calculate_infonce = recorder(algo.calculate_infonce, detached)
+        algo.hierarchical_info_loss = recorder(algo.hierarchical_info_loss, detached)
+        terms, infonce = algo.hierarchical_info_loss.values, algo.calculate_infonce.values
         x, y = batch()
         algo.local_protos = {}
         algo._train_net(0, net, [(x, y)])
@@ -197,7 +173,7 @@ def main(argv: list[str] | None = None) -> None:
     tensors = run(args.checkout)
     counts = {k: int(v.shape[0]) for k, v in tensors.items() if k.startswith("cluster/")}
     assert sorted(counts.values()) != [1] * len(counts), f"FINCH made one cluster per class: {counts}"
-    write_fixture(args.out, tensors, repository=REPOSITORY, commit=commit, generator=f"parity.{NAME}",
+    write_fixture(args.out, tensors, repository=REPOSITORY, commit=commit, generator=generator_name(NAME),
                   description="FPL: FINCH cluster prototypes of fixed client prototypes; one local step's CE, "
                               "InfoNCE (CPCL) and MSE (UPCR) terms, gradients and batch prototypes",
                   settings=dict(SETTINGS, clusters=counts))

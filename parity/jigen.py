@@ -36,18 +36,15 @@ Stored: the permutations, the draws and classes, the shuffled batch, per setting
 jigsaw and class losses, the total loss, and every parameter's gradient (whole up to ``FULL_LIMIT``
 elements, else sketched).
 
-Run: ``PYTHONPATH=/tmp/parity-deps python -m parity.jigen --checkout /tmp/parity/JigenDG``.
+Run: ``PYTHONPATH=/tmp/parity-deps .venv/bin/python -m parity.jigen --checkout /tmp/parity/JigenDG``.
 """
 
 from __future__ import annotations
 
-import ast
 import contextlib
 import importlib.util
 import math
-import os
 import random
-import sys
 import types
 from pathlib import Path
 from typing import Optional, Union
@@ -56,8 +53,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from parity.common import (gradient_record, importable, parse_args, require_checkout, seeded, seeded_weights,
-                           weight_sums, write_fixture)
+from parity.common import (TORCHVISION_RESNET_STUBS, generator_name, gradient_record, importable, load_functions,
+                           parse_args, patched, recorder, reduced_layer4, require_checkout, seeded, seeded_weights,
+                           stub_modules, weight_sums, write_fixture)
 
 REPOSITORY = "fmcarlucci/JigenDG"
 COMMIT = "8522c291233588b72aa689f3665a8c14f0ab1a74"
@@ -79,11 +77,6 @@ def images() -> torch.Tensor:
     return seeded("images", (BATCH, 3, SIZE, SIZE))
 
 
-def reduced_layer4() -> nn.Module:
-    """What replaces layer4 on both sides: one 3 x 3 convolution 64 -> 512 (no bias) and a ReLU."""
-    return nn.Sequential(nn.Conv2d(64, WIDTH, 3, padding=1, bias=False), nn.ReLU())
-
-
 def torchvision_make_grid():
     """``torchvision.utils.make_grid`` from torchvision's source, without importing torchvision."""
     spec = importlib.util.find_spec("torchvision")
@@ -91,54 +84,19 @@ def torchvision_make_grid():
         raise SystemExit("error: torchvision's source is needed for make_grid: pip install --no-deps --target "
                          "/tmp/parity-deps torchvision, and run with PYTHONPATH=/tmp/parity-deps")
     path = Path(list(spec.submodule_search_locations)[0]) / "utils.py"
-    tree = ast.parse(path.read_text())
-    node = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "make_grid")
     namespace = {"torch": torch, "math": math, "Union": Union, "Optional": Optional,
                  "_log_api_usage_once": lambda obj: None}
-    exec(compile(ast.Module(body=[node], type_ignores=[]), str(path), "exec"), namespace)
-    return namespace["make_grid"]
+    return load_functions(path, ("make_grid",), namespace)["make_grid"]
 
 
-class _UnusedBlock(nn.Module):
-    """Stub for torchvision's BasicBlock: ``ResNet._make_layer`` builds it; the layers are then replaced."""
-
-    expansion = 1
-
-    def __init__(self, inplanes, planes, stride=1, downsample=None):
-        super().__init__()
-
-
-def _module(name: str, **attrs) -> types.ModuleType:
-    module = types.ModuleType(name)
-    module.__dict__.update(attrs)
-    return module
-
-
-@contextlib.contextmanager
 def stubs():
-    resnet = _module("torchvision.models.resnet", BasicBlock=_UnusedBlock, Bottleneck=_UnusedBlock, model_urls={})
-    utils = _module("torchvision.utils", make_grid=torchvision_make_grid())
-    transforms = _module("torchvision.transforms")
-    models = _module("torchvision.models", resnet=resnet)
-    debugger = _module("IPython.core.debugger", set_trace=lambda *a, **k: None)
-    core = _module("IPython.core", debugger=debugger)
-    stub = {"torchvision": _module("torchvision", utils=utils, transforms=transforms, models=models),
-            "torchvision.utils": utils, "torchvision.transforms": transforms, "torchvision.models": models,
-            "torchvision.models.resnet": resnet, "IPython": _module("IPython", core=core), "IPython.core": core,
-            "IPython.core.debugger": debugger, "data.data_helper": _module("data.data_helper", available_datasets=[]),
-            "models.model_factory": _module("models.model_factory", nets_map={}),
-            "optimizer.optimizer_helper": _module("optimizer.optimizer_helper", get_optim_and_scheduler=None),
-            "utils.Logger": _module("utils.Logger", Logger=None)}
-    saved = {n: sys.modules.get(n) for n in stub}
-    sys.modules.update(stub)
-    try:
-        yield
-    finally:
-        for name, module in saved.items():
-            if module is None:
-                sys.modules.pop(name, None)
-            else:
-                sys.modules[name] = module
+    """torchvision (its ``make_grid`` real), IPython's debugger and the train script's helpers as stub modules."""
+    return stub_modules(attrs={
+        **TORCHVISION_RESNET_STUBS, "torchvision.utils": {"make_grid": torchvision_make_grid()},
+        "torchvision.transforms": {}, "IPython": {}, "IPython.core": {},
+        "IPython.core.debugger": {"set_trace": lambda *a, **k: None},
+        "data.data_helper": {"available_datasets": []}, "models.model_factory": {"nets_map": {}},
+        "optimizer.optimizer_helper": {"get_optim_and_scheduler": None}, "utils.Logger": {"Logger": None}})
 
 
 class FakeImage:
@@ -153,18 +111,6 @@ class FakeImage:
         left, upper, right, lower = box
         assert all(float(v).is_integer() for v in box), box
         return self.tensor[:, int(upper):int(lower), int(left):int(right)]
-
-
-class Recorder:
-    """Wraps a draw function and keeps what it returned."""
-
-    def __init__(self, draw):
-        self.draw, self.values = draw, []
-
-    def __call__(self, *args):
-        value = self.draw(*args)
-        self.values.append(value)
-        return value
 
 
 class RecordingLogger:
@@ -218,14 +164,9 @@ def run(checkout: Path) -> tuple[dict[str, torch.Tensor], int]:
         seed = draw_seed()
         np.random.seed(seed)
         random.seed(seed)
-        real_np, real_random = loader.np, loader.random
-        randint, uniform = Recorder(np.random.randint), Recorder(random.random)
-        loader.np = types.SimpleNamespace(random=types.SimpleNamespace(randint=randint))
-        loader.random = uniform
-        try:
+        randint, uniform = recorder(np.random.randint), recorder(random.random)
+        with patched(loader, np=types.SimpleNamespace(random=types.SimpleNamespace(randint=randint)), random=uniform):
             items = [dataset[i] for i in range(BATCH)]
-        finally:
-            loader.np, loader.random = real_np, real_random
         data = torch.stack([item[0] for item in items])
         jig_l = torch.tensor([item[1] for item in items])
         class_l = torch.tensor([item[2] for item in items])
@@ -266,7 +207,7 @@ def main(argv: list[str] | None = None) -> None:
     commit = require_checkout(args.checkout, COMMIT, args.allow_unpinned)
     torch.set_num_threads(1)
     tensors, seed = run(args.checkout.resolve())
-    write_fixture(args.out, tensors, repository=REPOSITORY, commit=commit, generator="parity/jigen.py",
+    write_fixture(args.out, tensors, repository=REPOSITORY, commit=commit, generator=generator_name("jigen"),
                   description="data/JigsawLoader.py JigsawDataset (permutations, tile shuffle, draws) on six 27 x 27 "
                               "images; train_jigsaw.py Trainer._do_epoch on them (all and ordered-only classification) "
                               "with models/resnet.py's ResNet, layer1-3 identities and layer4 conv3x3(64->512)+ReLU",

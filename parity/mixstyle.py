@@ -20,19 +20,18 @@ so ``models.mixstyle`` and ``models.resnet_ms`` import as the package ``models``
    (imcls/trainers/vanilla2.py:34). Stored: draws, logits, loss, every parameter's gradient (whole up to
    ``FULL_LIMIT`` elements, else sketched, :func:`parity.common.gradient_record`).
 
-Run: ``python -m parity.mixstyle --checkout /tmp/parity/mixstyle-release``.
+Run: ``.venv/bin/python -m parity.mixstyle --checkout /tmp/parity/mixstyle-release``.
 """
 
 from __future__ import annotations
 
-import contextlib
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from parity.common import (gradient_record, importable, parse_args, require_checkout, seeded, seeded_weights,
-                           weight_sums, write_fixture)
+from parity.common import (FixedDraws, generate, gradient_record, importable, patched, recorder, recording, seeded,
+                           seeded_weights, weight_sums)
 
 REPOSITORY = "KaiyangZhou/mixstyle-release"
 COMMIT = "16f7cf1fe2c7b1b3c660c72b32817ebb0545397a"
@@ -59,45 +58,14 @@ def model_input() -> tuple[torch.Tensor, torch.Tensor]:
     return seeded("images", (BATCH, 3, SIZE, SIZE)), torch.tensor(LABELS)
 
 
-class FixedRandom:
-    """Stands in for the ``random`` module inside the authors' mixstyle.py: ``random()`` returns fixed values."""
-
-    def __init__(self, values):
-        self.values = list(values)
-        self.used = []
-
-    def random(self) -> float:
-        value = self.values.pop(0)
-        self.used.append(value)
-        return value
+def record_lambda(beta, record: list) -> None:
+    """The authors' ``torch.distributions.Beta`` samples as it does and keeps ("lambda", what it drew) in ``record``."""
+    beta.sample = recorder(beta.sample, lambda out, *args, **kwargs: ("lambda", out.clone()), into=record)
 
 
-class RecordingBeta:
-    """Wraps the authors' ``torch.distributions.Beta``: samples as it does, keeps what it drew."""
-
-    def __init__(self, beta, record):
-        self.beta, self.record = beta, record
-
-    def sample(self, shape):
-        out = self.beta.sample(shape)
-        self.record.append(("lambda", out.clone()))
-        return out
-
-
-@contextlib.contextmanager
-def recording_randperm(record):
-    real = torch.randperm
-
-    def randperm(*args, **kwargs):
-        out = real(*args, **kwargs)
-        record.append(("perm", out.clone()))
-        return out
-
-    torch.randperm = randperm
-    try:
-        yield
-    finally:
-        torch.randperm = real
+def recording_randperm(record: list):
+    """``torch.randperm`` keeps ("perm", what it drew) in ``record`` while the block runs."""
+    return recording(torch, "randperm", lambda out, *args, **kwargs: ("perm", out.clone()), into=record)
 
 
 def run(checkout: Path) -> dict[str, torch.Tensor]:
@@ -106,43 +74,37 @@ def run(checkout: Path) -> dict[str, torch.Tensor]:
         from models import mixstyle as ms_module
         from models import resnet_ms
 
-        real_random = ms_module.random
-        try:
-            # 1. the module
-            op = ms_module.MixStyle(p=P, alpha=ALPHA, eps=EPS, mix="random").train()
-            record: list = []
-            op.beta = RecordingBeta(op.beta, record)
-            ms_module.random = FixedRandom([MODULE_FIRE_DRAW])
-            x, w = module_input()
-            x.requires_grad_(True)
-            torch.manual_seed(0)
-            with recording_randperm(record):
-                out = op(x)
-            (out * w).sum().backward()
-            assert [kind for kind, _ in record] == ["lambda", "perm"], record
-            tensors.update({"module/lambda": record[0][1], "module/perm": record[1][1], "module/out": out.detach(),
-                            "module/grad_x": x.grad})
+        # 1. the module (random.random(), lambda and the permutation are the draws of mixstyle.py)
+        op = ms_module.MixStyle(p=P, alpha=ALPHA, eps=EPS, mix="random").train()
+        record: list = []
+        record_lambda(op.beta, record)
+        x, w = module_input()
+        x.requires_grad_(True)
+        torch.manual_seed(0)
+        with patched(ms_module, random=FixedDraws(random=[MODULE_FIRE_DRAW])), recording_randperm(record):
+            out = op(x)
+        (out * w).sum().backward()
+        assert [kind for kind, _ in record] == ["lambda", "perm"], record
+        tensors.update({"module/lambda": record[0][1], "module/perm": record[1][1], "module/out": out.detach(),
+                        "module/grad_x": x.grad})
 
-            # 2. a ResNet step
-            model = resnet_ms.ResNet(CLASSES, "softmax", resnet_ms.BasicBlock, [1, 1, 1, 1],
-                                     mixstyle_layers=list(STAGES), mixstyle_p=P, mixstyle_alpha=ALPHA)
-            state = seeded_weights({k: v.shape for k, v in model.state_dict().items()}, seed=0)
-            model.load_state_dict(state)
-            model.train()
-            record = []
-            model.mixstyle.beta = RecordingBeta(model.mixstyle.beta, record)
-            fixed = FixedRandom(FIRE_DRAWS)
-            ms_module.random = fixed
-            images, labels = model_input()
-            torch.manual_seed(1)
-            with recording_randperm(record):
-                logits = model(images)
-            loss = F.cross_entropy(logits, labels)
-            model.zero_grad()
-            loss.backward()
-        finally:
-            ms_module.random = real_random
-    assert fixed.values == [] and [k for k, _ in record] == ["lambda", "perm"] * 2, record
+        # 2. a ResNet step
+        model = resnet_ms.ResNet(CLASSES, "softmax", resnet_ms.BasicBlock, [1, 1, 1, 1],
+                                 mixstyle_layers=list(STAGES), mixstyle_p=P, mixstyle_alpha=ALPHA)
+        state = seeded_weights({k: v.shape for k, v in model.state_dict().items()}, seed=0)
+        model.load_state_dict(state)
+        model.train()
+        record = []
+        record_lambda(model.mixstyle.beta, record)
+        fixed = FixedDraws(random=FIRE_DRAWS)
+        images, labels = model_input()
+        torch.manual_seed(1)
+        with patched(ms_module, random=fixed), recording_randperm(record):
+            logits = model(images)
+        loss = F.cross_entropy(logits, labels)
+        model.zero_grad()
+        loss.backward()
+    assert fixed.left("random") == [] and [k for k, _ in record] == ["lambda", "perm"] * 2, record
     fired = [u <= P for u in FIRE_DRAWS]  # mixstyle.py:89: skipped when random.random() > p
     assert sum(fired) == 2
     tensors["model/fired"] = torch.tensor(fired)
@@ -156,15 +118,11 @@ def run(checkout: Path) -> dict[str, torch.Tensor]:
     return tensors
 
 
-def main(argv: list[str] | None = None) -> None:
-    args = parse_args("mixstyle", __doc__.splitlines()[0], REPOSITORY, COMMIT, argv)
-    commit = require_checkout(args.checkout, COMMIT, args.allow_unpinned)
-    torch.set_num_threads(1)
-    tensors = run(args.checkout)
-    write_fixture(args.out, tensors, repository=REPOSITORY, commit=commit, generator="parity/mixstyle.py",
-                  description="MixStyle.forward (reid/models/mixstyle.py) on a fixed input with fixed draws; one "
-                              "step of reid/models/resnet_ms.py's ResNet [1,1,1,1] with MixStyle after layer1-3",
-                  settings=SETTINGS)
+def main(argv: list[str] | None = None) -> Path:
+    return generate("mixstyle", __doc__, REPOSITORY, COMMIT, run, argv=argv, threads=1,
+                    description="MixStyle.forward (reid/models/mixstyle.py) on a fixed input with fixed draws; one "
+                                "step of reid/models/resnet_ms.py's ResNet [1,1,1,1] with MixStyle after layer1-3",
+                    settings=SETTINGS)
 
 
 if __name__ == "__main__":

@@ -27,24 +27,23 @@ CPU: ``train_net_fedcon`` moves everything with ``.cuda()``; while it runs, ``to
 ``nn.Module.cuda`` return their object unchanged (``nn.DataParallel`` runs its module directly without GPUs).
 Import stubs: torchvision (model.py:5, utils.py:5, datasets.py:4-5; only its datasets and transforms are
 named, never used by the step) is an empty stub module while ``main.py`` imports.
-Run: ``python -m parity.moon --checkout /tmp/parity/MOON``.
+
+Run: ``.venv/bin/python -m parity.moon --checkout /tmp/parity/MOON``.
 """
 
 from __future__ import annotations
 
 import contextlib
-import importlib.abc
-import importlib.util
 import logging
-import sys
 import types
 from pathlib import Path
 
 import torch
 from torch import nn
 
-from parity.common import (gradient_record, importable, parse_args, require_checkout, seeded, seeded_weights,
-                           weight_sums, write_fixture)
+from parity.common import (backward_calls, generator_name, gradient_record, importable, no_cuda, parse_args,
+                           recording, require_checkout, seeded, seeded_weights, stub_modules, weight_sums,
+                           write_fixture)
 
 REPOSITORY = "QinbinLi/MOON"
 COMMIT = "8fcba3c4efc9a47eb24687a91ba94cfb2005103f"
@@ -74,69 +73,28 @@ def backbone() -> nn.Module:
     return ConvNet(SETTINGS["input_size"], SETTINGS["channels"])
 
 
-class _StubFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """``torchvision`` and its submodules as empty modules whose every attribute is a stub class."""
-
-    def find_spec(self, fullname, path=None, target=None):
-        if fullname == "torchvision" or fullname.startswith("torchvision."):
-            return importlib.util.spec_from_loader(fullname, self, is_package=True)
-        return None
-
-    def create_module(self, spec):
-        module = types.ModuleType(spec.name)
-        def stub(name):  # module-level __getattr__ (PEP 562)
-            if name.startswith("__"):
-                raise AttributeError(name)
-            return type(name, (), {})
-
-        module.__getattr__ = stub
-        return module
-
-    def exec_module(self, module):
-        module.__path__ = []
-
-
 @contextlib.contextmanager
 def authors_code(checkout: Path):
-    finder = _StubFinder()
-    sys.meta_path.insert(0, finder)
-    cuda = torch.Tensor.cuda, nn.Module.cuda
-    torch.Tensor.cuda = lambda self, *args, **kwargs: self
-    nn.Module.cuda = lambda self, *args, **kwargs: self
+    """The checkout importable on the CPU (:func:`parity.common.no_cuda`), torchvision a stub package, the
+    logging level restored after."""
     level = logging.getLogger().level
     try:
-        with importable(checkout):
+        with stub_modules(["torchvision"]), no_cuda(), importable(checkout):
             yield
     finally:
-        torch.Tensor.cuda, nn.Module.cuda = cuda
-        sys.meta_path.remove(finder)
         logging.getLogger().setLevel(level)
-        for name in list(sys.modules):
-            if name == "torchvision" or name.startswith("torchvision."):
-                del sys.modules[name]
 
 
 @contextlib.contextmanager
 def recorded():
     """Records the tensors ``.backward()`` is called on and every cross-entropy computed with gradients."""
-    backward, forward = torch.Tensor.backward, nn.CrossEntropyLoss.forward
-    seen = {"backward": [], "ce": []}
+    def cross_entropy(out, module, input, target):
+        return torch.is_grad_enabled(), input.detach().clone(), out.detach().clone()
 
-    def recording_backward(self, *args, **kwargs):
-        seen["backward"].append(self.detach().clone())
-        return backward(self, *args, **kwargs)
-
-    def recording_forward(self, input, target):
-        out = forward(self, input, target)
-        if torch.is_grad_enabled():
-            seen["ce"].append((input.detach().clone(), out.detach().clone()))
-        return out
-
-    torch.Tensor.backward, nn.CrossEntropyLoss.forward = recording_backward, recording_forward
-    try:
+    with backward_calls() as backward, recording(nn.CrossEntropyLoss, "forward", cross_entropy) as calls:
+        seen = {"backward": backward, "ce": []}
         yield seen
-    finally:
-        torch.Tensor.backward, nn.CrossEntropyLoss.forward = backward, forward
+    seen["ce"] = [(input, out) for with_grad, input, out in calls if with_grad]
 
 
 def main(argv: list[str] | None = None) -> Path:
@@ -180,7 +138,7 @@ def main(argv: list[str] | None = None) -> Path:
                     assert torch.equal(value, before[key]), key
             if run == "k1":
                 tensors.update(gradient_record({fedstyle_name(k): p.grad for k, p in local.named_parameters()}))
-    return write_fixture(args.out, tensors, repository=REPOSITORY, commit=commit, generator="parity.moon",
+    return write_fixture(args.out, tensors, repository=REPOSITORY, commit=commit, generator=generator_name("moon"),
                          description="MOON train_net_fedcon (main.py:246) for one batch on ModelFedCon "
                                      "(model.py:536) with one and with two previous models",
                          settings=SETTINGS)

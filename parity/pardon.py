@@ -45,10 +45,12 @@ Runs, from a checkout of the authors' repository at ``COMMIT``, importing ``src/
 Import stubs: torchvision, wandb, wilds, termcolor and ``src/adain_net.py`` are stub modules while
 ``src/client.py`` and ``src/server.py`` import, and ``torch.load`` returns an empty dict during the import
 (``src/client.py:34-35``, ``src/server.py:29-30`` load ``src/models/*.pth``, not in the repository), by
-``parity.feddg_ga.stubbed``; none of it is used by the compared functions (``wandb.log`` in ``step`` and
-``colored`` in ``abstract_style`` are called, as stubs). Their global ``vgg``/``decoder`` are then set to the
-stand-ins. Nothing needs installing besides the project's environment (their FINCH needs scikit-learn and
-scipy, present).
+:func:`parity.common.feddg_benchmark_imports`; none of it is used by the compared functions (``wandb.log`` in
+``step`` and ``colored`` in ``abstract_style`` are called, as stubs). Their global ``vgg``/``decoder`` are then
+set to the stand-ins. Nothing needs installing besides the project's environment (their FINCH needs
+scikit-learn and scipy, present).
+
+Run: ``.venv/bin/python -m parity.pardon --checkout /tmp/parity/PARDON-FedDG``.
 """
 
 from __future__ import annotations
@@ -65,8 +67,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from parity.common import (gradient_record, importable, parse_args, require_checkout, seeded, seeded_weights,
-                           weight_sums, write_fixture)
+from parity.common import (feddg_benchmark_imports, generate, gradient_record, importable, patched, recorder, seeded,
+                           seeded_weights, weight_sums)
 
 REPOSITORY = "judydnguyen/PARDON-FedDG"
 COMMIT = "e5df7dd8de43142413885b336e66210104ce9162"
@@ -179,28 +181,9 @@ class _CpuTorch(types.ModuleType):
         return torch.device("cpu")
 
 
-@contextlib.contextmanager
-def patched(module, **values):
-    missing = object()
-    saved = {k: getattr(module, k, missing) for k in values}
-    for k, v in values.items():
-        setattr(module, k, v)
-    try:
-        yield
-    finally:
-        for k, v in saved.items():
-            if v is missing:
-                delattr(module, k)
-            else:
-                setattr(module, k, v)
-
-
-def recording_finch(finch, calls: list):
-    def wrapper(*args, **kwargs):
-        result = finch(*args, **kwargs)
-        calls.append(np.asarray(result[0]).copy())
-        return result
-    return wrapper
+def recording_finch(finch):
+    """Their ``FINCH``, keeping each call's partitions (``values``)."""
+    return recorder(finch, lambda result, *args, **kwargs: np.asarray(result[0]).copy())
 
 
 class _Featurizer(nn.Module):
@@ -237,11 +220,9 @@ class _RecordingChoice:
 
 
 def run(checkout: Path) -> dict[str, torch.Tensor]:
-    from parity.feddg_ga import STUBS, stubbed
-
     state = weights()
     out: dict[str, torch.Tensor] = {"image_sum": client_images().double().sum().reshape(1)}
-    with importable(checkout), stubbed(*STUBS):
+    with importable(checkout), feddg_benchmark_imports():
         import src.client as client_module
         import src.server as server_module
         import src.utils as utils_module
@@ -255,9 +236,10 @@ def run(checkout: Path) -> dict[str, torch.Tensor]:
         client = object.__new__(client_module.DGClient)
         client.client_id = 0
         client.dataloader = [(images[a:b], torch.zeros(b - a, dtype=torch.long), []) for a, b in LOADER_BATCHES]
-        calls: list = []
-        with patched(client_module, vgg=vgg, torch=cpu, FINCH=recording_finch(client_module.FINCH, calls)):
+        finch = recording_finch(client_module.FINCH)
+        with patched(client_module, vgg=vgg, torch=cpu, FINCH=finch):
             feat_mean, feat_std = client.abstract_style()
+        calls = finch.values
         out["client/mean"], out["client/std"] = feat_mean.flatten(1).float(), feat_std.flatten(1).float()
         out["client/labels"] = torch.from_numpy(calls[-1][:, -1].astype(np.int64))
         out["client/partitions"] = torch.tensor([calls[-1].shape[1]])
@@ -265,12 +247,13 @@ def run(checkout: Path) -> dict[str, torch.Tensor]:
         # -- server style (find_optimal_metadata) ---------------------------------------------------------
         mean, std = client_styles()
         server = types.SimpleNamespace(dataset="parity", params={"split_scheme": "x", "iid": 0}, num_clients=CLIENTS)
-        calls = []
+        finch = recording_finch(server_module.FINCH)
         with tempfile.TemporaryDirectory() as tmp, contextlib.chdir(tmp):
             os.makedirs("style_stats/parity")
-            with patched(server_module, torch=cpu, FINCH=recording_finch(server_module.FINCH, calls)):
+            with patched(server_module, torch=cpu, FINCH=finch):
                 s_mean, s_std = server_module.DGServer.find_optimal_metadata(
                     server, mean.numpy()[:, :, None, None], std.numpy()[:, :, None, None])
+        calls = finch.values
         out["server/mean"], out["server/std"] = s_mean.flatten(1), s_std.flatten(1)
         out["server/labels"] = torch.from_numpy(calls[-1][:, 0].astype(np.int64))
         out["server/style_sums"] = torch.stack([mean.double().sum(), std.double().sum()])
@@ -282,7 +265,6 @@ def run(checkout: Path) -> dict[str, torch.Tensor]:
         model = load(step_model(), state, "model.")
         x, xp, y = step_inputs()
         grads: dict[str, torch.Tensor] = {}
-        losses: list[float] = []
         names = {id(p): n for n, p in model.named_parameters()}
 
         class RecordingSGD(torch.optim.SGD):
@@ -307,19 +289,13 @@ def run(checkout: Path) -> dict[str, torch.Tensor]:
         client.dataloader = [(x.clone(), y.clone(), [])]
         client.setup_model(_Featurizer(model), model.head)
         client.style_stransfer_batch = lambda batch, alpha=0.5, output_size=224, style_stat=None: xp.clone()
-        client_step = client.step
-
-        def step(objective, flr=0):
-            losses.append(float(objective.detach()))
-            return client_step(objective, flr)
-
-        client.step = step
+        client.step = recorder(client.step, lambda result, objective, *args, **kwargs: float(objective.detach()))
         chooser = _RecordingChoice(SEED)
         with tempfile.TemporaryDirectory() as tmp:
             client.opt_dict_path, client.sch_dict_path = f"{tmp}/opt.pt", f"{tmp}/sch.pt"
             with patched(client_module, RecordingSGD=RecordingSGD, random=chooser, torch=cpu):
                 client.contrastive_fit(metadata=(feat_mean, feat_std), flr=0)
-        out["step/loss"] = torch.tensor(losses, dtype=torch.float64)
+        out["step/loss"] = torch.tensor(client.step.values, dtype=torch.float64)
         out["step/negatives"] = torch.tensor(chooser.picks, dtype=torch.long)
         out.update(gradient_record(grads, prefix="step/grad/"))
 
@@ -333,14 +309,12 @@ def run(checkout: Path) -> dict[str, torch.Tensor]:
     return out
 
 
-def main(argv: list[str] | None = None) -> None:
-    args = parse_args(NAME, __doc__.splitlines()[0], REPOSITORY, COMMIT, argv)
-    commit = require_checkout(args.checkout, COMMIT, args.allow_unpinned)
-    write_fixture(args.out, run(args.checkout), repository=REPOSITORY, commit=commit, generator=f"parity/{NAME}.py",
-                  description="PARDON: client style (FINCH on flat maps, coarsest, pooled moments), server S_g "
-                              "(finest, lower median), one contrastive_fit step (loss, gradients, negatives), "
-                              "AdaIN transfer at alpha 0.5; seeded stand-in encoder/decoder and ConvNet",
-                  settings=SETTINGS)
+def main(argv: list[str] | None = None) -> Path:
+    return generate(NAME, __doc__, REPOSITORY, COMMIT, run, argv=argv,
+                    description="PARDON: client style (FINCH on flat maps, coarsest, pooled moments), server S_g "
+                                "(finest, lower median), one contrastive_fit step (loss, gradients, negatives), "
+                                "AdaIN transfer at alpha 0.5; seeded stand-in encoder/decoder and ConvNet",
+                    settings=SETTINGS)
 
 
 if __name__ == "__main__":

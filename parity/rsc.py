@@ -16,28 +16,24 @@ horizontally flipped copy of the batch (train.py:86-88) is data augmentation and
 
 Stubs and patches while the authors' code runs (its files are not changed): ``torchvision.models.resnet``
 (imported by resnet.py:3 for ``BasicBlock``, ``Bottleneck`` and ``model_urls``; the blocks it builds are
-replaced as above and the URLs are never read) is a stub module; ``torch.Tensor.cuda`` returns the tensor
-itself (resnet.py calls ``.cuda()`` on its masks, so it needs a GPU otherwise); the module's ``random`` is
-a stub whose ``randint`` returns the fixed choice; its ``Variable`` is wrapped to record the final mask
-(resnet.py:149). Stored per mode: the mask (B, 1, 7, 7) or (B, 512, 1, 1), the logits, the loss, and the
+replaced as above and the URLs are never read) is a stub module; ``.cuda()`` returns the tensor itself
+(:func:`parity.common.no_cuda`; resnet.py calls it on its masks, so it needs a GPU otherwise); the module's
+``random`` is a stub whose ``randint`` returns the fixed choice; its ``Variable`` is wrapped to record the final
+mask (resnet.py:149). Stored per mode: the mask (B, 1, 7, 7) or (B, 512, 1, 1), the logits, the loss, and the
 gradients of every parameter (whole up to ``FULL_LIMIT`` elements, else sketched).
 
-Run: ``python -m parity.rsc --checkout /tmp/parity/RSC``.
+Run: ``.venv/bin/python -m parity.rsc --checkout /tmp/parity/RSC``.
 """
 
 from __future__ import annotations
 
-import contextlib
-import sys
-import types
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from parity.common import (gradient_record, importable, parse_args, require_checkout, seeded, seeded_weights,
-                           weight_sums, write_fixture)
+from parity.common import (TORCHVISION_RESNET_STUBS, FixedDraws, generate, gradient_record, importable, no_cuda,
+                           patched, recorder, reduced_layer4, seeded, seeded_weights, stub_modules, weight_sums)
 
 REPOSITORY = "DeLightCMU/RSC"
 COMMIT = "bf6d280c5d74910f009ea8963c59167252659666"
@@ -57,58 +53,9 @@ def model_input() -> tuple[torch.Tensor, torch.Tensor]:
     return seeded("images", (BATCH, 3, SIZE, SIZE)), torch.tensor(LABELS)
 
 
-def reduced_layer4() -> nn.Module:
-    """What replaces layer4 on both sides: one 3 x 3 convolution 64 -> 512 (no bias) and a ReLU."""
-    return nn.Sequential(nn.Conv2d(64, WIDTH, 3, padding=1, bias=False), nn.ReLU())
-
-
-class _UnusedBlock(nn.Module):
-    """Stub for torchvision's BasicBlock: ``ResNet._make_layer`` builds it; the layers are then replaced."""
-
-    expansion = 1
-
-    def __init__(self, inplanes, planes, stride=1, downsample=None):
-        super().__init__()
-
-
-@contextlib.contextmanager
-def stubs():
-    names = ("torchvision", "torchvision.models", "torchvision.models.resnet")
-    saved = {n: sys.modules.get(n) for n in names}
-    resnet = types.ModuleType("torchvision.models.resnet")
-    resnet.BasicBlock = resnet.Bottleneck = _UnusedBlock
-    resnet.model_urls = {}
-    models = types.ModuleType("torchvision.models")
-    models.resnet = resnet
-    root = types.ModuleType("torchvision")
-    root.models = models
-    sys.modules.update({"torchvision": root, "torchvision.models": models, "torchvision.models.resnet": resnet})
-    cuda = torch.Tensor.cuda
-    torch.Tensor.cuda = lambda self, *args, **kwargs: self
-    try:
-        yield
-    finally:
-        torch.Tensor.cuda = cuda
-        for name, module in saved.items():
-            if module is None:
-                sys.modules.pop(name, None)
-            else:
-                sys.modules[name] = module
-
-
-class FixedChoice:
-    """Stands in for the ``random`` module inside the authors' resnet.py."""
-
-    def __init__(self, value: int):
-        self.value = value
-
-    def randint(self, low: int, high: int) -> int:
-        return self.value
-
-
 def run(checkout: Path) -> dict[str, torch.Tensor]:
     tensors: dict[str, torch.Tensor] = {}
-    with stubs(), importable(checkout / "Domain_Generalization"):
+    with stub_modules(attrs=TORCHVISION_RESNET_STUBS), no_cuda(), importable(checkout / "Domain_Generalization"):
         from models import resnet as rsc
 
         model = rsc.ResNet(rsc.BasicBlock, [1, 1, 1, 1], classes=CLASSES)
@@ -116,48 +63,37 @@ def run(checkout: Path) -> dict[str, torch.Tensor]:
         model.layer4 = reduced_layer4()
         state = seeded_weights({k: v.shape for k, v in model.state_dict().items()}, seed=0)
         tensors.update(weight_sums(state))
-        real_random, real_variable = rsc.random, rsc.Variable
-        try:
-            for mode, choice in CHOICE.items():
-                model.load_state_dict(state)
-                model.train()
-                variables = []
-
-                def variable(t, requires_grad=False):
-                    variables.append(t.detach().clone())
-                    return real_variable(t, requires_grad=requires_grad)
-
-                rsc.random, rsc.Variable = FixedChoice(choice), variable
-                images, labels = model_input()
-                model.zero_grad()
+        for mode, choice in CHOICE.items():
+            model.load_state_dict(state)
+            model.train()
+            draws = FixedDraws(randint=[choice])  # random.randint(0, 9), resnet.py:106
+            variable = recorder(rsc.Variable, lambda result, t, *args, **kwargs: t.detach().clone())
+            images, labels = model_input()
+            model.zero_grad()
+            with patched(rsc, random=draws, Variable=variable):
                 logits = model(images, labels, True, EPOCH)
                 loss = nn.CrossEntropyLoss()(logits, labels)
                 loss.backward()
-                mask = variables[-1]  # resnet.py:149, the mask after the batch rule
-                assert mask.shape == ((BATCH, 1, 7, 7) if mode == "spatial" else (BATCH, WIDTH, 1, 1)), mask.shape
-                assert abs(model.pecent - 0.3) < 1e-12
-                tensors.update({f"{mode}/mask": mask, f"{mode}/logits": logits.detach(),
-                                f"{mode}/loss": loss.detach().reshape(1)})
-                tensors.update(gradient_record({k: p.grad for k, p in model.named_parameters()}, prefix=f"{mode}/grad/",
-                                               full_limit=FULL_LIMIT))
-                muted = (mask.reshape(BATCH, -1) == 0).any(1)
-                print(f"{mode}: muted samples {muted.nonzero().flatten().tolist()}, "
-                      f"muted entries per muted sample {(mask.reshape(BATCH, -1) == 0).sum(1).tolist()}")
-        finally:
-            rsc.random, rsc.Variable = real_random, real_variable
+            assert draws.left("randint") == []
+            mask = variable.values[-1]  # resnet.py:149, the mask after the batch rule
+            assert mask.shape == ((BATCH, 1, 7, 7) if mode == "spatial" else (BATCH, WIDTH, 1, 1)), mask.shape
+            assert abs(model.pecent - 0.3) < 1e-12
+            tensors.update({f"{mode}/mask": mask, f"{mode}/logits": logits.detach(),
+                            f"{mode}/loss": loss.detach().reshape(1)})
+            tensors.update(gradient_record({k: p.grad for k, p in model.named_parameters()}, prefix=f"{mode}/grad/",
+                                           full_limit=FULL_LIMIT))
+            muted = (mask.reshape(BATCH, -1) == 0).any(1)
+            print(f"{mode}: muted samples {muted.nonzero().flatten().tolist()}, "
+                  f"muted entries per muted sample {(mask.reshape(BATCH, -1) == 0).sum(1).tolist()}")
     return tensors
 
 
-def main(argv: list[str] | None = None) -> None:
-    args = parse_args("rsc", __doc__.splitlines()[0], REPOSITORY, COMMIT, argv)
-    commit = require_checkout(args.checkout, COMMIT, args.allow_unpinned)
-    torch.set_num_threads(1)
-    tensors = run(args.checkout)
-    write_fixture(args.out, tensors, repository=REPOSITORY, commit=commit, generator="parity/rsc.py",
-                  description="Domain_Generalization/models/resnet.py ResNet.forward(flag=True, epoch=0) with layer1-3 "
-                              "replaced by identities and layer4 by conv3x3(64->512)+ReLU, spatial and channel muting, "
-                              "cross-entropy and its gradients",
-                  settings=SETTINGS)
+def main(argv: list[str] | None = None) -> Path:
+    return generate("rsc", __doc__, REPOSITORY, COMMIT, run, argv=argv, threads=1,
+                    description="Domain_Generalization/models/resnet.py ResNet.forward(flag=True, epoch=0) with "
+                                "layer1-3 replaced by identities and layer4 by conv3x3(64->512)+ReLU, spatial and "
+                                "channel muting, cross-entropy and its gradients",
+                    settings=SETTINGS)
 
 
 if __name__ == "__main__":

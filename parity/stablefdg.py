@@ -20,6 +20,8 @@ The fixture holds the inputs' seeds, the labels, the received style, the draws, 
 batch's labels, the loss and the gradient of every parameter (``cad3.qkv_conv``'s query and key rows
 under ``cad3.q.*`` / ``cad3.k.*``; its value rows get no gradient). Weights: :func:`parity.common.seeded_weights`
 on the authors' parameter names (the sums are stored).
+
+Run: ``.venv/bin/python -m parity.stablefdg --checkout /tmp/parity/StableFDG_github``.
 """
 
 from __future__ import annotations
@@ -32,8 +34,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from parity.common import gradient_record, importable, parse_args, require_checkout, seeded, seeded_weights
-from parity.common import weight_sums, write_fixture
+from parity.common import (FixedDraws, detached, generator_name, gradient_record, importable, parse_args, patched,
+                           recorder, recording, require_checkout, seeded, seeded_weights, weight_sums, write_fixture)
 
 REPOSITORY = "savertm/StableFDG_github"
 COMMIT = "77eac350f8515c45630f60d2564863e3da8c8687"
@@ -74,55 +76,30 @@ def run_scenario(fires: list[float]) -> dict[str, torch.Tensor]:
     x, y = inputs()
     draws: dict[str, list[torch.Tensor]] = {"centres": [], "noise": [], "extra": [], "lam": [], "perm": []}
 
-    script = list(fires)
-    original = (random.random, style_module.kmeans_plus, torch.randn_like, np.random.choice, torch.randperm)
-
-    def kmeans(*args, **kwargs):
-        out = original[1](*args, **kwargs)
-        draws["centres"].append(out.detach().clone().float())
-        return out
-
-    def randn_like(t, *args, **kwargs):
-        out = original[2](t, *args, **kwargs)
-        draws["noise"].append(out.clone())
-        return out
+    script = FixedDraws(random=fires)
+    np_choice = np.random.choice
 
     def choice(a, *args, **kwargs):
-        out = original[3](a, *args, **kwargs)
+        out = np_choice(a, *args, **kwargs)
         frame = sys._getframe(1)
         if frame.f_code.co_filename.endswith("oma.py") and frame.f_lineno == 155:  # add_index += ...
             draws["extra"].append(torch.as_tensor(np.asarray(out), dtype=torch.long))
         return out
 
-    def randperm(*args, **kwargs):
-        out = original[4](*args, **kwargs)
-        draws["perm"].append(out.clone())
-        return out
-
-    class RecordedBeta:
-        def __init__(self, beta):
-            self.beta = beta
-
-        def sample(self, shape):
-            out = self.beta.sample(shape)
-            draws["lam"].append(out.reshape(-1).clone())
-            return out
-
-    backbone.OMA.beta = RecordedBeta(backbone.OMA.beta)
-    random.random = lambda: script.pop(0)
-    style_module.kmeans_plus = kmeans
-    torch.randn_like, np.random.choice, torch.randperm = randn_like, choice, randperm
-    try:
+    backbone.OMA.beta.sample = recorder(backbone.OMA.beta.sample, lambda out, *args, **kwargs: out.reshape(-1).clone(),
+                                        into=draws["lam"])
+    with patched(random, random=script.random), patched(np.random, choice=choice), \
+            recording(style_module, "kmeans_plus", lambda out, *args, **kwargs: out.detach().clone().float(),
+                      into=draws["centres"]), \
+            recording(torch, "randn_like", detached, into=draws["noise"]), \
+            recording(torch, "randperm", detached, into=draws["perm"]):
         v, labels = backbone(x, torch.zeros(BATCH, dtype=torch.long), y.clone(), supplemental_samples=None,
                              style=received_style(), StableFDG_param=(EXPLORATION, OVERSAMPLING))
         logits = classifier(v)
         loss = F.cross_entropy(logits, labels)
         loss.backward()
-    finally:
-        random.random, style_module.kmeans_plus = original[0], original[1]
-        torch.randn_like, np.random.choice, torch.randperm = original[2], original[3], original[4]
-    if script:
-        raise AssertionError(f"the scripted random.random() values were not all used: {script} left")
+    if script.left("random"):
+        raise AssertionError(f"the scripted random.random() values were not all used: {script.left('random')} left")
     grads = {n: p.grad for n, p in backbone.named_parameters() if p.grad is not None}
     grads.update({"classifier." + n: p.grad for n, p in classifier.named_parameters()})
     qkv_w, qkv_b = grads.pop("cad3.qkv_conv.weight"), grads.pop("cad3.qkv_conv.bias")
@@ -158,7 +135,7 @@ def main(argv: list[str] | None = None) -> None:
     tensors["labels"] = y
     style = received_style()
     tensors["style/mean"], tensors["style/spread"] = style
-    write_fixture(args.out, tensors, repository=REPOSITORY, commit=commit, generator="parity/stablefdg.py",
+    write_fixture(args.out, tensors, repository=REPOSITORY, commit=commit, generator=generator_name(NAME),
                   description="one ResNet-18 training step of StableFDG (shift, oversampling, exploration, "
                               "MixStyle, attention) on 32 seeded 64 px images; two firing scenarios",
                   settings={"size": SIZE, "batch": BATCH, "classes": CLASSES, "labels": LABELS,

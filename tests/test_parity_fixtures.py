@@ -1,0 +1,72 @@
+"""The parity harness itself: every generator has its fixture, its test and its row in docs/parity.md; every
+fixture names the repository and commit its generator pins; a generator refuses a bad checkout with a line
+that names the fix. (The comparisons are in tests/test_parity_<method>.py.)"""
+
+from __future__ import annotations
+
+import importlib
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+
+from parity.common import FIXTURES, ROOT, count_sketch, gradient_errors, gradient_record, read_fixture
+from parity.common import require_checkout, seeded_weights
+
+GENERATORS = sorted(p.stem for p in (ROOT / "parity").glob("*.py") if p.stem not in ("__init__", "common"))
+DOC = (ROOT / "docs" / "parity.md").read_text()
+
+
+def test_at_least_ten_methods_are_proven_against_their_authors_code():
+    assert len(GENERATORS) >= 10, GENERATORS
+
+
+@pytest.mark.parametrize("name", GENERATORS)
+def test_every_generator_has_its_fixture_test_and_documented_row(name):
+    generator = importlib.import_module(f"parity.{name}")  # must not import the authors' code at import time
+    fixture = read_fixture(name)
+    assert fixture.meta["repository"] == generator.REPOSITORY
+    assert fixture.meta["commit"] == generator.COMMIT and len(generator.COMMIT) == 40
+    assert fixture.meta["generator"] == f"parity/{name}.py"
+    assert (ROOT / "tests" / f"test_parity_{name}.py").is_file()
+    assert (FIXTURES / f"{name}.safetensors").stat().st_size < 512 * 1024  # small: numbers, not models
+    assert f"`{name}`" in DOC and generator.REPOSITORY in DOC, f"docs/parity.md has no row for {name}"
+
+
+def test_no_fixture_lacks_a_generator():
+    assert sorted(p.stem for p in FIXTURES.glob("*.safetensors")) == GENERATORS
+
+
+def test_a_checkout_that_is_missing_or_at_another_commit_is_refused_with_the_fix(tmp_path):
+    with pytest.raises(SystemExit, match="not a folder"):
+        require_checkout(tmp_path / "missing", "0" * 40)
+    with pytest.raises(SystemExit, match="--allow-unpinned"):
+        require_checkout(tmp_path, "0" * 40)  # not a git checkout
+    assert require_checkout(tmp_path, "0" * 40, allow_unpinned=True) == "unknown"
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    subprocess.run(["git", "-C", str(tmp_path), "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-q",
+                    "--allow-empty", "-m", "x"], check=True)
+    with pytest.raises(SystemExit, match="checkout 0000000"):
+        require_checkout(tmp_path, "0" * 40)
+
+
+def test_gradient_sketches_see_a_small_difference_and_not_rounding():
+    g = {"w": torch.randn(64, 64, 3, 3, generator=torch.Generator().manual_seed(0))}
+    record = gradient_record(g, full_limit=0)
+    assert set(record) == {"grad/w#norm", "grad/w#rows", "grad/w#cs"}
+    assert gradient_errors(record, g)["w"] < 1e-7
+    off = g["w"].clone()
+    off[3] *= 1.05  # one output channel 5 % off: 0.6 % of the gradient's norm
+    assert gradient_errors(record, {"w": off})["w"] > 1e-3
+    # the count sketch is linear and unbiased: its norm estimates the vector's within about 18 %
+    ratios = [float(count_sketch(str(k), g["w"].reshape(-1)).norm() / g["w"].norm()) for k in range(8)]
+    assert all(0.6 < r < 1.4 for r in ratios)
+
+
+def test_seeded_weights_are_reproducible_and_scaled():
+    shapes = {"conv.weight": (8, 4, 3, 3), "bn.weight": (8,), "bn.running_var": (8,), "bn.num_batches_tracked": ()}
+    a, b = seeded_weights(shapes), seeded_weights(shapes)
+    assert all(torch.equal(a[k], b[k]) for k in shapes)
+    assert abs(float(a["conv.weight"].std()) - (2 / 36) ** 0.5) < 0.05
+    assert bool((a["bn.running_var"] >= 1).all()) and a["bn.num_batches_tracked"].dtype == torch.long
