@@ -42,6 +42,7 @@ from fedstyle.data import load_dataset  # noqa: E402
 from fedstyle.experiments.config import RunConfig  # noqa: E402
 from fedstyle.experiments.report import to_markdown, write_report  # noqa: E402
 from fedstyle.experiments.sweep import Variant, plan_jobs, run_sweep, select  # noqa: E402
+from fedstyle.experiments.verdict import judge_chain  # noqa: E402
 
 DATASETS = ("digits4", "fashion4")
 #: distribution name -> partition settings (Section 4.1)
@@ -81,21 +82,20 @@ def base_config(dataset: str, distribution: str, scale: dict, device: str, data_
                      **DISTRIBUTIONS[distribution])
 
 
-def claim_lines(table) -> list[str]:
-    """Whether StableFDG > DSU >= MixStyle > FedAvg holds on the average column, with the gaps."""
-    by_name = {}
+def claim_lines(table, dataset: str) -> list[str]:
+    """The claim StableFDG > DSU >= MixStyle > FedAvg, each link judged by fedstyle's rule
+    (:mod:`fedstyle.experiments.verdict`: paired per (target, seed), 95 % t interval of the mean difference)."""
+    rows = {}
     for row in table.rows:
         for name, label in (("stablefdg", "StableFDG"), ("dsu", "DSU"), ("mixstyle", "MixStyle"), ("fedavg", "FedAvg")):
             if row.label == label:
-                by_name[name] = row.average.mean if row.average.values else None
-    if any(by_name.get(n) is None for n in CLAIM):
+                rows[name] = row.cell_accuracies(dataset)
+    if any(n not in rows for n in CLAIM):
         return ["claim: not all of StableFDG, DSU, MixStyle, FedAvg have results"]
-    s, d, m, f = (by_name[n] for n in CLAIM)
-    checks = [("StableFDG > DSU", s - d, s > d), ("DSU >= MixStyle", d - m, d >= m),
-              ("MixStyle > FedAvg", m - f, m > f)]
-    parts = [f"{text}: {'yes' if ok else 'NO'} ({gap:+.1f} points)" for text, gap, ok in checks]
-    verdict = "holds" if all(ok for _, _, ok in checks) else "does NOT hold"
-    return [f"claim StableFDG > DSU >= MixStyle > FedAvg {verdict}: " + "; ".join(parts)]
+    lines = []
+    for better, worse, verdict in judge_chain(list(CLAIM), rows):
+        lines.append(f"claim {better} > {worse}: **{verdict.status}** ({verdict.text})")
+    return lines
 
 
 def main() -> None:
@@ -161,7 +161,7 @@ def main() -> None:
             table, paths = write_report(dirs, folder / f"report-{which}", which=which)
             print(f"\n## {dataset}, {distribution}-domain distribution ({which} model)\n")
             print(to_markdown(table))
-            print("\n".join(claim_lines(table)))
+            print("\n".join(claim_lines(table, dataset)))
     print(f"\nwall time {wall:.0f} s; reports in {out}/<dataset>/<distribution>/report-<selected|last>/")
 
 

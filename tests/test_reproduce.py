@@ -35,25 +35,41 @@ def test_claims_parse_into_pairs_of_better_and_worse():
             parse_claim_text(bad, "f")
 
 
-def test_a_claim_is_judged_by_the_means_against_the_seeds_std():
-    # A: 60, 62, 58 -> mean 60, std 2; B: 55, 57, 62 -> mean 58, std sqrt(13) = 3.606
-    a = RowStats("A", {0: 60.0, 1: 62.0, 2: 58.0})
-    b = RowStats("B", {0: 55.0, 1: 57.0, 2: 62.0})
+def _row(label: str, accuracies: dict[int, float], cell: str = "d → t") -> RowStats:
+    return RowStats(label, dict(accuracies), per_cell={(cell, seed): acc for seed, acc in accuracies.items()})
+
+
+def test_a_claim_is_judged_on_paired_seeds_by_the_interval_of_their_mean_difference():
+    """The rule of fedstyle.experiments.verdict: paired differences per (cell, seed), the 95 % t interval of their
+    mean above 0 (holds), below 0 (fails) or around it (within noise); hand-computed values."""
+    # A: 60, 62, 58; B: 55, 57, 62 -> differences 5, 5, -4: mean 2, sd sqrt(27) = 5.196, t(0.975, 2) = 4.303
+    a, b = _row("A", {0: 60.0, 1: 62.0, 2: 58.0}), _row("B", {0: 55.0, 1: 57.0, 2: 62.0})
     verdict = judge(Claim("a", "b", "a > b"), {"a": a, "b": b})
-    assert verdict.status == "holds"
-    assert verdict.gap == pytest.approx(2.0)
-    assert verdict.noise == pytest.approx(13 ** 0.5)
-    assert verdict.beyond_noise is False
-    assert (verdict.ahead, verdict.paired) == (2, 3)  # seed 2: 58 < 62
-    assert verdict.text == "gap +2.0 points; within the seeds' std (3.6); ordered so in 2 of 3 seeds"
-    # the other way round it does not hold; a gap larger than both stds is beyond them
-    assert judge(Claim("b", "a", "a < b"), {"a": a, "b": b}).status == "does not hold"
-    c = RowStats("C", {0: 50.0, 1: 51.0, 2: 52.0})
-    beyond = judge(Claim("a", "c", "a > c"), {"a": a, "c": c})
-    assert (beyond.gap, beyond.beyond_noise, beyond.ahead) == (pytest.approx(9.0), True, 3)
-    # one seed: no std to weigh the gap against; missing rows are not judged
-    single = judge(Claim("a", "b", "a > b"), {"a": RowStats("A", {0: 70.0}), "b": RowStats("B", {0: 60.0})})
-    assert single.status == "holds" and single.noise is None and "one seed" in single.text
+    half = 4.302653 * 27 ** 0.5 / 3 ** 0.5
+    assert verdict.status == "within noise" and verdict.gap == pytest.approx(2.0)
+    assert (verdict.low, verdict.high) == (pytest.approx(2.0 - half, abs=1e-4), pytest.approx(2.0 + half, abs=1e-4))
+    assert (verdict.ahead, verdict.paired) == (2, 3) and verdict.sign_p == pytest.approx(1.0)  # 2 of 3: p = 1
+    assert verdict.cells == ["d → t"] and verdict.seeds == [0, 1, 2]
+    assert verdict.text.startswith("+2.0 points, 95 % CI [-10.9, +14.9]; 2 of 3 pairs favour the claim")
+    # a consistent gap: 10, 11, 6 -> mean 9, sd 2.646, interval [2.43, 15.57]: holds; the other way round it fails
+    c = _row("C", {0: 50.0, 1: 51.0, 2: 52.0})
+    assert judge(Claim("a", "c", "a > c"), {"a": a, "c": c}).status == "holds"
+    reverse = judge(Claim("c", "a", "c > a"), {"a": a, "c": c})
+    assert reverse.status == "fails" and reverse.ahead == 0 and reverse.sign_p == pytest.approx(0.25)
+    # the pairs are per seed: the same means with the seeds shuffled read differently (what an unpaired test misses)
+    shuffled = _row("C2", {0: 52.0, 1: 50.0, 2: 51.0})
+    assert judge(Claim("a", "c2", "a > c2"), {"a": a, "c2": shuffled}).gap == pytest.approx(9.0)
+    # cells pool: two cells of 2 seeds each give 4 pairs; a seed only one row ran is left out and counted
+    two = RowStats("X", {0: 1.0}, per_cell={("d1 → t", 0): 60.0, ("d1 → t", 1): 61.0, ("d2 → u", 0): 40.0,
+                                            ("d2 → u", 1): 42.0, ("d2 → u", 2): 44.0})
+    other = RowStats("Y", {0: 1.0}, per_cell={("d1 → t", 0): 55.0, ("d1 → t", 1): 57.0, ("d2 → u", 0): 37.0,
+                                              ("d2 → u", 1): 38.0})
+    pooled = judge(Claim("x", "y", "x > y"), {"x": two, "y": other})
+    assert pooled.paired == 4 and pooled.cells == ["d1 → t", "d2 → u"] and "1 unpaired run left out" in pooled.text
+    assert pooled.status == "holds" and pooled.gap == pytest.approx(4.0)
+    # one seed: not judged (no interval); missing rows are not run
+    single = judge(Claim("a", "b", "a > b"), {"a": _row("A", {0: 70.0}), "b": _row("B", {0: 60.0})})
+    assert single.status == "not judged" and single.low is None and "one paired seed" in single.text
     missing = judge(Claim("a", "z", "a > z"), {"a": a, "z": RowStats("Z")})
     assert missing.status == "not run" and missing.text == "z has no finished run"
     assert judge(Claim("a", "q", "a > q"), {"a": a}).text == "q is not in this sweep"
@@ -142,14 +158,16 @@ def test_reproduce_puts_the_papers_numbers_beside_fedstyles_with_a_verdict_per_c
     expected = sum(len(parse_claim_text(c["says"], "")) for c in preset["claim"])
     assert len(claims) == expected == 17
     first = claims[0]
-    assert first["claim"] == "ccst-overall-k3 > fedavg" and first["status"] in ("holds", "does not hold")
+    assert first["claim"] == "ccst-overall-k3 > fedavg" and first["status"] == "not judged"  # one seed
     assert first["paper"] == "86.52 vs 82.37 (+4.15, PACS)" and first["n_better"] == 1
-    assert {c["status"] for c in claims[1:]} <= {"holds", "does not hold", "not run"}
+    assert first["cells"] == ["folder → grey"] and first["seeds"] == [0]
+    assert {c["status"] for c in claims[1:]} <= {"holds", "fails", "within noise", "not judged", "not run"}
     assert "mixstyle is not in this sweep" in claims[1]["text"]
     table = report.split("### The paper's claims, checked here")[1]
     assert sum(table.count(f"\n| {row}") for row in ("ccst", "mixstyle", "feddg", "jigen", "rsc")) == expected
     assert re.search(r"\| ccst-overall-k3 > fedavg \(Table 1\) \| 86\.52 vs 82\.37 \(\+4\.15, PACS\) \| "
-                     r"\d+\.\d \(n=1\) \| \d+\.\d \(n=1\) \| \*\*(holds|does not hold)\*\*: gap", report)
+                     r"\d+\.\d \(n=1\) \| \d+\.\d \(n=1\) \| \*\*not judged\*\*: [+-]\d+\.\d points, one paired seed",
+                     report)
 
 
 def test_the_method_benchmarks_grids_are_expressible(tiny_root, tmp_path):

@@ -23,10 +23,10 @@ scales (see :mod:`fedstyle.experiments.grid`) plus what the paper says::
     claims = ["ccst-overall-k2 > ccst-overall-k1"]   # the short form, at the top of the file
 
 Rows are variant names (``name[key=value]`` for a row a variant crosses itself). A claim is
-checked on every report group of the sweep: it **holds** when the ordering of the means over
-seeds holds (each seed's accuracy is its mean over the held-out targets, as the report's ``Avg``);
-the verdict also says by how much, whether the gap exceeds the seeds' standard deviation (the
-larger of the two rows'), and in how many seeds the ordering holds seed by seed.
+checked on every report group of the sweep by the rule of :mod:`fedstyle.experiments.verdict`: the
+paired differences per (held-out target, seed) of the two rows, and whether the 95 % interval of
+their mean lies above 0 (holds), below 0 (fails) or around it (within noise); the verdict names its
+cells and seeds, the differences in favour, and the sign test.
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ from typing import Any, Mapping, Sequence
 
 from fedstyle.errors import ConfigError
 from fedstyle.experiments.rundir import DONE, SUMMARY
+from fedstyle.experiments.verdict import RULE, STATUSES, judge_paired
 
 PRESETS_DIR = Path(__file__).resolve().parent / "presets"
 _ROW = r"[A-Za-z0-9._+@-]+(?:\[[^\]]*\])?"
@@ -189,11 +190,13 @@ def list_presets() -> list[tuple[str, dict[str, Any]]]:
 
 @dataclass
 class RowStats:
-    """A row's per-seed averages over its held-out targets (percent)."""
+    """A row's per-seed averages over its held-out targets (percent), and its accuracy per (cell, seed) — a
+    cell being a dataset and one held-out target (``"digits4 → mnistm"``) — which claims are judged on."""
 
     label: str
     per_seed: dict[int, float] = field(default_factory=dict)
     partial: bool = False
+    per_cell: dict[tuple[str, int], float] = field(default_factory=dict)
 
     @property
     def n(self) -> int:
@@ -218,6 +221,7 @@ def row_stats(runs: Sequence[Any], which: str = "selected") -> dict[str, RowStat
     """Row id -> its statistics over the finished runs in ``runs`` (PlannedRun objects of one group)."""
     planned: dict[tuple[str, int], int] = {}
     values: dict[tuple[str, int], list[float]] = {}
+    cells: dict[str, dict[tuple[str, int], float]] = {}
     labels: dict[str, str] = {}
     for run in runs:
         labels.setdefault(run.row, run.row_label)
@@ -229,10 +233,11 @@ def row_stats(runs: Sequence[Any], which: str = "selected") -> dict[str, RowStat
             summary = json.loads((run.run_dir / SUMMARY).read_text())
         except (OSError, ValueError):
             continue
-        for entry in summary.get("targets", {}).values():
+        for target, entry in summary.get("targets", {}).items():
             if isinstance(entry, Mapping) and isinstance(entry.get(which), (int, float)):
                 values.setdefault(key, []).append(100.0 * entry[which])
-    stats = {row: RowStats(label) for row, label in labels.items()}
+                cells.setdefault(run.row, {})[(cell_name(run.config.dataset, target), run.seed)] = 100.0 * entry[which]
+    stats = {row: RowStats(label, per_cell=cells.get(row, {})) for row, label in labels.items()}
     for (row, seed), accuracies in values.items():
         stats[row].per_seed[seed] = statistics.fmean(accuracies)
         if len(accuracies) < planned[(row, seed)]:
@@ -243,19 +248,27 @@ def row_stats(runs: Sequence[Any], which: str = "selected") -> dict[str, RowStat
     return stats
 
 
+def cell_name(dataset: str, target: str) -> str:
+    """A cell of a claim: the dataset and one held-out target."""
+    return f"{dataset} → {target}"
+
+
 @dataclass
 class Verdict:
     claim: str
     source: str
     better: str
     worse: str
-    status: str  # "holds", "does not hold", "not run"
-    gap: float | None = None
-    noise: float | None = None
-    beyond_noise: bool | None = None
-    ahead: int = 0
-    paired: int = 0
-    n_better: int = 0
+    status: str  # one of fedstyle.experiments.verdict.STATUSES, or "not run"
+    gap: float | None = None  # the mean paired difference (points)
+    low: float | None = None  # its 95 % confidence interval
+    high: float | None = None
+    ahead: int = 0  # paired differences in favour of the claim
+    paired: int = 0  # paired differences
+    sign_p: float | None = None
+    cells: list[str] = field(default_factory=list)
+    seeds: list[int] = field(default_factory=list)
+    n_better: int = 0  # seeds with a finished run
     n_worse: int = 0
     paper_gap: float | None = None
     paper: str = ""
@@ -263,8 +276,8 @@ class Verdict:
 
 
 def judge(claim: Claim, stats: Mapping[str, RowStats], paper: Paper | None = None) -> Verdict:
-    """Whether ``claim`` holds on these rows: the ordering of the means over seeds, by how much,
-    against the seeds' std (the larger of the two rows'), and seed by seed."""
+    """Whether ``claim`` holds on these rows, by the rule of :mod:`fedstyle.experiments.verdict`: paired
+    per (cell, seed) differences, their mean's 95 % t interval (holds / fails / within noise), the sign test."""
     verdict = Verdict(claim.text, claim.source, claim.better, claim.worse, "not run")
     if paper is not None:
         for result in paper.results:
@@ -286,23 +299,12 @@ def judge(claim: Claim, stats: Mapping[str, RowStats], paper: Paper | None = Non
         verdict.text = "; ".join(parts)
         return verdict
     verdict.n_better, verdict.n_worse = better.n, worse.n
-    verdict.gap = better.mean - worse.mean
-    verdict.status = "holds" if verdict.gap > 0 else "does not hold"
-    common = sorted(set(better.per_seed) & set(worse.per_seed))
-    verdict.paired = len(common)
-    verdict.ahead = sum(better.per_seed[s] > worse.per_seed[s] for s in common)
-    parts = [f"gap {verdict.gap:+.1f} points"]
-    if better.std is not None and worse.std is not None:
-        verdict.noise = max(better.std, worse.std)
-        verdict.beyond_noise = abs(verdict.gap) > verdict.noise
-        parts.append(f"{'beyond' if verdict.beyond_noise else 'within'} the seeds' std ({verdict.noise:.1f})")
-    else:
-        parts.append("one seed: no spread to weigh the gap against")
-    if common:
-        parts.append(f"ordered so in {verdict.ahead} of {len(common)} seeds")
-    if better.partial or worse.partial:
-        parts.append("* some seeds lack targets")
-    verdict.text = "; ".join(parts)
+    paired = judge_paired(better.per_cell, worse.per_cell)
+    verdict.status = paired.status
+    verdict.gap, verdict.low, verdict.high = paired.mean, paired.low, paired.high
+    verdict.ahead, verdict.paired, verdict.sign_p = paired.ahead, paired.n, paired.sign_p
+    verdict.cells, verdict.seeds = paired.cells, paired.seeds
+    verdict.text = paired.text() + ("; * some seeds lack targets" if better.partial or worse.partial else "")
     return verdict
 
 
@@ -358,8 +360,7 @@ def paper_section(paper: Paper | None, claims: Sequence[Claim], stats: Mapping[s
             lines.append("")
     if verdicts:
         lines += ["### The paper's claims, checked here", "",
-                  "A claim holds when the ordering of the means over seeds holds; the gap is compared with the "
-                  "larger of the two rows' seed std.", "",
+                  RULE, "",
                   "| Claim | paper | here: first | here: second | verdict |", "|:--|--:|--:|--:|:--|"]
         for v in verdicts:
             first, second = stats.get(v.better), stats.get(v.worse)
@@ -368,10 +369,11 @@ def paper_section(paper: Paper | None, claims: Sequence[Claim], stats: Mapping[s
                      (second.text() + f" (n={second.n})") if second else "—"]
             lines.append("| " + " | ".join(_escape(c) for c in cells) + f" | **{v.status}**: {_escape(v.text)} |")
         lines.append("")
-        held = sum(v.status == "holds" for v in verdicts)
-        judged = sum(v.status != "not run" for v in verdicts)
-        lines += [f"{held} of {judged} claims checked hold here"
-                  + (f" ({len(verdicts) - judged} not run)" if judged < len(verdicts) else "") + ".", ""]
+        counts = {status: sum(v.status == status for v in verdicts) for status in STATUSES}
+        run = sum(v.status != "not run" for v in verdicts)
+        lines += [f"Of {run} claims checked here: {counts['holds']} hold, {counts['fails']} fail, "
+                  f"{counts['within noise']} within noise, {counts['not judged']} not judged (one seed)"
+                  + (f"; {len(verdicts) - run} not run" if run < len(verdicts) else "") + ".", ""]
     return lines, verdicts
 
 

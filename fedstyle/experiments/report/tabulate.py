@@ -61,10 +61,17 @@ class Row:
     seconds: Cell = field(default_factory=Cell)
     #: mean source-validation accuracy (percent) of the same models, per seed (mean over its runs)
     source_val: Cell = field(default_factory=Cell)
+    #: seed -> target domain -> accuracy (percent): what claims are judged on (fedstyle.experiments.verdict)
+    by_seed: dict[int, dict[str, float]] = field(default_factory=dict)
 
     @property
     def n(self) -> int:
         return len(self.seeds)
+
+    def cell_accuracies(self, dataset: str) -> dict[tuple[str, int], float]:
+        """(cell "dataset → target", seed) -> accuracy, for :func:`fedstyle.experiments.verdict.judge_paired`."""
+        return {(f"{dataset} → {domain}", seed): acc for seed, domains in self.by_seed.items()
+                for domain, acc in domains.items()}
 
     @property
     def display_label(self) -> str:
@@ -264,7 +271,8 @@ def results_table(
         rows.append(Row(label, seeds, tuple(selections[label]), cells, Cell(averages, not every_column),
                         settings=plan.row_settings[label], megabytes=Cell(tuple(megabytes)),
                         seconds=Cell(tuple(seconds)),
-                        source_val=Cell(tuple(statistics.fmean(v) for _, v in sorted(source_val.get(label, {}).items())))))
+                        source_val=Cell(tuple(statistics.fmean(v) for _, v in sorted(source_val.get(label, {}).items()))),
+                        by_seed={s: dict(per_seed[s]) for s in seeds}))
 
     caption = (
         f"{dataset}: accuracy (%) on each held-out target domain, mean ± sample std over n seeds; "

@@ -1,0 +1,132 @@
+"""How fedstyle reads a claim "A > B" from runs: one rule, used by ``fedstyle reproduce``, sweep reports and the
+benchmark table scripts, and quoted in benchmarks/RESULTS.md (issue 35).
+
+**The rule** (:data:`RULE`). A claim is judged on *cells*: a dataset and one held-out target domain (or one
+LTDO split) where both rows ran. In a cell, the seeds both rows ran pair up (a seed fixes the partition, the
+initial weights and the data order for every method), and each pair gives one difference
+d = acc(A) - acc(B), in points. Over all the claim's paired differences:
+
+* **holds**: the 95 % confidence interval of their mean (Student's t, n - 1 degrees of freedom) lies above 0;
+* **fails**: it lies below 0 (B beats A);
+* **within noise**: it contains 0;
+* **not judged**: fewer than 2 paired differences (no spread to weigh a gap against).
+
+Beside the reading: the mean difference and its interval, how many differences favour A, and the exact
+two-sided sign test's p over them (it needs no normality; with 3 seeds its smallest p is 0.25, so 3 seeds
+alone never reach p < 0.05: a sign test is a consistency statement there). A verdict names its cells and
+seeds and says nothing about cells it was not measured on. A cell's seeds where only one row ran are left
+out (and counted: ``unpaired``).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass, field
+from typing import Mapping, Sequence
+
+#: the rule in one paragraph, for reports and RESULTS.md
+RULE = ("A claim A > B is judged on its cells (dataset x held-out target) and the seeds both rows ran there: each "
+        "gives a paired difference acc(A) - acc(B). It **holds** when the 95 % t confidence interval of the mean "
+        "difference lies above 0, **fails** when it lies below 0, and is **within noise** when it contains 0; "
+        "fewer than 2 pairs: not judged. The mean difference, its interval, the differences in favour of A and "
+        "the exact two-sided sign test are given beside it; a verdict names its cells and claims nothing for others.")
+
+STATUSES = ("holds", "fails", "within noise", "not judged")
+
+#: (cell, seed) -> accuracy in percent
+Accuracies = Mapping[tuple[str, int], float]
+
+
+@dataclass
+class PairedVerdict:
+    """The reading of one claim A > B on paired differences (see the module docstring)."""
+
+    status: str
+    cells: list[str] = field(default_factory=list)
+    seeds: list[int] = field(default_factory=list)
+    differences: list[float] = field(default_factory=list)
+    mean: float | None = None
+    low: float | None = None
+    high: float | None = None
+    ahead: int = 0
+    sign_p: float | None = None
+    unpaired: int = 0
+
+    @property
+    def n(self) -> int:
+        return len(self.differences)
+
+    def text(self) -> str:
+        """One line: the mean difference, its interval, the count in favour, the sign test, the cells."""
+        where = f"{', '.join(self.cells)}" if self.cells else "no cell"
+        if self.mean is None:
+            return f"no paired seeds ({where})"
+        if self.low is None:
+            body = f"{self.mean:+.1f} points, one paired seed: no interval"
+        else:
+            body = f"{self.mean:+.1f} points, 95 % CI [{self.low:+.1f}, {self.high:+.1f}]"
+        body += f"; {self.ahead} of {self.n} pairs favour the claim"
+        if self.sign_p is not None:
+            body += f", sign test p = {self.sign_p:.2g}"
+        body += f"; cells: {where}; seeds {', '.join(map(str, self.seeds))}"
+        if self.unpaired:
+            body += f"; {self.unpaired} unpaired run{'s' if self.unpaired > 1 else ''} left out"
+        return body
+
+
+def t_quantile(p: float, dof: int) -> float:
+    """The p-quantile of Student's t with ``dof`` degrees of freedom (scipy)."""
+    from scipy import stats
+
+    return float(stats.t.ppf(p, dof))
+
+
+def sign_test(differences: Sequence[float]) -> float | None:
+    """Exact two-sided sign test p over the non-zero differences (ties dropped); None without any."""
+    from scipy import stats
+
+    nonzero = [d for d in differences if d != 0]
+    if not nonzero:
+        return None
+    positive = sum(d > 0 for d in nonzero)
+    return float(stats.binomtest(positive, len(nonzero), 0.5).pvalue)
+
+
+def paired_differences(better: Accuracies, worse: Accuracies) -> tuple[list[tuple[str, int, float]], int]:
+    """((cell, seed, acc(better) - acc(worse)) for every (cell, seed) both have, sorted; the count of the
+    (cell, seed) entries only one of them has)."""
+    common = sorted(set(better) & set(worse))
+    unpaired = len(set(better) ^ set(worse))
+    return [(cell, seed, better[(cell, seed)] - worse[(cell, seed)]) for cell, seed in common], unpaired
+
+
+def judge_paired(better: Accuracies, worse: Accuracies, level: float = 0.95) -> PairedVerdict:
+    """The rule (module docstring) applied to two rows' accuracies per (cell, seed)."""
+    pairs, unpaired = paired_differences(better, worse)
+    verdict = PairedVerdict("not judged", unpaired=unpaired)
+    if not pairs:
+        return verdict
+    diffs = [d for _, _, d in pairs]
+    verdict.cells = sorted({cell for cell, _, _ in pairs})
+    verdict.seeds = sorted({seed for _, seed, _ in pairs})
+    verdict.differences = diffs
+    verdict.mean = statistics.fmean(diffs)
+    verdict.ahead = sum(d > 0 for d in diffs)
+    verdict.sign_p = sign_test(diffs)
+    if len(diffs) < 2:
+        return verdict
+    half = t_quantile(0.5 + level / 2, len(diffs) - 1) * statistics.stdev(diffs) / math.sqrt(len(diffs))
+    verdict.low, verdict.high = verdict.mean - half, verdict.mean + half
+    if verdict.low > 0:
+        verdict.status = "holds"
+    elif verdict.high < 0:
+        verdict.status = "fails"
+    else:
+        verdict.status = "within noise"
+    return verdict
+
+
+def judge_chain(rows: Sequence[str], accuracies: Mapping[str, Accuracies]) -> list[tuple[str, str, PairedVerdict]]:
+    """A chain claim "a > b > c" as its links (a, b), (b, c), each judged by :func:`judge_paired`."""
+    return [(a, b, judge_paired(accuracies[a], accuracies[b])) for a, b in zip(rows, rows[1:])]
