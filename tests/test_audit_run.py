@@ -117,10 +117,15 @@ def test_a_weights_only_method_gets_the_baseline_rows_only(tiny_config, tmp_path
     report = json.loads((out / "audit" / "privacy.json").read_text())[0]
     assert {r["method"] for r in report["results"]} == {"fedavg"}
     assert "privacy.md" in {p.name for p in written}
+    assert "- verdict: fedavg sends weights only, so the weight update is all a receiver gets" in text
+    scores = report["results"][0]["scores"]  # the loss reached beside the loss at the truth, and the gain's interval
+    assert scores["truth_loss"] < scores["initial_loss"] and "at the true images" in text
+    assert scores["psnr_gain_lo"] <= scores["psnr_gain"] <= scores["psnr_gain_hi"]
     from dataclasses import replace
 
-    written, _ = audit_privacy([out], settings=replace(FAST, baseline=False), out=tmp_path / "bare")
+    written, text = audit_privacy([out], settings=replace(FAST, baseline=False), out=tmp_path / "bare")
     assert {p.name for p in written} == {"privacy.json", "privacy.md"}  # nothing reconstructed: no grid
+    assert "sends weights only" in text and "measures nothing" in text
 
 
 def test_refusals_name_the_fix(tiny_config, tmp_path, capsys):
@@ -138,15 +143,27 @@ def test_refusals_name_the_fix(tiny_config, tmp_path, capsys):
 def test_runs_with_and_without_the_defence_give_the_tradeoff_plot_and_their_epsilon(tiny_config, tmp_path):
     from dataclasses import replace
 
+    from test_audit_known_answers import gdp_epsilon
+
     clean, noisy = tmp_path / "clean", tmp_path / "noisy"
     run_experiment(_config(tiny_config, "stablefdg").updated(rounds=1), clean, quiet=True)
-    run_experiment(_config(tiny_config, "stablefdg", dp_clip=10.0, dp_noise=1.0).updated(rounds=1), noisy, quiet=True)
+    run_experiment(_config(tiny_config, "stablefdg", dp_clip=10.0, dp_noise=1.0), noisy, quiet=True)  # 2 rounds
     written, text = audit_privacy([clean, noisy], settings=replace(FAST, baseline=False), out=tmp_path / "audit")
     assert "tradeoff.png" in {p.name for p in written}
     reports = json.loads((tmp_path / "audit" / "privacy.json").read_text())
     assert reports[0]["epsilon"] is None
-    assert reports[1]["epsilon"] == pytest.approx(4.3772, abs=1e-3)  # z = 1, delta = 1e-5: the analytic Gaussian
-    assert "eps = 4.38 per release" in text
+    # the headline is what the receiver holds: every client was sampled in both rounds, so 2 releases each, and
+    # eps over both by an independent accountant (GDP with mu = sqrt(2) / z, solved with scipy)
+    assert reports[1]["releases"] == 2 and "counters" in reports[1]["releases_from"]
+    assert reports[1]["epsilon"] == pytest.approx(gdp_epsilon(1.0, 2, 1e-5), rel=1e-6)
+    assert reports[1]["epsilon_per_release"] == pytest.approx(4.3772, abs=1e-3)  # z = 1, delta = 1e-5
+    logged = [json.loads(line) for line in (noisy / "metrics.jsonl").read_text().splitlines()]
+    assert reports[1]["epsilon"] == pytest.approx(logged[-1]["train_metrics"]["dp_epsilon_total"], rel=1e-5)
+    assert "eps = 6.57 over all 2 releases" in text and "4.38 per release" in text
+    assert "C clips" in text and "not accounted for in eps" in text
+    # the receiver also attacks the mean of each sender's two releases (noise / sqrt(2))
+    assert [r["payload"] for r in reports[1]["results"]] == ["dataset style", "dataset style, mean of 2 releases"]
+    assert 0 < reports[1]["results"][0]["scores"]["public_clip"]
     # the defended payload is not the clean one: the audit released it through the run's clipping and noise
     exp_clean, clean_surface = _surface(tiny_config, "stablefdg")
     _, noisy_surface = _surface(tiny_config, "stablefdg", dp_clip=10.0, dp_noise=1.0)

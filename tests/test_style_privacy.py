@@ -24,6 +24,7 @@ from fedstyle.style import StyleAccumulator, channel_stats
 from fedstyle.style.privacy import (
     StylePrivacy,
     SystemNormal,
+    clip_from_public,
     clip_rows,
     composed_epsilon,
     gaussian_epsilon,
@@ -356,3 +357,15 @@ def test_the_fft_backend_and_direct_misuse_are_refused():
         gaussian_epsilon(1.0, 0.0)
     with pytest.raises(ConfigError, match="noise multiplier"):
         composed_epsilon(-1.0, 1, 1e-5)
+
+
+def test_clip_from_public_is_a_quantile_of_public_norms_and_refuses_what_is_not():
+    norms = torch.arange(1.0, 102.0)  # 1 .. 101: the median is 51, the 90 % quantile 91
+    assert clip_from_public(norms) == 51.0 and clip_from_public(norms, 0.9) == pytest.approx(91.0)
+    images = torch.rand(64, 8, generator=torch.Generator().manual_seed(0))
+    clip = clip_from_public(images.norm(dim=1))
+    assert (clip_rows(images, clip).norm(dim=1) < images.norm(dim=1)).double().mean() == pytest.approx(0.5, abs=0.02)
+    for bad, match in (((torch.tensor([]), 0.5), "public images"), ((norms, 0.0), "quantile"),
+                       ((torch.tensor([1.0, math.nan]), 0.5), "finite"), ((torch.zeros(4), 0.5), "would be 0")):
+        with pytest.raises(ConfigError, match=match):
+            clip_from_public(*bad)

@@ -135,9 +135,10 @@ def attribute_scores(probe: Probe, features: torch.Tensor, targets, kind: str | 
     frequency of the most common class in ``targets`` (the best constant guess)}.
     regress (class mix, rows of histograms or counts): predictions clipped at 0 and renormalised;
     {"majority_class_accuracy": argmax predicted == argmax true, "majority_chance": the frequency
-    of the most common true majority class (the best constant guess), "tv_error": mean total
-    variation 0.5 sum |p - t| between predicted and true histograms, "tv_error_uniform_guess": the
-    same for the uniform histogram}.
+    of the most common true majority class (the best constant guess), both over the ``majority_rows``
+    rows whose true histogram has a single largest class (a class-balanced sender has no majority
+    class to read: NaN when no row has one), "tv_error": mean total variation 0.5 sum |p - t| between
+    predicted and true histograms, "tv_error_uniform_guess": the same for the uniform histogram}.
     """
     kind = probe.kind if kind is None else kind
     if kind != probe.kind:
@@ -156,7 +157,13 @@ def attribute_scores(probe: Probe, features: torch.Tensor, targets, kind: str | 
     predicted = _histograms(probe.predict(x))
     uniform = torch.full_like(truth, 1.0 / truth.shape[1])
     true_major = truth.argmax(1)
-    return {"majority_class_accuracy": float((predicted.argmax(1) == true_major).double().mean()),
-            "majority_chance": torch.unique(true_major, return_counts=True)[1].max().item() / t.shape[0],
+    top = truth.topk(min(2, truth.shape[1]), dim=1).values
+    defined = top[:, 0] > top[:, -1] + 1e-12 if truth.shape[1] > 1 else torch.ones_like(true_major, dtype=torch.bool)
+    rows = int(defined.sum())
+    hits = (predicted.argmax(1) == true_major)[defined]
+    return {"majority_class_accuracy": float(hits.double().mean()) if rows else float("nan"),
+            "majority_chance": (torch.unique(true_major[defined], return_counts=True)[1].max().item() / rows
+                                if rows else float("nan")),
+            "majority_rows": float(rows),
             "tv_error": float(0.5 * (predicted - truth).abs().sum(1).mean()),
             "tv_error_uniform_guess": float(0.5 * (uniform - truth).abs().sum(1).mean())}

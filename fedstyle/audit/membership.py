@@ -7,7 +7,13 @@
   public data of the same kind? The calibration against a reference population is the idea of
   LiRA (Carlini et al., IEEE S&P'22, "Membership Inference Attacks From First Principles"), here
   with the closed form of a mean's pull instead of shadow models (the tracing test of Homer et al.,
-  PLoS Genetics 2008, for means of genotype vectors, is the same statistic).
+  PLoS Genetics 2008, for means of genotype vectors, is the same statistic). Whitened with the
+  population's covariance (``precision``, :func:`public_precision`) it is the likelihood-ratio test of
+  Sankararaman et al. (Nature Genetics 2009, "Genomic privacy and limits of individual detection in a
+  pool"), the most powerful test of a small mean shift for Gaussian vectors.
+- :func:`public_precision`: that inverse covariance from public vectors, Ledoit-Wolf shrunk (J.
+  Multivariate Analysis 2004, "A well-conditioned estimator for large-dimensional covariance matrices")
+  so that it exists when there are fewer public images than dimensions; noise on the release adds to it.
 """
 
 from __future__ import annotations
@@ -52,8 +58,34 @@ def nearest_style_score(candidates: torch.Tensor, shared: torch.Tensor) -> torch
     return -d.min(dim=1).values
 
 
+def public_precision(vectors: torch.Tensor, extra_variance: float = 0.0) -> torch.Tensor:
+    """(D, D) inverse of the Ledoit-Wolf shrunk covariance of public per-image vectors (N, D), plus
+    ``extra_variance`` on the diagonal (noise of variance tau^2 on each coordinate of a shared mean of n
+    vectors adds n tau^2 to the per-image covariance the score should whiten with).
+
+    Shrinkage (Ledoit & Wolf 2004, Lemma 3.2 / Theorem 3.2): S the 1/N sample covariance, m = tr(S) / D,
+    d^2 = ||S - m I||_F^2, b^2 = min(d^2, (1/N^2) sum_k ||x_k x_k' - S||_F^2); covariance
+    (b^2 / d^2) m I + (1 - b^2 / d^2) S. One vector, or identical ones, give m I (m = 1 when all is 0)."""
+    x = _vectors(vectors, "vectors")
+    if not (extra_variance >= 0 and extra_variance < float("inf")):
+        raise ConfigError(f"extra_variance must be a finite number >= 0, got {extra_variance}")
+    n, d = x.shape
+    centred = x - x.mean(0)
+    sample = centred.T @ centred / n
+    m = float(torch.diagonal(sample).mean())
+    target = torch.eye(d, dtype=x.dtype, device=x.device) * (m if m > 0 else 1.0)
+    d2 = float((sample - target).pow(2).sum())
+    norms = centred.pow(2).sum(1)  # ||x_k x_k' - S||_F^2 = ||x_k||^4 - 2 x_k' S x_k + ||S||_F^2
+    spread = norms.pow(2) - 2 * ((centred @ sample) * centred).sum(1) + sample.pow(2).sum()
+    b2 = min(d2, float(spread.sum()) / (n * n))
+    weight = b2 / d2 if d2 > 0 and m > 0 else 1.0  # no spread at all: the identity
+    covariance = weight * target + (1 - weight) * sample
+    covariance = covariance + float(extra_variance) * torch.eye(d, dtype=x.dtype, device=x.device)
+    return torch.linalg.inv(covariance)
+
+
 def set_membership_score(candidates: torch.Tensor, shared_mean: torch.Tensor, reference_mean: torch.Tensor,
-                         set_size: int, *, scale: bool = True) -> torch.Tensor:
+                         set_size: int, *, scale: bool = True, precision: torch.Tensor | None = None) -> torch.Tensor:
     """set_size * (||ref - c||^2 - ||shared - c||^2) per candidate (M,): how much closer the shared
     mean is to the candidate c than a reference mean of public data from the same distribution.
 
@@ -69,6 +101,11 @@ def set_membership_score(candidates: torch.Tensor, shared_mean: torch.Tensor, re
     size and scores of different sets are on one scale; a positive factor, it never changes an
     AUC within one set. A reference mean from a few public images is itself noisy: the more
     public images, the better calibrated the score.
+
+    ``precision`` (D, D), e.g. :func:`public_precision`: both distances in that metric,
+    (r - c)' P (r - c) - (s - c)' P (s - c). With P the inverse population covariance this is the
+    likelihood-ratio test (Sankararaman et al. 2009): coordinates on large scales (second moments beside
+    means) no longer drown the others, and correlated ones are not counted twice.
     """
     c = _vectors(candidates, "candidates")
     s = _vectors(shared_mean, "shared_mean", dim=1).to(c.device)
@@ -77,7 +114,14 @@ def set_membership_score(candidates: torch.Tensor, shared_mean: torch.Tensor, re
     _same_width(c, r, "candidates and reference_mean")
     if int(set_size) < 1:
         raise ConfigError(f"set_size must be the number of images behind the shared mean (>= 1), got {set_size}")
-    score = (r - c).pow(2).sum(1) - (s - c).pow(2).sum(1)
+    if precision is None:
+        score = (r - c).pow(2).sum(1) - (s - c).pow(2).sum(1)
+    else:
+        p = _vectors(precision, "precision").to(c.device)
+        if p.shape != (c.shape[1], c.shape[1]):
+            raise ConfigError(f"precision has shape {tuple(p.shape)} but the styles have width {c.shape[1]}; pass "
+                              "public_precision() of vectors of the same statistic")
+        score = (((r - c) @ p) * (r - c)).sum(1) - (((s - c) @ p) * (s - c)).sum(1)
     return score * int(set_size) if scale else score
 
 

@@ -5,6 +5,11 @@
   quality assessment: from error visibility to structural similarity").
 - :func:`roc_auc`: the Mann-Whitney U statistic, normalised (the area under the ROC curve).
 - :func:`best_match`: for each reconstruction, the best score over a set of true images.
+- :func:`bootstrap_interval`: a percentile bootstrap interval of a mean over groups (victims) of values
+  (Efron & Tibshirani 1993, "An Introduction to the Bootstrap", ch. 13; resampling groups, then values
+  within each, is the two-stage cluster bootstrap of Davison & Hinkley 1997, section 3.8).
+- :func:`wilson_interval`: the Wilson score interval of a proportion (Wilson, JASA 1927), which keeps
+  its coverage for few trials and proportions at 0 or 1, where the normal approximation collapses.
 """
 
 from __future__ import annotations
@@ -135,3 +140,50 @@ def best_match(recon: torch.Tensor, truth: torch.Tensor,
         scores.append(s[best])
         index.append(best)
     return torch.stack(scores), torch.tensor(index, dtype=torch.long, device=recon.device)
+
+
+def bootstrap_interval(groups, *, level: float = 0.95, resamples: int = 2000, seed: int = 0) -> tuple[float, float]:
+    """Percentile bootstrap interval of the mean of ``groups`` (a list of 1-D value tensors, one per victim).
+
+    Each resample draws the groups with replacement and then, within each drawn group, its values with
+    replacement (the two-stage cluster bootstrap), and takes the mean over all drawn values; the interval is
+    the ``(1 - level) / 2`` and ``(1 + level) / 2`` quantiles of those means. One group gives the bootstrap of
+    its values; a single value gives (value, value). Deterministic for a ``seed``.
+    """
+    values = [torch.as_tensor(v, dtype=torch.float64).reshape(-1) for v in groups]
+    if not values or any(v.numel() == 0 for v in values):
+        raise ConfigError("bootstrap_interval needs at least one non-empty group of values (one per victim)")
+    if any(not torch.isfinite(v).all() for v in values):
+        raise ConfigError("bootstrap_interval got NaN or inf values; score every victim before the interval")
+    if not 0.0 < level < 1.0 or int(resamples) < 1:
+        raise ConfigError(f"need 0 < level < 1 and resamples >= 1, got level={level}, resamples={resamples}")
+    g = torch.Generator().manual_seed(int(seed))
+    lengths = torch.tensor([v.numel() for v in values])
+    padded = torch.zeros(len(values), int(lengths.max()), dtype=torch.float64)
+    for k, v in enumerate(values):
+        padded[k, : v.numel()] = v
+    drawn = torch.randint(len(values), (int(resamples), len(values)), generator=g)  # groups, with replacement
+    size = lengths[drawn].unsqueeze(-1)  # (B, G, 1)
+    within = (torch.rand(*drawn.shape, padded.shape[1], generator=g, dtype=torch.float64) * size).long()
+    keep = torch.arange(padded.shape[1]) < size  # each drawn group contributes its own number of values
+    means = (padded[drawn.unsqueeze(-1), within] * keep).sum((1, 2)) / keep.sum((1, 2))
+    low, high = torch.quantile(means, torch.tensor([(1 - level) / 2, (1 + level) / 2], dtype=torch.float64))
+    return float(low), float(high)
+
+
+def wilson_interval(successes: int, trials: int, *, level: float = 0.95) -> tuple[float, float]:
+    """Wilson score interval of a proportion ``successes / trials`` (Wilson 1927):
+
+        (p + z^2 / 2n -+ z sqrt(p (1 - p) / n + z^2 / 4n^2)) / (1 + z^2 / n),  z the normal quantile of level.
+
+    3 of 3 senders' domains read gives (0.44, 1.00) at 95 %: "every sender" from three is weak evidence."""
+    n, k = int(trials), int(successes)
+    if n < 1 or not 0 <= k <= n:
+        raise ConfigError(f"need 0 <= successes <= trials and trials >= 1, got {successes} of {trials}")
+    if not 0.0 < level < 1.0:
+        raise ConfigError(f"level must be in (0, 1), got {level}")
+    z = float(torch.distributions.Normal(0.0, 1.0).icdf(torch.tensor((1 + level) / 2, dtype=torch.float64)))
+    p = k / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return (0.0 if k == 0 else centre - half), (1.0 if k == n else centre + half)

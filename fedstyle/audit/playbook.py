@@ -4,16 +4,18 @@ The attacker is honest-but-curious: it follows the protocol, holds what the prot
 payloads, the global model, the public style encoder) and public data of the same domains (the
 run's source-validation images, never in any client's training set). For each payload kind:
 
-- **reconstruction**: images optimised so that their statistic equals the payload
-  (:func:`fedstyle.audit.invert.invert_statistics`); scored by PSNR / SSIM against the sender's true
-  images (per-image payloads: the image the row describes; set payloads: the best-matching member)
-  and by the run's classifier's accuracy on them (the matched image's label). The *guess* row scores
-  random public images of the sender's domain the same way: the leak is the gap between the two.
+- **reconstruction** (:mod:`fedstyle.audit.reconstruction`): inversion from noise and retrieval of the
+  nearest public images then inversion, the receiver keeping the lower loss; scored by PSNR / SSIM
+  and the run's classifier's accuracy beside the best uninformed guess (:mod:`fedstyle.audit.guess`),
+  the gains with a bootstrap interval over victims and their images.
 - **membership**: does the payload tell whether an image was in the set it describes (AUC, 0.5 =
-  no)? Per-image rows: distance to the nearest shared row; sets: the reference-calibrated score.
-- **attributes**: the sender's domain, and its class mix, by linear probes trained on payloads of
-  shadow sets drawn from the public data (accuracy against chance; class-mix error against the
-  uniform guess).
+  no)? Per-image rows: distance to the nearest shared row, candidates clipped as the release was (the
+  likelihood test under isotropic noise); sets: the reference-calibrated score whitened with the public
+  covariance plus the release's noise (:func:`fedstyle.audit.membership.public_precision`), on every
+  moment the payload carries (means and, from its variance rows, second moments).
+- **attributes**: the sender's domain (with a Wilson interval: few senders, few trials), and its class
+  mix, by linear probes trained on payloads of shadow sets drawn from the public data (accuracy
+  against chance; a majority class only for senders that have one).
 """
 
 from __future__ import annotations
@@ -25,10 +27,11 @@ import numpy as np
 import torch
 
 from fedstyle.audit.attributes import attribute_scores, train_probe
-from fedstyle.audit.invert import invert_statistics
-from fedstyle.audit.membership import nearest_style_score, set_membership_score
-from fedstyle.audit.metrics import best_match, psnr, roc_auc, ssim
+from fedstyle.audit.membership import nearest_style_score, public_precision, set_membership_score
+from fedstyle.audit.metrics import bootstrap_interval, roc_auc, wilson_interval
+from fedstyle.audit.reconstruction import public_bank, reconstruct
 from fedstyle.audit.surfaces import Surface
+from fedstyle.style.privacy import clip_rows
 
 
 @dataclass
@@ -40,6 +43,7 @@ class AuditSettings:
     max_set: int = 512           # a set payload's members scored / used (the payload itself uses all)
     seed: int = 0
     baseline: bool = True        # also invert one weight update (the scale every verdict compares with)
+    restarts: int = 1            # gradient inversion: random starts, the lowest loss kept
 
 
 @dataclass
@@ -70,6 +74,7 @@ class SurfaceResult:
     scores: dict[str, float] = field(default_factory=dict)
     examples: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)  # (truth, recon) uint8-ready floats
     notes: list[str] = field(default_factory=list)
+    guess: str = ""              # what the uninformed guess is
 
 
 def draw_rows(n: int, k: int, g: torch.Generator) -> torch.Tensor:
@@ -84,40 +89,6 @@ def _members(surface: Surface, victim: Victim, g: torch.Generator) -> torch.Tens
     return torch.arange(n) if size == n else draw_rows(n, size, g).sort().values
 
 
-def reconstruct(surface: Surface, victim: Victim, rows: torch.Tensor, public: Public, classify: Callable,
-                settings: AuditSettings, g: torch.Generator) -> dict[str, Any]:
-    """Invert the victim's payload; score it and the public guess the same way."""
-    members = victim.images[rows]
-    release = surface.release(members)
-    if surface.per_image:
-        pick = draw_rows(len(rows), settings.candidates, g)
-        target, truth, truth_labels = release[pick], members[pick], victim.labels[rows][pick]
-        shape = (len(pick), *members.shape[1:])
-    else:  # scored against (up to max_set of) the members
-        pick = draw_rows(len(rows), settings.max_set, g)
-        target, truth, truth_labels = release, members[pick], victim.labels[rows][pick]
-        shape = (settings.candidates, *members.shape[1:])
-    inverted = invert_statistics(surface.statistic, target.float(), shape, steps=settings.steps,
-                                 seed=int(torch.randint(1 << 30, (), generator=g)), device=target.device)
-    guess_pool = public.images[victim.domain]
-    guess = guess_pool[draw_rows(len(guess_pool), shape[0], g)].float().div(255)
-    truth01 = truth.float().div(255)
-    out: dict[str, Any] = {}
-    for name, images in (("recon", inverted.images.detach().cpu()), ("guess", guess)):
-        if surface.per_image:
-            p, s, idx = psnr(images, truth01), ssim(images, truth01), torch.arange(len(images))
-        else:
-            p, idx = best_match(images, truth01, psnr)
-            s, _ = best_match(images, truth01, ssim)
-        predicted = classify(images)
-        out[f"{name}_psnr"] = float(p.mean())
-        out[f"{name}_ssim"] = float(s.mean())
-        out[f"{name}_accuracy"] = float((predicted == truth_labels[idx]).float().mean())
-        if name == "recon":
-            out["examples"] = list(zip(truth01[idx].unbind(0), images.unbind(0)))
-    return out
-
-
 def membership(surface: Surface, victim: Victim, rows: torch.Tensor, public: Public, settings: AuditSettings,
                g: torch.Generator) -> float:
     """AUC of telling the payload's members from non-members of the same domain."""
@@ -125,18 +96,31 @@ def membership(surface: Surface, victim: Victim, rows: torch.Tensor, public: Pub
     release = surface.release(victim.images[rows])
     pool = public.images[victim.domain]
     order = draw_rows(len(pool), len(pool), g)
+    privacy = surface.privacy
+
+    def vectors(images: torch.Tensor) -> torch.Tensor:  # each image's contribution as the release clipped it
+        return clip_rows(surface.image_vectors(images), privacy.clip if privacy is not None else 0.0)
+
     if surface.per_image:
         outside = torch.ones(len(victim.images), dtype=torch.bool)
         outside[rows] = False
         others = victim.images[outside]
         others = others if len(others) else pool[order]
-        s_in = nearest_style_score(surface.image_vectors(members), release)
-        s_out = nearest_style_score(surface.image_vectors(others[: settings.max_set]), release)
+        s_in = nearest_style_score(vectors(members), release)
+        s_out = nearest_style_score(vectors(others[: settings.max_set]), release)
         return roc_auc(s_in, s_out)
     half = max(1, len(order) // 2)
-    reference = surface.image_vectors(pool[order[:half]]).mean(0)
+    public_vectors = vectors(pool[order[:half]])
+    n = len(rows)
+    # noise of std sigma on each sum is sigma / n on each mean, / sqrt(T) after averaging T releases; whitening a
+    # mean of n vectors by Sigma / n + tau^2 I is whitening one vector by Sigma + n tau^2 I
+    tau2 = (privacy.std / n) ** 2 / surface.releases if privacy is not None and privacy.noise > 0 else 0.0
+    precision = public_precision(public_vectors, extra_variance=n * tau2)
     shared = surface.set_mean(release)
-    score = lambda im: set_membership_score(surface.image_vectors(im), shared, reference, len(rows))  # noqa: E731
+
+    def score(images: torch.Tensor) -> torch.Tensor:
+        return set_membership_score(vectors(images), shared, public_vectors.mean(0), n, precision=precision)
+
     return roc_auc(score(members), score(pool[order[half:]][: settings.max_set]))
 
 
@@ -165,7 +149,8 @@ def attributes(surface: Surface, victims: list[Victim], public: Public, settings
             if len(torch.unique(y)) < 2:
                 continue  # one public domain (or class): nothing to tell apart
             scores = attribute_scores(train_probe(x, y, kind="classify"), tx, ty, "classify")
-            out[f"{name}_accuracy"], out[f"{name}_chance"] = scores["accuracy"], scores["chance"]
+            out.update(_proportion(name, scores["accuracy"], len(ty)))
+            out[f"{name}_chance"] = scores["chance"]
         return out
     sizes = [min(len(v.images), surface.set_size(len(v.images))) for v in victims]
     rng = np.random.default_rng(settings.seed)
@@ -186,32 +171,61 @@ def attributes(surface: Surface, victims: list[Victim], public: Public, settings
                          for v in victims])
     if len(domains) > 1:  # one public domain: no domain to infer
         scores = attribute_scores(train_probe(x, y_dom, kind="classify"), tx, t_dom, "classify")
-        out["domain_accuracy"], out["domain_chance"] = scores["accuracy"], scores["chance"]
+        out.update(_proportion("domain", scores["accuracy"], len(t_dom)))
+        out["domain_chance"] = scores["chance"]
     mix_scores = attribute_scores(train_probe(x, y_mix, kind="regress"), tx, t_mix, "regress")
     out.update({f"mix_{k}": v for k, v in mix_scores.items()})
     return out
 
 
+def _proportion(name: str, accuracy: float, trials: int) -> dict[str, float]:
+    """``<name>_accuracy`` of ``trials`` predictions with its 95 % Wilson interval (``_lo``, ``_hi``) and ``_n``."""
+    low, high = wilson_interval(round(accuracy * trials), trials)
+    return {f"{name}_accuracy": accuracy, f"{name}_lo": low, f"{name}_hi": high, f"{name}_n": float(trials)}
+
+
+def summarise_reconstructions(recon: list[dict[str, Any]], seed: int = 0) -> dict[str, float]:
+    """Means over victims of the per-victim means, each attack's mean scores, the share of victims where the
+    receiver picked retrieval, and the PSNR / SSIM gains over the guess with 95 % bootstrap intervals
+    (:func:`fedstyle.audit.metrics.bootstrap_interval`: victims, then their images, resampled)."""
+    out: dict[str, float] = {}
+    for key in recon[0]["rows"]:
+        out[key] = sum(float(r["rows"][key].mean()) for r in recon) / len(recon)
+    for key in recon[0]["scores"]:
+        out[key] = sum(r["scores"][key] for r in recon) / len(recon)
+    out["retrieval_share"] = sum(r["attack"] == "retrieval" for r in recon) / len(recon)
+    out["recon_victims"] = float(len(recon))
+    for metric in ("psnr", "ssim"):
+        gains = [r["rows"][f"recon_{metric}"] - r["rows"][f"guess_{metric}"] for r in recon]
+        out[f"{metric}_gain"] = out[f"recon_{metric}"] - out[f"guess_{metric}"]
+        out[f"{metric}_gain_lo"], out[f"{metric}_gain_hi"] = bootstrap_interval(gains, seed=seed)
+    return out
+
+
 def attack_surface(surface: Surface, victims: list[Victim], public: Public, classify: Callable,
-                   settings: AuditSettings) -> SurfaceResult:
-    """Every attack on ``surface``; scores averaged over the victims (reconstruction: the first ``victims``)."""
+                   settings: AuditSettings, *, attributes_too: bool = True) -> SurfaceResult:
+    """Every attack on ``surface``; scores averaged over the victims (reconstruction: the first ``victims``).
+    ``attributes_too=False`` skips the attribute probes (a combination of releases: the domain is read
+    from one already)."""
     g = torch.Generator().manual_seed(settings.seed)
     result = SurfaceResult(surface.method, surface.kind, surface.sender, 0.0)
     if surface.approximation:
         result.notes.append(surface.approximation)
+    bank = public_bank(surface, [public.images[d] for d in sorted(public.images)], g)
     recon: list[dict[str, Any]] = []
     aucs, sizes = [], []
     for i, victim in enumerate(victims):
         rows = _members(surface, victim, g)
         sizes.append(len(rows) if not surface.per_image else 1)
         if i < settings.victims:
-            recon.append(reconstruct(surface, victim, rows, public, classify, settings, g))
+            recon.append(reconstruct(surface, victim.images[rows], victim.labels[rows], public.images[victim.domain],
+                                     bank, classify, settings, g))
         aucs.append(membership(surface, victim, rows, public, settings, g))
     result.set_size = float(sum(sizes) / len(sizes))
-    for key in recon[0]:
-        if key != "examples":
-            result.scores[key] = sum(r[key] for r in recon) / len(recon)
+    result.scores.update(summarise_reconstructions(recon, settings.seed))
+    result.guess = recon[0]["guess"]
     result.examples = [pair for r in recon for pair in r["examples"]][: settings.candidates]
     result.scores["membership_auc"] = sum(aucs) / len(aucs)
-    result.scores.update(attributes(surface, victims, public, settings, g))
+    if attributes_too:
+        result.scores.update(attributes(surface, victims, public, settings, g))
     return result

@@ -1,100 +1,177 @@
 """The audit's outputs: ``privacy.json``, a table (``privacy.md``), the reconstructions as a PNG grid, and
-across runs that differ in their style defence, the accuracy/leakage trade-off plot.
+across runs that differ in their style defence, the accuracy/leakage trade-off plot (:mod:`fedstyle.audit.plots`).
 
 Every number is the receiver's: reconstruction PSNR / SSIM and the classifier's accuracy on the
-reconstructions beside the same scores of an uninformed guess (public images of the sender's
-domain), membership AUC (0.5 = nothing), attribute accuracy beside chance. The verdict line
-compares each style payload with the weight update the sender already sends.
+reconstructions beside the same scores of the best uninformed guess, the gain with a 95 % bootstrap
+interval; membership AUC (0.5 = nothing); attribute accuracy with a Wilson interval beside chance, a class
+only where one is defined. The verdict line compares each style payload with the weight update the sender
+already sends; the weight update's line shows the loss its inversion reached beside the loss at the true
+images; the defence line gives eps over every release the receiver sees.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
 from fedstyle.audit.playbook import SurfaceResult
+from fedstyle.audit.plots import save_grid, save_tradeoff
+from fedstyle.errors import ConfigError
 from fedstyle.io import atomic_write
 
 COLUMNS = (
-    ("set", "images per payload", "set_size", "{:.0f}"),
-    ("PSNR", "reconstruction PSNR (dB), best-matching sender image", "recon_psnr", "{:.1f}"),
-    ("guess", "PSNR of a public image of the sender's domain, matched the same way", "guess_psnr", "{:.1f}"),
-    ("SSIM", "reconstruction SSIM", "recon_ssim", "{:.2f}"),
-    ("g.SSIM", "guess SSIM", "guess_ssim", "{:.2f}"),
-    ("acc", "classifier accuracy on the reconstructions (matched image's label)", "recon_accuracy", "{:.2f}"),
-    ("MIA", "membership AUC (0.5: no signal)", "membership_auc", "{:.2f}"),
-    ("domain", "sender-domain accuracy / chance", "domain_accuracy", "{:.2f}"),
-    ("class", "image class (per-image payloads) or the set's majority class / chance",
-     "class_or_mix", "{:.2f}"),
+    ("set", "images per payload"),
+    ("attack", "the reconstruction the receiver kept, by its loss (inversion from noise or retrieval of the nearest "
+               "public images then inversion; k/n: retrieval for k of n senders)"),
+    ("PSNR", "reconstruction PSNR (dB) against the image a row describes or the best-matching sender image"),
+    ("guess", "PSNR of the best uninformed guess, matched the same way"),
+    ("gain", "PSNR gain over the guess, [95 % bootstrap interval over senders and their images]"),
+    ("SSIM", "reconstruction SSIM / the guess's"),
+    ("acc", "classifier accuracy on the reconstructions (matched image's label) / on the guess"),
+    ("MIA", "membership AUC (0.5: no signal)"),
+    ("domain", "sender-domain accuracy [95 % Wilson interval] / chance"),
+    ("class", "image class (per-image payloads) or the majority class of senders that have one / chance"),
 )
 
 
-def _value(result: SurfaceResult, key: str) -> float | None:
-    if key == "set_size":
-        return result.set_size
-    if key == "class_or_mix":
-        return result.scores.get("class_accuracy", result.scores.get("mix_majority_class_accuracy"))
-    return result.scores.get(key)
+def _number(value: float | None, fmt: str = "{:.2f}") -> str:
+    return "—" if value is None or (isinstance(value, float) and math.isnan(value)) else fmt.format(value)
 
 
-def _chance(result: SurfaceResult, key: str) -> float | None:
-    if key == "domain_accuracy":
-        return result.scores.get("domain_chance")
-    if key == "class_or_mix":
-        return result.scores.get("class_chance", result.scores.get("mix_majority_chance"))
-    return None
+def _attack(scores: dict[str, float]) -> str:
+    if "retrieval_share" not in scores:
+        return "gradient"
+    share, n = scores["retrieval_share"], int(scores.get("recon_victims", 1))
+    return "retrieval" if share == 1 else "inversion" if share == 0 else f"retrieval {round(share * n)}/{n}"
+
+
+def _class_cell(s: dict[str, float]) -> str:
+    if "class_accuracy" in s:
+        return f"{s['class_accuracy']:.2f} / {s['class_chance']:.2f}"
+    if s.get("mix_majority_rows"):
+        return f"{s['mix_majority_class_accuracy']:.2f} / {s['mix_majority_chance']:.2f}"
+    return "—"
+
+
+def cells(r: SurfaceResult) -> list[str]:
+    """The table row of one result."""
+    s = r.scores
+    gain = (f"{s['psnr_gain']:+.1f} [{s['psnr_gain_lo']:+.1f}, {s['psnr_gain_hi']:+.1f}]"
+            if "psnr_gain" in s else "—")
+    domain = (f"{s['domain_accuracy']:.2f} [{s['domain_lo']:.2f}, {s['domain_hi']:.2f}] / {s['domain_chance']:.2f}"
+              if "domain_accuracy" in s else "—")
+    return [f"{r.set_size:.0f}", _attack(s), _number(s.get("recon_psnr"), "{:.1f}"),
+            _number(s.get("guess_psnr"), "{:.1f}"), gain,
+            f"{_number(s.get('recon_ssim'))} / {_number(s.get('guess_ssim'))}",
+            f"{_number(s.get('recon_accuracy'))} / {_number(s.get('guess_accuracy'))}",
+            _number(s.get("membership_auc")), domain, _class_cell(s)]
+
+
+def _gain(scores: dict[str, float]) -> str:
+    return (f"{scores['psnr_gain']:+.1f} dB [{scores['psnr_gain_lo']:+.1f}, {scores['psnr_gain_hi']:+.1f}] over "
+            "a guess")
 
 
 def verdict(result: SurfaceResult, baseline: SurfaceResult | None) -> str:
     """One sentence: does this payload let the receiver see more or less of the images than one weight
-    update does? Gains are PSNR over the uninformed guess; an attack that does not beat the guess shows
+    update does? Gains are PSNR over the best uninformed guess; an attack that does not beat the guess shows
     nothing, and the sentence says so rather than ranking two failures."""
-    gain = result.scores.get("recon_psnr", float("nan")) - result.scores.get("guess_psnr", float("nan"))
+    gain = result.scores.get("psnr_gain", float("nan"))
     mia = result.scores.get("membership_auc")
     member = f"; membership AUC {mia:.2f}" if mia is not None else ""
     if baseline is None or result is baseline:
-        return f"reconstruction {gain:+.1f} dB over a guess{member}"
-    base = baseline.scores["recon_psnr"] - baseline.scores["guess_psnr"]
+        return f"reconstruction {_gain(result.scores)}{member}"
+    base = baseline.scores["psnr_gain"]
     against = f"one weight update of {baseline.set_size:.0f} image{'s' if baseline.set_size != 1 else ''}"
     if gain <= 0 and base <= 0:
-        return (f"reconstruction {gain:+.1f} dB over a guess vs {base:+.1f} dB from {against}: neither lets this "
-                f"attacker see the sender's images better than public images of its domain do{member}")
+        high = result.scores["psnr_gain_hi"]
+        return (f"reconstruction {_gain(result.scores)} vs {base:+.1f} dB from {against}: neither lets this "
+                f"attacker see the sender's images better than public images of its domain do"
+                + (f" on average (the interval reaches {high:+.1f} dB)" if high > 0 else "") + member)
     word = "more" if gain > base else "less"
-    return (f"reconstruction {gain:+.1f} dB over a guess vs {base:+.1f} dB from {against}: this payload shows "
+    return (f"reconstruction {_gain(result.scores)} vs {base:+.1f} dB from {against}: this payload shows "
             f"the receiver {word} of the images than the weights do{member}")
+
+
+def weight_update_line(r: SurfaceResult) -> str:
+    """The baseline's reconstruction beside its optimiser's state: loss reached vs loss at the true images."""
+    s = r.scores
+    stalled = _stalled(s)
+    return (f"{r.kind}: reconstruction {_gain(s)}; gradient-matching loss reached {s['recon_loss']:.3g} vs "
+            f"{s['truth_loss']:.3g} at the true images (labels {s['label_accuracy']:.2f} right)"
+            + (": the optimiser stalled, so this row bounds what the update leaks from below, it does not show the "
+               "update hides its images" if stalled else ""))
+
+
+def _stalled(scores: dict[str, float]) -> bool:
+    return scores["recon_loss"] > 10 * scores["truth_loss"] + 1e-3
+
+
+def weights_only_verdict(method: str, best: SurfaceResult | None) -> str:
+    """The verdict of a method that sends weights only: the weight update is all the receiver gets."""
+    if best is None:
+        return (f"- verdict: {method} sends weights only, so the weight update is all a receiver gets; the "
+                "weight-update attack was skipped (--no-baseline), so this report measures nothing.")
+    s = best.scores
+    tail = (": its optimiser stalled, so read this as a lower bound on what the weights leak, not as privacy"
+            if _stalled(s) else "")
+    return (f"- verdict: {method} sends weights only, so the weight update is all a receiver gets: inverting "
+            f"{best.kind} gives {_gain(s)}{tail}.")
+
+
+def defence_line(report: dict[str, Any], results: list[SurfaceResult]) -> str:
+    """The defence's settings, the receiver's eps (total, per release), the noise's source and the clip's origin."""
+    numbers = {k: v for k, v in report["defence"].items() if not isinstance(v, str)}
+    line = "- defence: " + ", ".join(f"{k}={v:g}" for k, v in numbers.items())
+    eps, releases = report.get("epsilon"), report.get("releases", 1)
+    if eps is None:
+        line += "; no noise: no eps"
+    else:
+        over = f"over all {releases} releases of the sender with the most" if releases > 1 else "over its one release"
+        line += (f"; eps = {eps:.3g} {over} (what the receiver holds; {report['epsilon_per_release']:.3g} per release; "
+                 f"releases counted from {report.get('releases_from', 'the run')})")
+        source = report["defence"].get("dp_noise_source")
+        where = {"os": "drawn from the OS CSPRNG (the receiver cannot regenerate it)",
+                 "seeded": "seeded (reproducible; whoever knows the run's seed can subtract it)"}.get(source)
+        line += f"; the run's noise was {where}; the audit replays it seeded" if where else ""
+    clip = next((r.scores for r in results if "public_clip" in r.scores), None)
+    if clip is not None:
+        line += (f"; C clips {100 * clip['public_clipped_share']:.0f} % of public contributions (C from public data, "
+                 f"their median norm: {clip['public_clip']:.3g}, fedstyle.style.privacy.clip_from_public); if C was "
+                 "tuned on the clients' own contribution norms, that choice is not accounted for in eps")
+    return line
 
 
 def table(report: dict[str, Any]) -> str:
     """Markdown table of one audited run plus its verdict lines."""
     results: list[SurfaceResult] = report["results"]
-    head = "| payload | " + " | ".join(c[0] for c in COLUMNS) + " |"
+    if any("psnr_gain" not in r.scores for r in results):
+        raise ConfigError(f"the audit of {report['run']} was made by an older fedstyle (no gains over the best guess); "
+                          "delete its saved report and run fedstyle audit privacy again")
     lines = [f"### {report['label']} — `{report['run']}` (round {report['round']}, {report['weights']} weights)", "",
-             head, "|" + "---|" * (len(COLUMNS) + 1)]
-    for r in results:
-        cells = []
-        for _, _, key, fmt in COLUMNS:
-            value, chance = _value(r, key), _chance(r, key)
-            cell = "—" if value is None else fmt.format(value)
-            cells.append(cell + (f" / {chance:.2f}" if chance is not None and value is not None else ""))
-        lines.append(f"| {r.kind} | " + " | ".join(cells) + " |")
+             "| payload | " + " | ".join(c[0] for c in COLUMNS) + " |", "|" + "---|" * (len(COLUMNS) + 1)]
+    lines += [f"| {r.kind} | " + " | ".join(cells(r)) + " |" for r in results]
     # the receiver's best weight-update attack (largest gain over its guess) is the scale
-    baselines = sorted((r for r in results if r.method == "fedavg"),
-                       key=lambda r: r.scores["recon_psnr"] - r.scores["guess_psnr"])
+    baselines = sorted((r for r in results if r.method == "fedavg"), key=lambda r: r.scores["psnr_gain"])
+    styles = [r for r in results if r.method != "fedavg"]
     lines.append("")
-    for r in results:
-        if r.method != "fedavg":
-            lines.append(f"- {r.kind}: {verdict(r, baselines[-1] if baselines else None)}.")
+    for r in styles:
+        lines.append(f"- {r.kind}: {verdict(r, baselines[-1] if baselines else None)}.")
         lines += [f"  - note: {note}" for note in r.notes]
+        if r.guess:
+            lines.append(f"  - guess: {r.guess}" + ("" if "per-image" in r.kind or "spectrum" in r.kind else
+                         " (uninformed: it uses nothing from the payload, but choosing the best of that many real "
+                         "images makes it a strong baseline)"))
+        if r.scores.get("mix_majority_rows") == 0 and "class_accuracy" not in r.scores:
+            lines.append("  - class: no sender has a single majority class (class-balanced): nothing to read")
+    for r in baselines:
+        lines.append(f"- {weight_update_line(r)}.")
+    if not styles:
+        lines.append(weights_only_verdict(report["method"], baselines[-1] if baselines else None))
     if any(report["defence"].get(k) for k in ("dp_clip", "dp_noise")):
-        eps = report.get("epsilon")
-        numbers = {k: v for k, v in report["defence"].items() if not isinstance(v, str)}
-        source = report["defence"].get("dp_noise_source")
-        where = {"os": "drawn from the OS CSPRNG (the receiver cannot regenerate it)",
-                 "seeded": "seeded (reproducible; whoever knows the run's seed can subtract it)"}.get(source, "")
-        lines.append("- defence: " + ", ".join(f"{k}={v:g}" for k, v in numbers.items())
-                     + (f"; eps = {eps:.3g} per release (Gaussian mechanism)" if eps is not None else "; no noise: no eps")
-                     + (f"; the run's noise was {where}; the audit replays it seeded" if where and eps is not None else ""))
+        lines.append(defence_line(report, styles))
     lines += ["", "Columns: " + "; ".join(f"{c[0]} = {c[1]}" for c in COLUMNS) + "."]
     return "\n".join(lines) + "\n"
 
@@ -102,70 +179,8 @@ def table(report: dict[str, Any]) -> str:
 def as_json(report: dict[str, Any]) -> dict[str, Any]:
     out = {k: v for k, v in report.items() if k != "results"}
     out["results"] = [{"method": r.method, "payload": r.kind, "sender": r.sender, "set_size": r.set_size,
-                       "scores": r.scores, "notes": r.notes} for r in report["results"]]
+                       "scores": r.scores, "notes": r.notes, "guess": r.guess} for r in report["results"]]
     return out
-
-
-def save_grid(report: dict[str, Any], path: Path) -> Path:
-    """PNG: per payload, a row of the senders' true images above a row of the reconstructions."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    results = [r for r in report["results"] if r.examples]
-    columns = max(len(r.examples) for r in results)
-    fig, axes = plt.subplots(2 * len(results), columns, figsize=(columns * 1.1, 2.3 * len(results)), squeeze=False)
-    for ax in axes.flat:
-        ax.axis("off")
-    for i, r in enumerate(results):
-        for j, (truth, recon) in enumerate(r.examples):
-            for row, image in ((2 * i, truth), (2 * i + 1, recon)):
-                axes[row, j].imshow(image.clamp(0, 1).permute(1, 2, 0).numpy())
-        axes[2 * i, 0].set_title(f"{r.method}: {r.kind} — true (top), reconstructed (bottom)", loc="left", fontsize=8)
-    fig.subplots_adjust(left=0.01, right=0.99, top=0.95, bottom=0.01, hspace=0.35)
-    atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=110))
-    plt.close(fig)
-    return path
-
-
-def save_tradeoff(reports: list[dict[str, Any]], path: Path) -> Path:
-    """PNG: target accuracy against leakage (membership AUC, reconstruction gain over a guess) per run,
-    each point labelled with its defence (noise multiplier, epsilon per release), one colour per method."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
-    for method in sorted({r["method"] for r in reports}):
-        points = sorted((r for r in reports if r["method"] == method), key=lambda r: r["defence"].get("dp_noise", 0))
-        xs_auc, xs_gain, ys, labels = [], [], [], []
-        for r in points:
-            style = next((s for s in r["results"] if s.method != "fedavg"), None)
-            accuracy = r["summary"].get("target_avg", {}).get("last")
-            if style is None or accuracy is None:
-                continue
-            xs_auc.append(style.scores["membership_auc"])
-            xs_gain.append(style.scores["recon_psnr"] - style.scores["guess_psnr"])
-            ys.append(100 * float(accuracy))
-            eps = r.get("epsilon")
-            labels.append(f"z={r['defence'].get('dp_noise', 0):g}" + (f", ε={eps:.2g}" if eps else ""))
-        for ax, xs in ((axes[0], xs_auc), (axes[1], xs_gain)):
-            ax.plot(xs, ys, "o-", label=method)
-            for x, y, text in zip(xs, ys, labels):
-                ax.annotate(text, (x, y), fontsize=7, textcoords="offset points", xytext=(3, 3))
-    axes[0].set_xlabel("membership AUC (0.5 = no leak)")
-    axes[1].set_xlabel("reconstruction PSNR over a guess (dB)")
-    for ax in axes:
-        ax.set_ylabel("target accuracy (%)")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-    fig.suptitle("Accuracy vs leakage of shared styles under the Gaussian defence")
-    fig.tight_layout()
-    atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=110))
-    plt.close(fig)
-    return path
 
 
 def write_outputs(reports: list[dict[str, Any]], out: Path) -> list[Path]:

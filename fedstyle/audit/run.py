@@ -6,6 +6,10 @@ so). The experiment is rebuilt from the configuration, so the senders' images ar
 original training images (before any stylization) and the attacker's public data is the run's
 source-validation split. Which payloads a method sends is :data:`SURFACES`; a method that sends only
 weights is audited by the gradient-inversion baseline alone, which every report carries for scale.
+
+The headline eps is the receiver's: over every release of the sender that made the most
+(:mod:`fedstyle.audit.accounting`), eps per release beside it; a sender's T > 1 noisy releases are also
+attacked combined (their mean, :func:`fedstyle.audit.surfaces.averaged_surface`), as the receiver can.
 """
 
 from __future__ import annotations
@@ -19,13 +23,14 @@ import torch
 
 from fedstyle.algorithms.feddg_fft import BANK_FRACTION
 from fedstyle.algorithms.style_exchange import style_privacy
+from fedstyle.audit.accounting import public_clip_scores, receiver_epsilon, releases_per_sender
 from fedstyle.audit.baseline import gradient_baseline
 from fedstyle.audit.playbook import AuditSettings, Public, SurfaceResult, Victim, attack_surface
-from fedstyle.audit.surfaces import Surface, amplitude_surface, classifier_surface, encoder_surface
+from fedstyle.audit.surfaces import Surface, amplitude_surface, averaged_surface, classifier_surface, encoder_surface
 from fedstyle.errors import ConfigError
 from fedstyle.experiments.build import Experiment, build_experiment
 from fedstyle.experiments.checkpoint import load_checkpoint
-from fedstyle.experiments.rundir import read_run_config, read_summary
+from fedstyle.experiments.rundir import METRICS, read_metrics_file, read_run_config, read_summary
 from fedstyle.style.privacy import StylePrivacy
 from fedstyle.federation.client import load_weights
 from fedstyle.registry import Registry
@@ -111,7 +116,9 @@ def audit_run(run_dir: str | Path, settings: AuditSettings | None = None, device
               log: Callable[[str], None] = lambda _: None) -> dict[str, Any]:
     """Audit one run directory: every surface of its method, then the weight-update baseline.
 
-    Returns ``{"run", "method", "label", "round", "defence", "summary", "results": [SurfaceResult]}``.
+    Returns ``{"run", "method", "label", "round", "weights", "defence", "epsilon" (over every release of the
+    sender with the most; None without noise), "epsilon_per_release", "releases", "releases_from", "summary",
+    "results": [SurfaceResult]}``.
     """
     settings = settings or AuditSettings()
     run_dir = Path(run_dir)
@@ -138,10 +145,18 @@ def audit_run(run_dir: str | Path, settings: AuditSettings | None = None, device
         raise ConfigError("no sender's domain has public (source-validation) images for the attacker: give the run "
                           "a larger --val-fraction (each source domain needs at least 4 validation images)")
     surfaces = SURFACES.get(config.method)(exp, normalize) if config.method in SURFACES else []
+    releases, counted_from = releases_per_sender(exp, read_metrics_file(run_dir / METRICS))
+    accounting = receiver_epsilon(style_privacy(exp.algorithm.hp), releases)
     results: list[SurfaceResult] = []
     for surface in surfaces:
         log(f"{config.method}: attacking its {surface.kind} ({len(victims)} senders)")
-        results.append(attack_surface(surface, victims, public, classify, settings))
+        result = attack_surface(surface, victims, public, classify, settings)
+        result.scores.update(public_clip_scores(surface, list(public.images.values())))
+        results.append(result)
+        if accounting["releases"] > 1 and surface.privacy is not None and surface.privacy.noise > 0:
+            combined = averaged_surface(surface, accounting["releases"])
+            log(f"{config.method}: attacking the {combined.kind}")
+            results.append(attack_surface(combined, victims, public, classify, settings, attributes_too=False))
     lr, wd = config.lr, config.weight_decay
     for batch in sorted({1, min(8, config.batch_size)}) if settings.baseline else ():
         log(f"{config.method}: gradient inversion of one local step, batch {batch}")
@@ -149,20 +164,14 @@ def audit_run(run_dir: str | Path, settings: AuditSettings | None = None, device
                                          lr=lr, weight_decay=wd))
     return {"run": str(run_dir), "method": config.method, "label": exp.label, "round": rounds,
             "weights": "checkpoint" if checkpoint is not None else "initial (no checkpoint yet)",
-            "defence": defence_of(exp), "epsilon": epsilon_of(exp), "summary": read_summary(run_dir) or {},
-            "results": results}
+            "defence": defence_of(exp), **accounting, "releases_from": counted_from,
+            "summary": read_summary(run_dir) or {}, "results": results}
 
 
 def defence_of(exp: Experiment) -> dict[str, float | str]:
     """The run's style defence settings (``dp_*`` hyperparameters: the numbers, and ``dp_noise_source``), empty
     when the method has none."""
     return {k: (v if isinstance(v, str) else float(v)) for k, v in exp.algorithm.hp.items() if k.startswith("dp_")}
-
-
-def epsilon_of(exp: Experiment) -> float | None:
-    """The (eps at the run's delta) of one style release under the run's defence; None without noise."""
-    privacy = style_privacy(exp.algorithm.hp)
-    return privacy.epsilon() if privacy.noise > 0 else None
 
 
 def audit_privacy(run_dirs: list[str | Path], *, settings: AuditSettings | None = None, out: str | Path | None = None,

@@ -25,6 +25,7 @@ classifier's features, the run's weights):
 
 from __future__ import annotations
 
+import dataclasses
 from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Callable
@@ -34,6 +35,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from fedstyle.algorithms import Algorithm
+from fedstyle.errors import ConfigError
 from fedstyle.models.batchnorm import batch_statistics
 from fedstyle.style.privacy import StylePrivacy
 from fedstyle.style.sharing import query_batch
@@ -60,6 +62,22 @@ class Surface:
     statistic: Callable[[torch.Tensor], torch.Tensor]     # float (R, 3, H, W) in [0, 1] -> like release
     set_mean: Callable[[torch.Tensor], torch.Tensor]      # a set release -> (D,), the mean of its contributions
     approximation: str = ""
+    privacy: StylePrivacy | None = None                   # the defence ``release`` applies (clip C, noise z)
+    releases: int = 1                                     # releases averaged into one payload (averaged_surface)
+
+
+def averaged_surface(surface: Surface, releases: int) -> Surface:
+    """The receiver's combination of ``releases`` = T releases of one sender (StableFDG: one each round it is
+    sampled): their mean, whose noise has 1/sqrt(T) of one release's standard deviation. The audit replays
+    the T releases on the same images and weights (the run's came from each round's weights)."""
+    if int(releases) < 1:
+        raise ConfigError(f"releases must be >= 1 (the releases a receiver combines), got {releases}")
+
+    def release(images: Images) -> torch.Tensor:
+        return torch.stack([surface.release(images) for _ in range(int(releases))]).mean(0)
+
+    return dataclasses.replace(surface, kind=f"{surface.kind}, mean of {int(releases)} releases", release=release,
+                               releases=int(releases))
 
 
 def _moments(features: torch.Tensor) -> torch.Tensor:
@@ -132,7 +150,8 @@ def encoder_surface(method: str, algorithm: Algorithm, device: torch.device, kin
     sender = "each client, once at setup, to the server" + (
         ", which sends the bank to every client" if method == "ccst" else "")
     if kind == "per-image style":
-        return Surface(method, kind, sender, True, set_size, vectors, release, per_image, lambda r: r.mean(0))
+        return Surface(method, kind, sender, True, set_size, vectors, release, per_image, lambda r: r.mean(0),
+                       privacy=privacy)
     approximation = ("PARDON's client style is the mean of its clusters' styles; it is inverted and scored as the "
                      "dataset style of all the client's images") if method == "pardon" else ""
 
@@ -141,7 +160,7 @@ def encoder_surface(method: str, algorithm: Algorithm, device: torch.device, kin
         return _dataset_style_from_moments(torch.cat([f.mean((2, 3)), (f * f).mean((2, 3))], 1).mean(0))
 
     return Surface(method, kind, sender, False, set_size, moments, release, statistic, _moments_from_dataset_style,
-                   approximation)
+                   approximation, privacy=privacy)
 
 
 def classifier_surface(method: str, model: nn.Module, stages: list[str], normalize: Callable[[torch.Tensor], torch.Tensor],
@@ -169,11 +188,14 @@ def classifier_surface(method: str, model: nn.Module, stages: list[str], normali
         step = len(images) if batch_stats else query_batch(device)  # batch statistics: the whole set in one pass
         return (floats(images[s:s + step]) for s in range(0, len(images), step))
 
+    def contributions(h: torch.Tensor) -> torch.Tensor:  # [mu, sigma, mu^2, sigma^2]: what the sums add up
+        mu, sigma = (m.flatten(1).double() for m in channel_stats(h))
+        return torch.cat([mu, sigma, mu * mu, sigma * sigma], 1)
+
     @torch.no_grad()
     def image_vectors(images: Images) -> torch.Tensor:
-        rows = [torch.cat([torch.cat([m.flatten(1) for m in channel_stats(h)], 1) for h in stage_maps(x)], 1)
-                for x in chunks(images)]
-        return torch.cat(rows).double()
+        rows = [torch.cat([contributions(h) for h in stage_maps(x)], 1) for x in chunks(images)]
+        return torch.cat(rows)
 
     def statistic(x01: torch.Tensor) -> torch.Tensor:
         return torch.cat([_summary(*(m.flatten(1) for m in channel_stats(h))) for h in stage_maps(x01)])
@@ -194,13 +216,14 @@ def classifier_surface(method: str, model: nn.Module, stages: list[str], normali
 
     def set_mean(rel: torch.Tensor) -> torch.Tensor:
         parts, at = [], 0
-        for c in channels:  # per stage: 4 rows of C; the first two rows are the means
-            parts.append(rel[at:at + 2 * c])
+        for c in channels:  # per stage: rows [mean mu, mean sigma, var mu, var sigma] of C; E[x^2] = var + mean^2
+            mean, var = rel[at:at + 2 * c].double(), rel[at + 2 * c:at + 4 * c].double()
+            parts += [mean, var + mean * mean]
             at += 4 * c
         return torch.cat(parts)
 
     return Surface(method, "dataset style" if method == "stablefdg" else "batch style", sender, False, set_size,
-                   image_vectors, release, statistic, set_mean)
+                   image_vectors, release, statistic, set_mean, privacy=privacy)
 
 
 def amplitude_surface(device: torch.device, set_size: Callable[[int], int]) -> Surface:

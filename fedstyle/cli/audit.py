@@ -8,11 +8,13 @@ from pathlib import Path
 
 PRIVACY_DESCRIPTION = """\
 Play an honest-but-curious receiver of each run's style payloads and measure what it learns about
-the senders' images: it inverts the shared statistics back to images (PSNR, SSIM, the classifier's
-accuracy on them, each beside an uninformed guess from public images of the same domain), tells
-members of the style's image set from non-members (AUC), and infers the sender's domain and class
-mix (accuracy beside chance). For scale every report also inverts one plain weight update (gradient
-inversion of one local SGD step): the verdict line says whether a payload shows more or less of the
+the senders' images: it inverts the shared statistics back to images, from noise and from the
+nearest public images (PSNR, SSIM, the classifier's accuracy on them, each beside the best uninformed
+guess: the domain's mean public image or the best of a few public images; gains with 95 % bootstrap
+intervals), tells members of the style's image set from non-members (AUC), and infers the sender's
+domain and class mix (accuracy with a Wilson interval beside chance). For scale every report also
+inverts one plain weight update (gradient inversion of one local SGD step, the loss it reached beside
+the loss at the true images): the verdict line says whether a payload shows more or less of the
 images than the weights the sender already sends.
 
 The run may be finished or still running (its last checkpoint is used). The attacker's public data
@@ -20,8 +22,10 @@ is the run's source-validation split. What each method sends: CCST per-image or 
 style encoder, PARDON its client style, StableFDG its dataset style at a classifier stage every
 round, StyleDDG a batch style at several stages every iteration, FedDG amplitude spectra; other
 methods send only weights and get the baseline rows. Runs trained with the style defence (--hp
-dp_clip=C --hp dp_noise=Z, CCST and StableFDG) are audited with it; several such runs of one method
-also give OUT/tradeoff.png (target accuracy against leakage)."""
+dp_clip=C --hp dp_noise=Z, CCST and StableFDG) are audited with it: the report's eps is over every
+release of the sender that made the most (StableFDG: one each round it was sampled), eps per release
+beside it, and a sender's releases are also attacked averaged; several such runs of one method also
+give OUT/tradeoff.png (target accuracy against leakage)."""
 
 PRIVACY_EPILOG = """\
 examples:
@@ -40,11 +44,12 @@ def _cmd_audit_privacy(args: argparse.Namespace) -> int:
 
     if args.out is None and len(args.run_dirs) > 1:
         raise ConfigError("several run directories need one --out folder for their joint report (e.g. --out audits/x)")
-    for name in ("victims", "candidates", "steps", "shadow_sets"):
+    for name in ("victims", "candidates", "steps", "shadow_sets", "restarts"):
         if getattr(args, name) < 1:
             raise ConfigError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
     settings = AuditSettings(victims=args.victims, candidates=args.candidates, steps=args.steps,
-                             shadow_sets=args.shadow_sets, seed=args.seed, baseline=not args.no_baseline)
+                             shadow_sets=args.shadow_sets, seed=args.seed, baseline=not args.no_baseline,
+                             restarts=args.restarts)
     log = (lambda _: None) if args.quiet else (lambda line: print(line, file=sys.stderr, flush=True))
     written, text = audit_privacy(args.run_dirs, settings=settings, out=args.out, device=args.device, log=log)
     print(text, end="")
@@ -69,6 +74,9 @@ def add_audit_command(sub: argparse._SubParsersAction) -> None:
     privacy.add_argument("--steps", type=int, default=200, help="optimisation steps per inversion (default 200)")
     privacy.add_argument("--shadow-sets", type=int, default=24, help="shadow payloads per domain that train the "
                          "attribute probes (default 24)")
+    privacy.add_argument("--restarts", type=int, default=1, help="random starts of the weight-update inversion, "
+                         "the lowest loss kept (default 1; the report shows the loss reached beside the loss at the "
+                         "true images)")
     privacy.add_argument("--no-baseline", action="store_true", help="skip the weight-update inversion (faster; "
                          "the verdict lines then have nothing to compare with)")
     privacy.add_argument("--seed", type=int, default=0, help="the attacker's random draws")

@@ -18,6 +18,13 @@ image i only: the networks run in eval mode (BatchNorm on running statistics), a
 ``noise``, the noise multiplier), on every released sum is the Gaussian mechanism; the statistics are formed
 from the noisy sums (post-processing: variances clamped at 0, standard deviations at a positive floor).
 
+**Choosing C.** C must not come from the clients' own contributions: a C read off their norms (their
+median, say) is itself a function of their images, released without noise, and the eps above does not
+cover it. :func:`clip_from_public` picks C as a quantile (default the median, the target of adaptive
+clipping, Andrew et al. NeurIPS'21) of the contribution norms of *public* images of the same kind (the
+audit's source-validation split: ``fedstyle audit privacy`` prints that value and the share of public
+contributions a run's C clips).
+
 **Adjacency: replace-one, the set size N public.** N is no secret here: FedAvg weights each client by its
 sample count, sent with every update, and the statistics divide by N. (Add/remove would give Delta = C
 but change N, which would then need noise too.) CCST's class-stratified ``style_images`` sample depends on
@@ -144,6 +151,23 @@ def clip_rows(rows: torch.Tensor, clip: float) -> torch.Tensor:
     return rows * clip_factors(rows, clip) if clip > 0 else rows
 
 
+def clip_from_public(norms: torch.Tensor, quantile: float = 0.5) -> float:
+    """C = the ``quantile`` of ``norms``, the L2 norms of per-image contributions computed on *public* images
+    (never the clients': see "Choosing C" above). The median clips half of the contributions a little and
+    bounds the rest's influence at C; a higher quantile keeps more signal and needs more noise for the same eps."""
+    values = torch.as_tensor(norms, dtype=torch.float64).reshape(-1)
+    if values.numel() == 0 or not torch.isfinite(values).all() or (values < 0).any():
+        raise ConfigError("clip_from_public needs the finite, non-negative contribution norms of public images "
+                          "(at least one); compute them on the public split, not on the clients' data")
+    if not 0.0 < quantile <= 1.0:
+        raise ConfigError(f"quantile must be in (0, 1], got {quantile}; 0.5 (the median) is usual")
+    clip = float(torch.quantile(values, float(quantile)))
+    if clip <= 0:
+        raise ConfigError("the public contributions' norms are 0 at that quantile, so C would be 0; use a higher "
+                          "quantile or public images that are not blank")
+    return clip
+
+
 @dataclass(frozen=True)
 class StylePrivacy:
     """The defence's settings: ``clip`` C (0: no clipping), ``noise`` multiplier z (0: no noise), ``delta``.
@@ -254,6 +278,11 @@ def count_release(state: dict[str, torch.Tensor], privacy: StylePrivacy) -> None
         state[_RELEASES] = torch.tensor(float(state.get(_RELEASES, 0.0)) + 1.0, dtype=torch.float64)
 
 
+def release_count(state: dict[str, torch.Tensor]) -> int:
+    """This client's defended releases so far (:func:`count_release`; 0 when it has made none)."""
+    return int(float(state.get(_RELEASES, 0.0)))
+
+
 def release_metrics(state: dict[str, torch.Tensor], privacy: StylePrivacy) -> dict[str, float]:
     """:meth:`StylePrivacy.metrics` of this client's releases so far (:func:`count_release`)."""
-    return privacy.metrics(int(float(state.get(_RELEASES, 0.0))))
+    return privacy.metrics(release_count(state))
