@@ -18,23 +18,19 @@ from safetensors.torch import save_file
 from fedstyle.algorithms import METHODS
 from fedstyle.style.transfer.base import Style
 from parity import ccst as generator
-from parity.common import read_fixture, relative_error, weight_sums
+from parity.common import relative_error
 
-CPU = torch.device("cpu")
+from parity_steps import CPU, assert_weight_sums, checked_settings, outputs_of, parity_fixture
+
 STYLE_TOLERANCE = 1e-4  # float32 sums of squares in the code (E[f^2] - mu^2), float64 here
 OUTPUT_TOLERANCE = 1e-4
-
-
-@pytest.fixture(scope="module")
-def fixture():
-    return read_fixture("ccst")
+fixture = parity_fixture("ccst")
 
 
 @pytest.fixture(scope="module")
 def weight_files(tmp_path_factory, fixture):
     state = generator.weights()
-    for key, value in weight_sums(state).items():
-        assert float(value) == pytest.approx(float(fixture[key]), rel=1e-12, abs=1e-12), key
+    assert_weight_sums(state, fixture, approx=1e-12)
     folder = tmp_path_factory.mktemp("adain")
     files = {}
     for part in ("vgg", "decoder"):
@@ -52,10 +48,8 @@ def _backend(weight_files, reference: bool):
 
 
 def test_fixture_is_the_generators(fixture):
-    assert fixture.meta["repository"] == generator.REPOSITORY
-    assert fixture.meta["commit"] == generator.COMMIT
-    assert fixture.settings == {k: [list(b) for b in v] if k == "overall_batches" else v
-                                for k, v in generator.SETTINGS.items()}
+    assert checked_settings(fixture, generator) == {k: [list(b) for b in v] if k == "overall_batches" else v
+                                                    for k, v in generator.SETTINGS.items()}
     for key, images in generator.images().items():
         assert float(images.double().sum()) == float(fixture[f"image_sum/{key}"]), key
 
@@ -73,13 +67,9 @@ def test_styles_transfer_and_the_unbiased_content_switch(fixture, weight_files):
     assert relative_error(overall.tensors["mean"], fixture["overall/mean"]) < STYLE_TOLERANCE
     assert relative_error(overall.tensors["std"], fixture["overall/std"]) < STYLE_TOLERANCE
 
-    decoded = []
-    hook = backend.decoder.register_forward_hook(lambda module, args, output: decoded.append(output.detach().clone()))
-    try:
+    with outputs_of(backend.decoder) as decoded:
         image = backend.transfer(content, overall, alpha=1.0)
         backend.transfer(content[:1], single.select(torch.tensor([0])), alpha=generator.SINGLE_ALPHA)
-    finally:
-        hook.remove()
     assert relative_error(decoded[0], fixture["transfer/overall"]) < OUTPUT_TOLERANCE
     assert relative_error(decoded[1], fixture["transfer/single"]) < OUTPUT_TOLERANCE
     theirs = fixture["transfer/overall"].clamp(0, 1).mul(255).add(0.5).floor().int()  # save_image's rounding
@@ -87,10 +77,6 @@ def test_styles_transfer_and_the_unbiased_content_switch(fixture, weight_files):
 
     default = _backend(weight_files, reference=False)  # population variance: ~1 / (2 HW) off at 8 x 8 maps
     assert not default.unbiased_content
-    decoded.clear()
-    hook = default.decoder.register_forward_hook(lambda module, args, output: decoded.append(output.detach().clone()))
-    try:
+    with outputs_of(default.decoder) as decoded:
         default.transfer(content, Style(overall.backend, default.encoder_id, overall.tensors))  # the same numbers
-    finally:
-        hook.remove()
     assert relative_error(decoded[0], fixture["transfer/overall"]) > OUTPUT_TOLERANCE  # 1.1e-3 measured

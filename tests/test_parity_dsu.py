@@ -5,20 +5,21 @@ from __future__ import annotations
 
 import torch
 
-from fedstyle.algorithms.context import ClientContext
 from fedstyle.algorithms.dsu import LocalDSU
 from fedstyle.models.base import Classifier
 from fedstyle.models.registry import build_model
-from fedstyle.models.resnet import BasicBlock, ResNet
 from fedstyle.style import dsu as dsu_op
 from parity import dsu as generator
-from parity.common import gradient_errors, read_fixture, relative_error, seeded_weights, weight_sums
+from parity.common import read_fixture, relative_error
+
+from parity_steps import Renaming, checked_settings, compare_step, replayed_step, seeded_model, small_resnet
 
 FIXTURE = read_fixture("dsu")
 #: measured: module output 6e-8, its gradient 1e-7; logits 1.3e-6, loss 2.4e-7, gradients <= 3.6e-6
 OUT_TOL, LOSS_TOL, GRAD_TOL = 1e-5, 1e-5, 1e-4
 #: the relative errors the last run measured (for docs/parity.md)
 MEASURED: dict[str, float] = {}
+NAMES = Renaming({"head.": "head."})  # the authors' UResNet: fedstyle's backbone names bare, the head as it is
 
 
 def _replay(monkeypatch, fired, noise):
@@ -29,25 +30,15 @@ def _replay(monkeypatch, fired, noise):
     return fired, noise
 
 
-def _ctx() -> ClientContext:
-    return ClientContext(client_id=0, data=None, state={}, train=None, round=0, num_clients=1,
-                         device=torch.device("cpu"), seed=0)
-
-
-def _authors_name(fedstyle: str) -> str:
-    return fedstyle if fedstyle.startswith("head.") else fedstyle[len("backbone."):]
-
-
 def _model() -> tuple[Classifier, LocalDSU]:
-    model = Classifier(ResNet(BasicBlock, (1, 1, 1, 1)), generator.CLASSES)
+    model = small_resnet(generator.CLASSES)
     algo = LocalDSU({"reference_code": True}, num_classes=generator.CLASSES, num_clients=1)
     algo.configure_model(model)
     return model, algo
 
 
 def test_fixture_provenance():
-    assert FIXTURE.meta["repository"] == generator.REPOSITORY and FIXTURE.meta["commit"] == generator.COMMIT
-    assert FIXTURE.settings == generator.SETTINGS
+    assert checked_settings(FIXTURE, generator) == generator.SETTINGS
 
 
 def test_reference_mode_places_dsu_at_the_authors_positions():
@@ -87,30 +78,15 @@ def test_module_matches_the_authors_distribution_uncertainty(monkeypatch):
 
 def test_resnet_step_matches_the_authors_uresnet(monkeypatch):
     model, algo = _model()
-    authors = {_authors_name(k): v.shape for k, v in model.state_dict().items()}
-    state = seeded_weights(authors, seed=0)
-    for key, value in weight_sums(state, prefix="model/weight_sum/").items():
-        assert torch.equal(value, FIXTURE[key]), key
-    assert len(authors) == len(FIXTURE.group("model/weight_sum/"))
-    model.load_state_dict({("" if k.startswith("head.") else "backbone.") + k: v for k, v in state.items()},
-                          strict=True)
+    state = seeded_model(model, NAMES.to_authors, FIXTURE, prefix="model/weight_sum/")
+    assert len(state) == len(FIXTURE.group("model/weight_sum/"))
     model.train()
 
     fired = FIXTURE["model/fired"].tolist()[1:]  # pertubration0 (conv1 -> bn1) has no fedstyle stage: not fired
     noise = [FIXTURE[f"model/noise{i}"] for i in range(2 * sum(fired))]
     left = _replay(monkeypatch, fired, noise)
-    logits = []
-    model.head.register_forward_hook(lambda module, args, out: logits.append(out.detach()))
-    images, labels = generator.model_input()
-    loss = algo.training_loss(_ctx(), model, images, labels, {})
-    loss.backward()
-    assert all(not rest for rest in left)  # every recorded draw used, in order
-    monkeypatch.undo()  # torch's samplers as they are again
+    step = replayed_step(monkeypatch, algo, model, *generator.model_input(), left=left)
 
-    MEASURED["model/logits"] = relative_error(logits[0], FIXTURE["model/logits"])
-    MEASURED["model/loss"] = relative_error(loss.detach().reshape(1), FIXTURE["model/loss"])
-    assert MEASURED["model/logits"] <= OUT_TOL and MEASURED["model/loss"] <= LOSS_TOL
-    by_authors = {_authors_name(k): p.grad for k, p in model.named_parameters()}
-    errors = gradient_errors(FIXTURE.tensors, by_authors, prefix="model/grad/")  # every parameter
-    MEASURED["model/grad"] = max(errors.values())
-    assert MEASURED["model/grad"] <= GRAD_TOL, max(errors.items(), key=lambda kv: kv[1])
+    result = compare_step(FIXTURE, step, "model/", to_authors=NAMES.to_authors, logits=step.outputs["head"][0])
+    MEASURED.update(result.measured("model/"))  # every parameter's gradient
+    result.assert_within(OUT_TOL, LOSS_TOL, GRAD_TOL)

@@ -9,29 +9,23 @@ each wrong class, torch's ``label_smoothing`` s' / K on every class: the same lo
 
 from __future__ import annotations
 
-import pytest
 import torch
 
 from fedstyle.algorithms import METHODS
-from fedstyle.algorithms.context import ClientContext, TrainSettings
-from fedstyle.data.client import ClientData
+from fedstyle.algorithms.context import TrainSettings
 from fedstyle.models import build_model
 from parity import fedadg as generator
-from parity.common import gradient_errors, read_fixture, relative_error, weight_sums
+from parity.common import gradient_errors
 
-CPU = torch.device("cpu")
+from parity_steps import (checked_settings, client_context, load_authors_state, parity_fixture, placeholder_data,
+                          relative_errors)
+
 FEDSTYLE_NAMES = {**generator.GENERATOR_NAMES, **generator.DISCRIMINATOR_NAMES}
-
-
-@pytest.fixture(scope="module")
-def fixture():
-    return read_fixture("fedadg")
+fixture = parity_fixture("fedadg")
 
 
 def test_fixture_is_the_generators(fixture):
-    assert fixture.meta["repository"] == generator.REPOSITORY
-    assert fixture.meta["commit"] == generator.COMMIT
-    settings = fixture.settings
+    settings = checked_settings(fixture, generator)
     assert {k: settings[k] for k in generator.SETTINGS} == {k: list(v) if isinstance(v, tuple) else v
                                                             for k, v in generator.SETTINGS.items()}
     assert torch.equal(fixture["labels"], generator.batch()[1])
@@ -49,10 +43,8 @@ def test_one_local_step_matches(fixture, monkeypatch):
     torch.manual_seed(0)
     model = build_model("convnet", k, generator.SIZE)
     algo.configure_model(model)
-    state = generator.model_state()
-    for key, value in weight_sums(state).items():
-        assert float(value) == pytest.approx(float(fixture[key]), rel=1e-12, abs=1e-12), key
-    model.load_state_dict({FEDSTYLE_NAMES.get(name, name): value for name, value in state.items()})
+    load_authors_state(model, generator.model_state(), fixture, lambda name: FEDSTYLE_NAMES.get(name, name),
+                       approx=1e-12)
     model.train()
 
     x, y = generator.batch()
@@ -69,17 +61,15 @@ def test_one_local_step_matches(fixture, monkeypatch):
         return sgd_step(self, *a, **kw)
 
     monkeypatch.setattr(torch.optim.SGD, "step", recording_step)
-    data = ClientData(torch.zeros(len(y), 3, generator.SIZE, generator.SIZE, dtype=torch.uint8), y, torch.zeros_like(y),
-                      lambda images, train=True: images.float())
-    ctx = ClientContext(client_id=0, data=data, state={}, round=0, num_clients=3, device=CPU, seed=0,
-                        train=TrainSettings(lr=lr_task, batch_size=len(y), local_steps=1, momentum=generator.MOMENTUM,
-                                            weight_decay=generator.WEIGHT_DECAY))
+    ctx = client_context(placeholder_data(y, generator.SIZE), num_clients=3,
+                         train=TrainSettings(lr=lr_task, batch_size=len(y), local_steps=1, momentum=generator.MOMENTUM,
+                                             weight_decay=generator.WEIGHT_DECAY))
     result = algo.local_train(ctx, model, {})
 
     logged = result.metrics
-    errors = {name: relative_error(torch.tensor([logged[f"fedadg_{name}"]]), fixture[f"loss/{name}"])
-              for name in ("ce", "adv_d", "adv_f", "adv_g")}
-    errors["total"] = relative_error(torch.tensor([result.train_loss]), fixture["loss/total"])
+    errors = relative_errors(fixture, "loss/", **{name: torch.tensor([logged[f"fedadg_{name}"]])
+                                                  for name in ("ce", "adv_d", "adv_f", "adv_g")},
+                             total=torch.tensor([result.train_loss]))
     assert max(errors.values()) < 1e-5, errors
 
     assert len(steps) == 3

@@ -13,22 +13,19 @@ import torch
 
 from fedstyle.style.transfer.fft import FFTAmplitude, exchange_amplitude
 from parity import feddg_fft as generator
-from parity.common import read_fixture, relative_error
+from parity.common import relative_error
+
+from parity_steps import checked_settings, parity_fixture
 
 TOLERANCE = 1e-5  # float32 FFTs here, float64 in the authors' numpy
-
-
-@pytest.fixture(scope="module")
-def fixture():
-    return read_fixture("feddg_fft")
+fixture = parity_fixture("feddg_fft")
 
 
 def test_fixture_is_the_generators(fixture):
-    assert fixture.meta["repository"] == generator.REPOSITORY
-    assert fixture.meta["commit"] == generator.COMMIT
-    assert fixture.settings["sizes"] == [list(s) for s in generator.SIZES]
-    assert fixture.settings["interpolations"] == [list(s) for s in generator.INTERPOLATIONS]
-    assert fixture.settings["full_exchanges"] == list(generator.FULL_EXCHANGES)
+    settings = checked_settings(fixture, generator)
+    assert settings["sizes"] == [list(s) for s in generator.SIZES]
+    assert settings["interpolations"] == [list(s) for s in generator.INTERPOLATIONS]
+    assert settings["full_exchanges"] == list(generator.FULL_EXCHANGES)
     for key, image in generator.images().items():
         assert torch.equal(fixture[key], image), key
 

@@ -14,14 +14,13 @@ from fedstyle.algorithms.feddg_ga import WEIGHTS, FedDGGA, adjust_weights
 from parity import feddg_ga as generator
 from parity.common import read_fixture, relative_error
 
+from parity_steps import checked_settings
+
 FIXTURE = read_fixture("feddg_ga")
 
 
 def test_fixture_provenance_and_settings():
-    assert FIXTURE.meta["repository"] == generator.REPOSITORY and FIXTURE.meta["commit"] == generator.COMMIT
-    settings = FIXTURE.settings
-    assert settings["pardon_repository"] == generator.PARDON_REPOSITORY
-    assert settings["pardon_commit"] == generator.PARDON_COMMIT
+    settings = checked_settings(FIXTURE, generator, second="pardon")
     assert {k: settings[k] for k in generator.SETTINGS} == generator.SETTINGS
     for metric in generator.OFFICIAL:
         before, after = generator.official_results(metric)

@@ -9,7 +9,9 @@ import torch
 from fedstyle.algorithms.context import ClientUpdate, ServerContext
 from fedstyle.algorithms.fedgma import FedGMA
 from parity import fedgma as generator
-from parity.common import read_fixture, relative_error, weight_sums
+from parity.common import read_fixture, relative_error
+
+from parity_steps import assert_weight_sums, checked_settings
 
 FIXTURE = read_fixture("fedgma")
 #: float32 state, the same arithmetic in another order: measured <= 7e-8
@@ -21,15 +23,10 @@ CODES = {  # fixture group -> fedstyle hyperparameters reproducing that codebase
 
 
 def test_fixture_provenance_and_inputs():
-    assert FIXTURE.meta["repository"] == generator.REPOSITORY and FIXTURE.meta["commit"] == generator.COMMIT
-    settings = FIXTURE.settings
-    assert settings["benchmark_repository"] == generator.BENCHMARK_REPOSITORY
-    assert settings["benchmark_commit"] == generator.BENCHMARK_COMMIT
+    settings = checked_settings(FIXTURE, generator, second="benchmark")
     assert {k: settings[k] for k in generator.SETTINGS} == generator.SETTINGS
     base, clients = generator.inputs()  # the generator's inputs are rebuilt exactly
-    sums = weight_sums(base)
-    for key, value in sums.items():
-        assert torch.equal(value, FIXTURE[key]), key
+    assert_weight_sums(base, FIXTURE)
     for key, value in base.items():
         assert torch.equal(value, FIXTURE[f"global/{key}"])
     for i, state in enumerate(clients):

@@ -14,7 +14,9 @@ from fedstyle.algorithms.fedsr import FedSR
 from fedstyle.models.base import Classifier
 from fedstyle.models.necks import GaussianNeck
 from parity import fedsr as generator
-from parity.common import gradient_errors, read_fixture, relative_error, seeded_weights, weight_sums
+from parity.common import read_fixture, relative_error
+
+from parity_steps import checked_settings, compare_step, run_step, seeded_model
 
 FIXTURE = read_fixture("fedsr")
 S = generator.SETTINGS
@@ -28,24 +30,13 @@ def model_with_the_authors_weights():
     algo = FedSR(HP, num_classes=S["classes"], num_clients=1)
     model = Classifier(generator.backbone(), S["classes"])
     algo.configure_model(model)
-    named = dict(model.named_parameters()) | dict(model.named_buffers())
-    shapes = {}
-    for name in FIXTURE.group("weight_sum/"):
-        shapes[name] = named[generator.fedstyle_name(name)].shape
-    state = seeded_weights(shapes, seed=S["weights_seed"])
-    state["C"] = torch.tensor(generator.C_VALUE)
-    for key, value in weight_sums(state).items():
-        assert torch.equal(value, FIXTURE[key]), key
-    assert {generator.fedstyle_name(k) for k in state} == set(named)  # every tensor of fedstyle's model set
-    with torch.no_grad():
-        for name, value in state.items():
-            named[generator.fedstyle_name(name)].copy_(value)
+    names = {generator.fedstyle_name(k): k for k in FIXTURE.group("weight_sum/")}  # every tensor of the model
+    seeded_model(model, names, FIXTURE, seed=S["weights_seed"], overrides={"C": torch.tensor(generator.C_VALUE)})
     return algo, model
 
 
 def test_fixture_provenance_and_settings():
-    assert FIXTURE.meta["repository"] == generator.REPOSITORY and FIXTURE.meta["commit"] == generator.COMMIT
-    assert FIXTURE.settings == S
+    assert checked_settings(FIXTURE, generator) == S
 
 
 def test_prediction_and_training_step_match_the_authors_code(monkeypatch):
@@ -74,12 +65,10 @@ def test_prediction_and_training_step_match_the_authors_code(monkeypatch):
     monkeypatch.setattr(GaussianNeck, "sample", staticmethod(sample))
     logged = {}
     ctx = types.SimpleNamespace(log=lambda name, value: logged.__setitem__(name, value))
-    loss = algo.training_loss(ctx, model, x, y, {})
+    step = run_step(algo, model, x, y, ctx=ctx, hooks=())
     for name in ("mu", "sigma", "z"):
         assert relative_error(seen[name], FIXTURE[f"train/{name}"]) <= TOLERANCE["output"], name
-    for name, key in (("ce", "fedsr_ce"), ("l2r", "fedsr_l2r"), ("cmi", "fedsr_cmi")):
-        assert relative_error(logged[key].reshape(1), FIXTURE[f"loss/{name}"]) <= TOLERANCE["loss"], name
-    assert relative_error(loss.reshape(1), FIXTURE["loss/total"]) <= TOLERANCE["loss"]
-    loss.backward()
-    errors = gradient_errors(FIXTURE.tensors, {n: p.grad for n, p in model.named_parameters()})
-    assert max(errors.values()) <= TOLERANCE["grad"], max(errors.items(), key=lambda kv: kv[1])
+    result = compare_step(FIXTURE, step, "loss/", loss="total", grad_prefix="grad/",
+                          ce=logged["fedsr_ce"], l2r=logged["fedsr_l2r"], cmi=logged["fedsr_cmi"])
+    assert max(result.errors.values()) <= TOLERANCE["loss"], result.errors  # the terms and the total
+    assert result.grad <= TOLERANCE["grad"], result.worst_grad

@@ -7,23 +7,19 @@ CE, CPCL and UPCR terms, every weight's gradient and the batch prototypes the cl
 
 from __future__ import annotations
 
-import pytest
 import torch
 
 from fedstyle.algorithms import METHODS
-from fedstyle.algorithms.context import ClientContext, ClientUpdate, ServerContext, TrainSettings
+from fedstyle.algorithms.context import ClientUpdate, ServerContext, TrainSettings
 from fedstyle.algorithms.fpl import CLASSES, PROTOS, SERVER_CLASSES, SERVER_PROTOS
-from fedstyle.data.client import ClientData
 from fedstyle.models import build_model
 from parity import fpl as generator
-from parity.common import gradient_errors, read_fixture, relative_error, weight_sums
+from parity.common import relative_error
 
-CPU = torch.device("cpu")
+from parity_steps import (checked_settings, client_context, compare_step, load_authors_state, parity_fixture,
+                          placeholder_data, run_step)
 
-
-@pytest.fixture(scope="module")
-def fixture():
-    return read_fixture("fpl")
+fixture = parity_fixture("fpl")
 
 
 def _setup(fixture):
@@ -32,10 +28,7 @@ def _setup(fixture):
     torch.manual_seed(0)
     model = build_model("convnet", generator.NUM_CLASSES, generator.SIZE)
     algo.configure_model(model)
-    state = generator.model_state()
-    for key, value in weight_sums(state).items():
-        assert float(value) == pytest.approx(float(fixture[key]), rel=1e-12, abs=1e-12), key
-    model.load_state_dict(state)
+    load_authors_state(model, generator.model_state(), fixture, approx=1e-12)
     return algo, model
 
 
@@ -49,9 +42,7 @@ def _aggregate(algo, model, fixture):
 
 
 def test_fixture_is_the_generators(fixture):
-    assert fixture.meta["repository"] == generator.REPOSITORY
-    assert fixture.meta["commit"] == generator.COMMIT
-    settings = fixture.settings
+    settings = checked_settings(fixture, generator)
     assert {k: settings[k] for k in generator.SETTINGS} == {k: (list(map(list, v)) if k == "client_classes" else
                                                                 list(v) if isinstance(v, tuple) else v)
                                                             for k, v in generator.SETTINGS.items()}
@@ -83,20 +74,15 @@ def test_local_step_loss_gradients_and_prototypes_match(fixture):
     server = _aggregate(algo, model, fixture)
     payload = algo.round_payloads(server, [0], {})[0]
     x, y = generator.batch()
-    data = ClientData(torch.zeros(len(y), 3, generator.SIZE, generator.SIZE, dtype=torch.uint8), y,
-                      torch.zeros_like(y), lambda images, train=True: images.float())
-    ctx = ClientContext(client_id=0, data=data, state={}, train=TrainSettings(lr=generator.LR, batch_size=len(y)),
-                        round=1, num_clients=len(generator.CLIENT_CLASSES), device=CPU, seed=0)
+    ctx = client_context(placeholder_data(y, generator.SIZE), TrainSettings(lr=generator.LR, batch_size=len(y)),
+                         round=1, num_clients=len(generator.CLIENT_CLASSES))
     model.train()
-    loss = algo.training_loss(ctx, model, x, y, payload)
-    loss.backward()
+    step = run_step(algo, model, x, y, payload, ctx=ctx, hooks=())
     logged = ctx.logged_metrics()
-    errors = {name: relative_error(torch.tensor([logged[f"fpl_{name}"]]), fixture[f"loss/{name}"])
-              for name in ("ce", "cpcl", "upcr")}
-    errors["total"] = relative_error(loss.detach().reshape(1), fixture["loss/total"])
-    assert max(errors.values()) < 1e-5, errors
-    grads = gradient_errors(fixture.tensors, {n: p.grad for n, p in model.named_parameters()})
-    assert max(grads.values()) < 1e-4, {k: v for k, v in grads.items() if v >= 1e-4}
+    result = compare_step(fixture, step, "loss/", loss="total", grad_prefix="grad/",
+                          **{name: torch.tensor([logged[f"fpl_{name}"]]) for name in ("ce", "cpcl", "upcr")})
+    assert max(result.errors.values()) < 1e-5, result.errors
+    assert result.grad < 1e-4, {k: v for k, v in result.grads.items() if v >= 1e-4}
 
     upload = algo.upload_payload(ctx, model)
     theirs = fixture.group("local/")
@@ -110,10 +96,8 @@ def test_batch_prototypes_come_from_the_rounds_last_local_epoch():
     images in batches of 5 (2 steps an epoch) and 3 local steps, the last 2 steps' features."""
     algo = METHODS.get("fpl")({"reference_code": True}, num_classes=2, num_clients=2)
     y = torch.tensor([0, 1, 0, 1, 0])
-    data = ClientData(torch.zeros(10, 3, 4, 4, dtype=torch.uint8), torch.arange(10) % 2,
-                      torch.zeros(10, dtype=torch.long), lambda images, train=True: images.float())
-    ctx = ClientContext(client_id=0, data=data, state={}, train=TrainSettings(lr=0.1, batch_size=5, local_steps=3),
-                        round=0, num_clients=2, device=CPU, seed=0)
+    ctx = client_context(placeholder_data(torch.arange(10) % 2, 4), TrainSettings(lr=0.1, batch_size=5, local_steps=3),
+                         num_clients=2)
     model = build_model("convnet", 2, 16)
     model.train()
     features = []

@@ -5,19 +5,19 @@ from __future__ import annotations
 
 import torch
 
-from fedstyle.algorithms.context import ClientContext
 from fedstyle.algorithms.mixstyle import LocalMixStyle
-from fedstyle.models.base import Classifier
-from fedstyle.models.resnet import BasicBlock, ResNet
 from fedstyle.style import mixstyle as ms
 from parity import mixstyle as generator
-from parity.common import gradient_errors, read_fixture, relative_error, seeded_weights, weight_sums
+from parity.common import read_fixture, relative_error
+
+from parity_steps import Renaming, checked_settings, compare_step, replayed_step, seeded_model, small_resnet
 
 FIXTURE = read_fixture("mixstyle")
 #: measured: module output 6e-8, its gradient 5e-8; logits 1.1e-6, loss 2.3e-7, gradients <= 1.9e-6
 OUT_TOL, LOSS_TOL, GRAD_TOL = 1e-5, 1e-5, 1e-4
 #: the relative errors the last run measured (for docs/parity.md)
 MEASURED: dict[str, float] = {}
+NAMES = Renaming({"classifier.": "head."})  # the authors' name prefix -> fedstyle's (else under backbone.)
 
 
 def _replay(monkeypatch, fired, lambdas, perms):
@@ -29,29 +29,15 @@ def _replay(monkeypatch, fired, lambdas, perms):
     return fired, lambdas, perms
 
 
-def _ctx() -> ClientContext:
-    return ClientContext(client_id=0, data=None, state={}, train=None, round=0, num_clients=1,
-                         device=torch.device("cpu"), seed=0)
-
-
-def _authors_name(fedstyle: str) -> str:
-    return "classifier." + fedstyle[len("head."):] if fedstyle.startswith("head.") else fedstyle[len("backbone."):]
-
-
-def _fedstyle_name(authors: str) -> str:
-    return "head." + authors[len("classifier."):] if authors.startswith("classifier.") else "backbone." + authors
-
-
 def test_fixture_provenance():
-    assert FIXTURE.meta["repository"] == generator.REPOSITORY and FIXTURE.meta["commit"] == generator.COMMIT
-    assert FIXTURE.settings == generator.SETTINGS
+    assert checked_settings(FIXTURE, generator) == generator.SETTINGS
 
 
 def test_module_matches_the_authors_mixstyle(monkeypatch):
     x, w = generator.module_input()
     x.requires_grad_(True)
     op = LocalMixStyle({"reference_code": True}, num_classes=2, num_clients=1)
-    model = Classifier(ResNet(BasicBlock, (1, 1, 1, 1)), 2)
+    model = small_resnet(2)
     op.configure_model(model)
     mix = model.backbone.stage_ops["layer1"]
     assert isinstance(mix, ms.MixStyle) and mix.unbiased  # reference mode: torch.var's unbiased variance
@@ -73,34 +59,19 @@ def test_module_matches_the_authors_mixstyle(monkeypatch):
 
 
 def test_resnet_step_matches_the_authors_resnet_ms(monkeypatch):
-    model = Classifier(ResNet(BasicBlock, (1, 1, 1, 1)), generator.CLASSES)
+    model = small_resnet(generator.CLASSES)
     algo = LocalMixStyle({"reference_code": True}, num_classes=generator.CLASSES, num_clients=1)
     algo.configure_model(model)
     assert sorted(model.backbone.stage_ops) == sorted(generator.STAGES)
-    fedstyle_keys = list(model.state_dict())
-    authors = {_authors_name(k): v.shape for k, v in model.state_dict().items()}
-    state = seeded_weights(authors, seed=0)
-    for key, value in weight_sums(state, prefix="model/weight_sum/").items():
-        assert torch.equal(value, FIXTURE[key]), key
-    model.load_state_dict({_fedstyle_name(k): v for k, v in state.items()}, strict=True)
-    assert len(fedstyle_keys) == len(state)
+    state = seeded_model(model, NAMES.to_authors, FIXTURE, prefix="model/weight_sum/")
+    assert len(model.state_dict()) == len(state)
     model.train()
 
     fired = FIXTURE["model/fired"].tolist()
     left = _replay(monkeypatch, fired, [FIXTURE["model/lambda0"], FIXTURE["model/lambda1"]],
                    [FIXTURE["model/perm0"], FIXTURE["model/perm1"]])
-    logits = []
-    model.head.register_forward_hook(lambda module, args, out: logits.append(out.detach()))
-    images, labels = generator.model_input()
-    loss = algo.training_loss(_ctx(), model, images, labels, {})
-    loss.backward()
-    assert all(not rest for rest in left)  # every recorded draw used, in order
-    monkeypatch.undo()  # torch's samplers as they are again
+    step = replayed_step(monkeypatch, algo, model, *generator.model_input(), left=left)
 
-    MEASURED["model/logits"] = relative_error(logits[0], FIXTURE["model/logits"])
-    MEASURED["model/loss"] = relative_error(loss.detach().reshape(1), FIXTURE["model/loss"])
-    assert MEASURED["model/logits"] <= OUT_TOL and MEASURED["model/loss"] <= LOSS_TOL
-    by_authors = {_authors_name(k): p.grad for k, p in model.named_parameters()}
-    errors = gradient_errors(FIXTURE.tensors, by_authors, prefix="model/grad/")  # every parameter
-    MEASURED["model/grad"] = max(errors.values())
-    assert MEASURED["model/grad"] <= GRAD_TOL, max(errors.items(), key=lambda kv: kv[1])
+    result = compare_step(FIXTURE, step, "model/", to_authors=NAMES.to_authors, logits=step.outputs["head"][0])
+    MEASURED.update(result.measured("model/"))  # every parameter's gradient
+    result.assert_within(OUT_TOL, LOSS_TOL, GRAD_TOL)

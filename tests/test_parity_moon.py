@@ -13,7 +13,9 @@ import torch
 from fedstyle.algorithms.moon import MOON, model_contrastive_loss
 from fedstyle.models.base import Classifier
 from parity import moon as generator
-from parity.common import gradient_errors, read_fixture, relative_error, seeded_weights, weight_sums
+from parity.common import read_fixture, relative_error
+
+from parity_steps import checked_settings, compare_step, run_step, seeded_model
 
 FIXTURE = read_fixture("moon")
 S = generator.SETTINGS
@@ -26,14 +28,8 @@ def model(algo: MOON, role: str) -> Classifier:
     """fedstyle's model with the weights the generator gave the authors' net ``role``."""
     net = Classifier(generator.backbone(), S["classes"])
     algo.configure_model(net)
-    named = net.state_dict()
-    sums = FIXTURE.group(f"weight_sum/{role}/")
-    state = seeded_weights({k: named[generator.fedstyle_name(k)].shape for k in sums}, seed=S["seeds"][role])
-    for key, value in weight_sums(state, prefix="").items():
-        assert torch.equal(value, sums[key]), key
-    mapped = {generator.fedstyle_name(k): v for k, v in state.items()}
-    assert set(mapped) == set(named)
-    net.load_state_dict(mapped)
+    names = {generator.fedstyle_name(k): k for k in FIXTURE.group(f"weight_sum/{role}/")}
+    seeded_model(net, names, FIXTURE, prefix=f"weight_sum/{role}/", seed=S["seeds"][role])
     return net
 
 
@@ -45,8 +41,7 @@ def frozen(net: Classifier) -> Classifier:
 
 
 def test_fixture_provenance_and_settings():
-    assert FIXTURE.meta["repository"] == generator.REPOSITORY and FIXTURE.meta["commit"] == generator.COMMIT
-    assert FIXTURE.settings == S
+    assert checked_settings(FIXTURE, generator) == S
 
 
 def test_training_step_matches_train_net_fedcon():
@@ -62,13 +57,10 @@ def test_training_step_matches_train_net_fedcon():
                                 timed=lambda name: contextlib.nullcontext(),
                                 log=lambda name, value: logged.__setitem__(name, value))
     ctx.scratch["moon/previous"] = algo.previous_model(ctx, local)  # the runtime's path: the stored state, frozen
-    loss = algo.training_loss(ctx, local, x, y, {})
-    assert relative_error(logged["moon_ce"].detach().reshape(1), FIXTURE["k1/ce"]) <= TOLERANCE["loss"]
-    assert relative_error(logged["moon_con"].detach().reshape(1), FIXTURE["k1/con"]) <= TOLERANCE["loss"]
-    assert relative_error(loss.detach().reshape(1), FIXTURE["k1/loss"]) <= TOLERANCE["loss"]
-    loss.backward()
-    errors = gradient_errors(FIXTURE.tensors, {n: p.grad for n, p in local.named_parameters()})
-    assert max(errors.values()) <= TOLERANCE["grad"], max(errors.items(), key=lambda kv: kv[1])
+    step = run_step(algo, local, x, y, ctx=ctx, hooks=())
+    result = compare_step(FIXTURE, step, "k1/", grad_prefix="grad/", ce=logged["moon_ce"], con=logged["moon_con"])
+    assert max(result.errors.values()) <= TOLERANCE["loss"], result.errors  # ce, con, the step's loss
+    assert result.grad <= TOLERANCE["grad"], result.worst_grad
 
 
 def test_contrastive_loss_with_two_previous_models():

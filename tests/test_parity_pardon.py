@@ -27,9 +27,10 @@ from fedstyle.algorithms.pardon import PARDON, SERVER_CLUSTERS
 from fedstyle.style.transfer import FeatureAdaIN, Style
 from fedstyle.style.transfer.interpolation import finch_partition, image_features, style_matrix
 from parity import pardon as generator
-from parity.common import gradient_errors, read_fixture, relative_error
+from parity.common import gradient_errors, relative_error
 
-CPU = torch.device("cpu")
+from parity_steps import CPU, assert_weight_sums, checked_settings, outputs_of, parity_fixture
+
 # measured (torch 2.13, CPU): client style 1.3e-7 (std; mean 7e-8), S_g 4.8e-8, loss 0 (exact), gradients
 # 1.5e-6 (largest, layer1 conv), transfer 7.3e-7
 STYLE_TOLERANCE = 1e-6  # the bar for the mended client style
@@ -46,16 +47,13 @@ class StandIn(FeatureAdaIN):
         super().__init__(encoder, decoder, "standin", 1, "cpu", 128)
 
 
-@pytest.fixture(scope="module")
-def fixture():
-    return read_fixture("pardon")
+fixture = parity_fixture("pardon")
 
 
 @pytest.fixture(scope="module")
 def state(fixture):
     state = generator.weights()
-    for key, value in state.items():
-        assert float(value.double().sum()) == pytest.approx(float(fixture[f"weight_sum/{key}"]), rel=1e-12, abs=1e-12)
+    assert_weight_sums(state, fixture, approx=1e-12)
     return state
 
 
@@ -88,10 +86,9 @@ def same_partition(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 def test_fixture_is_the_generators(fixture):
-    assert fixture.meta["repository"] == generator.REPOSITORY
-    assert fixture.meta["commit"] == generator.COMMIT
-    assert fixture.settings == {k: [list(b) for b in v] if k == "loader_batches" else list(v) if isinstance(v, tuple)
-                                else v for k, v in generator.SETTINGS.items()}
+    assert checked_settings(fixture, generator) == {
+        k: [list(b) for b in v] if k == "loader_batches" else list(v) if isinstance(v, tuple) else v
+        for k, v in generator.SETTINGS.items()}
     assert float(generator.client_images().double().sum()) == float(fixture["image_sum"])
     mean, std = generator.client_styles()
     assert torch.equal(torch.stack([mean.double().sum(), std.double().sum()]), fixture["server/style_sums"])
@@ -193,15 +190,11 @@ def test_transfer_is_the_codes_adain_at_alpha_half(fixture, state, monkeypatch):
     assert backend.unbiased_content and algo.hp["transfer_alpha"] == generator.ALPHA
     style = Style(backend.name, backend.encoder_id, {"mean": fixture["client/mean"], "std": fixture["client/std"]})
     content = generator.client_images()[list(generator.TRANSFER_IMAGES)]
-    decoded = []
-    hook = backend.decoder.register_forward_hook(lambda module, args, output: decoded.append(output.detach().clone()))
-    try:
+    with outputs_of(backend.decoder) as decoded:
         backend.transfer(content, style, alpha=algo.hp["transfer_alpha"])
         backend.unbiased_content = False  # the default's population variance: 9.8e-4 off at 16 x 16 maps
         restyled = Style(style.backend, backend.encoder_id, style.tensors)  # the id without +unbiased-content
         backend.transfer(content, restyled, alpha=algo.hp["transfer_alpha"])
-    finally:
-        hook.remove()
     assert relative_error(decoded[0], fixture["transfer/output"]) < OUTPUT_TOLERANCE
     assert relative_error(decoded[1], fixture["transfer/output"]) > 10 * OUTPUT_TOLERANCE
     assert not pardon(monkeypatch, vgg, decoder, reference_code=False).backend(

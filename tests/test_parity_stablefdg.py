@@ -11,14 +11,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fedstyle.algorithms.context import ClientContext
 from fedstyle.algorithms.stablefdg import STYLE_KEY, StableFDG
 from fedstyle.algorithms.stablefdg_pipeline import PipelineDraws
-from fedstyle.data.client import ClientData
 from fedstyle.models import build_model
 from parity import stablefdg as generator
-from parity.common import gradient_errors, read_fixture, relative_error, seeded_weights
+from parity.common import read_fixture, seeded_weights
 
+from parity_steps import checked_settings, client_context, compare_step, placeholder_data, run_step
 from tiny import SETTINGS, TRANSFORM
 
 FIXTURE = read_fixture("stablefdg")
@@ -99,38 +98,31 @@ def reference_model():
     return algo, model.train()
 
 
-def step(scenario: str):
+def reference_step(scenario: str):
+    """One reference step of scenario ``scenario``: the Step and fedstyle's names -> the fixture's."""
     algo, model = reference_model()
     algo.draws = draws = ForcedDraws(scenario)
     x, y = generator.inputs()
     assert torch.equal(y, FIXTURE["labels"])
     mean, spread = FIXTURE["style/mean"], FIXTURE["style/spread"]
     phi = torch.stack([mean[:64], mean[64:], spread[:64] ** 2, spread[64:] ** 2])  # spread = sqrt(var)
-    data = ClientData(torch.zeros(2, 3, 8, 8, dtype=torch.uint8), torch.zeros(2, dtype=torch.long),
-                      torch.zeros(2, dtype=torch.long), TRANSFORM)
-    ctx = ClientContext(client_id=0, data=data, state={}, train=SETTINGS.train_settings(1), round=1,
-                        num_clients=4, device=torch.device("cpu"), seed=0)
-    logits = []
-    model.head.register_forward_hook(lambda module, inputs, out: logits.append(out))
-    loss = algo.training_loss(ctx, model, x, y, {STYLE_KEY: phi})
-    loss.backward()
+    ctx = client_context(placeholder_data(torch.zeros(2, dtype=torch.long), 8, TRANSFORM), SETTINGS.train_settings(1),
+                         round=1, num_clients=4)
+    step = run_step(algo, model, x, y, {STYLE_KEY: phi}, ctx=ctx)
     assert draws.finished(), "fedstyle asked for other draws than the authors' code made"
-    grads = {authors_names(model)[n]: p.grad for n, p in model.named_parameters()}
-    return loss.detach(), logits[0].detach(), grads, ctx.logged_metrics()
+    return step, authors_names(model)
 
 
 def test_fixture_names_the_authors_repository_and_commit():
-    assert FIXTURE.meta["repository"] == generator.REPOSITORY
-    assert FIXTURE.meta["commit"] == generator.COMMIT
-    assert FIXTURE.settings["labels"] == generator.LABELS
+    assert checked_settings(FIXTURE, generator)["labels"] == generator.LABELS
 
 
 @pytest.mark.parametrize("scenario", sorted(generator.SCENARIOS))
 def test_one_reference_step_matches_the_authors_loss_and_every_gradient(scenario):
-    loss, logits, grads, metrics = step(scenario)
-    assert metrics["shift_fired"] == (1.0 if scenario == "a" else 0.0)
-    assert relative_error(logits, FIXTURE[f"{scenario}/logits"]) < 1e-4
-    assert relative_error(loss, FIXTURE[f"{scenario}/loss"]) < LOSS_TOL, (float(loss), float(FIXTURE[f"{scenario}/loss"]))
-    errors = gradient_errors(FIXTURE.group(f"{scenario}/"), grads)
-    worst = max(errors, key=errors.get)
-    assert errors[worst] < GRAD_TOL, f"{worst}: {errors[worst]:.2e} (top: {sorted(errors.items(), key=lambda e: -e[1])[:4]})"
+    step, names = reference_step(scenario)
+    assert step.ctx.logged_metrics()["shift_fired"] == (1.0 if scenario == "a" else 0.0)
+    result = compare_step(FIXTURE, step, f"{scenario}/", to_authors=names, logits=step.outputs["head"][0])
+    assert result.errors["logits"] < 1e-4
+    assert result.errors["loss"] < LOSS_TOL, (float(step.loss), float(FIXTURE[f"{scenario}/loss"]))
+    worst, error = result.worst_grad
+    assert error < GRAD_TOL, f"{worst}: {error:.2e} (top: {sorted(result.grads.items(), key=lambda e: -e[1])[:4]})"
