@@ -81,7 +81,14 @@ def ablation_variants(backend: str) -> list[Variant]:
     gamma1 = gamma2 = 0 alone is FedAvg at twice the forward cost: CE is on the originals only.)"""
     return [Variant("pardon-v3", "pardon", {"style_backend": backend, "gamma1": 0.0, "gamma2": 0.0,
                                             "ce_views": "both", "batchnorm_stats": "joint"},
-                    label="PARDON-v3: CE on x and x' (gamma1 = gamma2 = 0)")]
+                    label="PARDON-v3: CE on x and x' (gamma1 = gamma2 = 0)"),
+            # the public code's choices (issue 34), and the same with the client style fedstyle's reference
+            # mode had before it: the mean of the cluster styles instead of their pooled moments
+            Variant("pardon-ref", "pardon", {"style_backend": backend, "reference_code": True},
+                    label="PARDON (reference code)"),
+            Variant("pardon-ref-mean", "pardon", {"style_backend": backend, "reference_code": True,
+                                                  "client_style": "mean"},
+                    label="PARDON (reference code, client style = mean of clusters)")]
 
 
 def sweep_variants(backend: str) -> list[Variant]:
@@ -208,7 +215,9 @@ def main() -> None:
                         "smoke fft)")
     parser.add_argument("--rows", nargs="+", default=None,
                         help="run only these rows (fedavg fedgma fpl feddg_ga ccst pardon; default: these six) "
-                        "or the ablation row pardon-v3 (CE on the originals and their S_g transfers, no triplet/L2)")
+                        "or the rows run only when named: pardon-v3 (CE on the originals and their S_g transfers, "
+                        "no triplet/L2), pardon-ref (reference_code=true) and pardon-ref-mean (reference_code=true "
+                        "with client_style=mean, the reference mode before issue 34)")
     parser.add_argument("--no-lambda-sweep", action="store_true", help="leave out the lambda in {0, 1} runs")
     parser.add_argument("--protocols", nargs="+", choices=("lodo", "ltdo"), default=["lodo", "ltdo"])
     parser.add_argument("--datasets", nargs="+", choices=DATASETS, default=None, help="default: the scale's")
