@@ -77,6 +77,7 @@ from torch import nn
 from fedstyle.algorithms.base import Algorithm
 from fedstyle.algorithms.hparams import HParam
 from fedstyle.algorithms.registry import register_method
+from fedstyle.errors import ConfigError
 
 GENERATOR, DISCRIMINATOR = "fedadg_generator", "fedadg_discriminator"
 
@@ -128,6 +129,13 @@ def generator_loss(d_reference: torch.Tensor) -> torch.Tensor:
     return d_reference.square().mean()
 
 
+#: the widest generator / projection layer accepted (the authors' sizes are 2,048 and 4,096): a width of 10^12
+#: would ask the allocator for terabytes and die with its traceback instead of a sentence
+MAX_WIDTH = 65_536
+#: the generator's first layer, (noise_dim + K) x gen_hidden, at most this many weights (2^28: 1 GiB of float32)
+MAX_GENERATOR_WEIGHTS = 2**28
+
+
 @register_method
 class FedADG(Algorithm):
     name = "fedadg"
@@ -137,16 +145,25 @@ class FedADG(Algorithm):
     paper = "Zhang, Lei, Shi, Huang, Chen, Federated learning with domain generalization, arXiv 2111.10487, 2021"
     HPARAMS = (
         HParam("lambda_adv", 0.15, "weight of L_advf in F and C's loss; L_err gets 1 - lambda_adv", low=0.0, high=1.0),
-        HParam("noise_dim", 2048, "dimension of the generator's uniform noise", low=1),
-        HParam("gen_hidden", 4096, "hidden width of the distribution generator", low=1),
-        HParam("rp_size", 1024, "width of the discriminator's projection of a feature", low=1),
-        HParam("disc_hidden", 1024, "hidden width of the discriminator", low=1),
+        HParam("noise_dim", 2048, "dimension of the generator's uniform noise", low=1, high=MAX_WIDTH),
+        HParam("gen_hidden", 4096, "hidden width of the distribution generator", low=1, high=MAX_WIDTH),
+        HParam("rp_size", 1024, "width of the discriminator's projection of a feature", low=1, high=MAX_WIDTH),
+        HParam("disc_hidden", 1024, "hidden width of the discriminator", low=1, high=MAX_WIDTH),
         HParam("onehot", 0.7, "value of the label code's hot entry (generator and discriminator input)", low=0.0),
         HParam("adv_lr_scale", 0.7, "learning rate of G and D as a multiple of the run's (scheduled) lr", low=0.0),
         HParam("ce_warmup", 0.3, "fraction of each round's local steps that train F and C on L_err alone",
                low=0.0, high=1.0),
         HParam("label_smoothing", 0.0, "label smoothing of L_err", low=0.0, high=1.0),
     )
+
+    @classmethod
+    def resolve(cls, given):
+        hp = super().resolve(given)
+        if hp["noise_dim"] * hp["gen_hidden"] > MAX_GENERATOR_WEIGHTS:
+            raise ConfigError(f"noise_dim x gen_hidden = {hp['noise_dim'] * hp['gen_hidden']:,} generator weights is "
+                              f"above {MAX_GENERATOR_WEIGHTS:,} (1 GiB); lower noise_dim or gen_hidden (the authors': "
+                              "2048 and 4096)")
+        return hp
 
     def configure_model(self, model):
         width = model.head.in_features  # the neck's output: the feature h = F(x)

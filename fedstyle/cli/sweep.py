@@ -130,7 +130,7 @@ def make_launcher(args: argparse.Namespace):
                                       ("--gpus-per-run", args.gpus_per_run)) if value is not None]
     if given:
         raise ConfigError(f"{given[0]} is for --launcher ray")
-    return LocalLauncher(args.workers or 1)
+    return LocalLauncher(1 if args.workers is None else args.workers)  # 0 is refused there, not read as 1
 
 
 def _only(items: list[str]) -> list[tuple[str, list[str]]]:
@@ -214,7 +214,12 @@ def _cmd_reproduce(args: argparse.Namespace) -> int:
     from fedstyle.experiments.paper import list_presets, preset_path
 
     if args.list:
-        for name, data in list_presets():
+        presets = list_presets()
+        tracks = {t for _, data in presets for t in data.get("tracks", {})}
+        if args.track not in (None, FROM_SCRATCH) and args.track not in tracks:
+            raise ConfigError(f"--track {args.track!r} is no preset's track; the tracks are {FROM_SCRATCH}"
+                              + "".join(f", {t}" for t in sorted(tracks)))
+        for name, data in presets:
             paper = data.get("paper", {})
             print(f"{name:10s} {data.get('title', '')}" + (f" — {paper.get('cite')}" if paper.get("cite") else ""))
             print(f"  --track {FROM_SCRATCH} (default)")

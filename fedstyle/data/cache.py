@@ -39,7 +39,13 @@ STALE_STAGING_SECONDS = 24 * 3600
 def cache_dir() -> Path:
     """Root of the dataset cache: ``$FEDSTYLE_CACHE`` if set, else the user cache dir."""
     configured = os.environ.get(CACHE_ENV)
-    return Path(configured).expanduser() if configured else Path(platformdirs.user_cache_dir("fedstyle"))
+    if configured:
+        path = Path(configured).expanduser()
+        if path.exists() and not path.is_dir():
+            raise ConfigError(f"${CACHE_ENV}={configured} is a file, not a folder; point it at a folder (it is made "
+                              "if missing) or unset it for the user cache folder")
+        return path
+    return Path(platformdirs.user_cache_dir("fedstyle"))
 
 
 def recipe_key(recipe: dict) -> str:

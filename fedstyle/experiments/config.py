@@ -239,6 +239,9 @@ class RunConfig:
             (self.client_gpus is None or self.client_gpus >= 0, f"--client-gpus must be >= 0, got {self.client_gpus}"),
             (self.clients_per_round == 0 or self.clients is None or self.clients_per_round <= self.clients,
              f"--clients-per-round {self.clients_per_round} exceeds --clients {self.clients}"),
+            (self.client_batching != "on" or self.topology == "star",
+             f"--client-batching on batches a star round's clients; --topology {self.topology} trains its devices "
+             "peer to peer, one by one: drop --client-batching (or use --topology star)"),
         ]
         for ok, message in checks:
             if not ok:

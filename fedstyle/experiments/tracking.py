@@ -128,6 +128,10 @@ def check_trackers(config) -> None:
         TRACKERS.get(name).check_installed()
     if len(set(config.trackers)) != len(config.trackers):
         raise ConfigError(f"--tracker is given twice: {', '.join(config.trackers)}; give each tracker once")
+    for option, tracker in (("mlflow_uri", "mlflow"), ("tensorboard_dir", "tensorboard")):
+        if getattr(config, option) is not None and tracker not in config.trackers:
+            raise ConfigError(f"--{option.replace('_', '-')} is where --tracker {tracker} logs, and no --tracker "
+                              f"{tracker} is given: add --tracker {tracker} or drop --{option.replace('_', '-')}")
 
 
 def resolve_locations(config):

@@ -28,7 +28,7 @@ grouped convolutions 560-760. The Flower runtimes keep the sequential path (one 
 
 from __future__ import annotations
 
-import warnings
+import sys
 from dataclasses import dataclass
 from typing import Any, Iterator
 
@@ -71,8 +71,9 @@ def decide_batching(sim: Any, mode: str) -> BatchingDecision:
               or (f"optimizer {sim.settings.optimizer}" if sim.settings.optimizer not in ("sgd", "adam") else None)
               or _vmap_probe(sim.model, tuple(sim.clients[0].pool.images.shape[1:]), sim.device))
     if reason:
-        if mode == "on":
-            warnings.warn(f"--client-batching on: {algo.name} trains its clients one by one: {reason}", stacklevel=2)
+        if mode == "on":  # one line on stderr, not a UserWarning with a source line
+            print(f"fedstyle: --client-batching on: {algo.name} trains its clients one by one: {reason}",
+                  file=sys.stderr)
         return BatchingDecision(None, reason)
     return BatchingDecision(BatchedTrainer(sim), "batched")
 
