@@ -332,3 +332,21 @@ def test_label_names_a_row(tiny_config, tmp_path):
     table, paths = write_report([tmp_path / "a", tmp_path / "b"], tmp_path / "report")
     assert [row.label for row in table.rows] == ["baseline A", "baseline B"]
     assert "lr" in table.setting_columns and paths["training"].exists()
+
+
+def test_report_judges_claims_by_the_rule_on_paired_seeds_and_targets(sweep, tmp_path, capsys):
+    """`fedstyle report --claim 'A > B'`: FedAvg vs MixStyle per (target, seed): art 80-82, 70-78; photo 90-96,
+    94-92 -> differences -2, -8, -6, +2 (MixStyle - FedAvg: +2, +8, +6, -2): mean 3.5, sd 4.43, t(0.975, 3)
+    3.182 -> CI [-3.56, +10.56]: within noise, 3 of 4 pairs."""
+    from fedstyle.cli.main import main
+
+    out = tmp_path / "rep"
+    assert main(["report", str(sweep), "--out", str(out), "--claim", "MixStyle > FedAvg"]) == 0
+    said = capsys.readouterr().out
+    assert "claim MixStyle > FedAvg: within noise (+3.5 points, 95 % CI [-3.6, +10.6]; 3 of 4 pairs" in said
+    record = json.loads((out / "claims.json").read_text())[0]
+    assert record["status"] == "within noise" and record["pairs"] == 4
+    assert record["cells"] == ["PACS → art", "PACS → photo"] and record["seeds"] == [0, 1]
+    assert main(["report", str(sweep), "--out", str(out), "--claim", "FedAvg > Nope"]) != 0
+    assert "no row 'Nope' in the table; its rows are 'FedAvg', 'MixStyle'" in capsys.readouterr().err
+    assert main(["report", str(sweep), "--out", str(out), "--claim", "FedAvg >> MixStyle"]) != 0

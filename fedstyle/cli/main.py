@@ -71,9 +71,14 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 def _cmd_report(args: argparse.Namespace) -> int:
     from fedstyle.experiments.report import to_text, write_report
+    from fedstyle.experiments.verdict import judge_labelled_claims
 
     table, paths = write_report([Path(p) for p in args.runs], Path(args.out), which=args.which)
     print(to_text(table))
+    if args.claim:
+        lines = judge_labelled_claims(table, args.claim, Path(args.out) / "claims.json")
+        print("\n".join(lines))
+        paths["claims"] = Path(args.out) / "claims.json"
     for p in paths.values():
         print(f"wrote {p}")
     return 0
@@ -166,6 +171,10 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--out", default="report", metavar="DIR", help="where to write the report (default: report)")
     report.add_argument("--which", choices=("selected", "last"), default="selected",
                         help="accuracy of the selected model or of the last round (default: selected)")
+    report.add_argument("--claim", action="append", default=[], metavar="'A > B'",
+                        help="judge a claim between two rows, named as the table names them (e.g. 'PARDON > FPL', "
+                        "or a chain 'A > B > C'), by fedstyle's rule: paired seeds per held-out target, the 95 %% "
+                        "interval of the mean difference (holds / fails / within noise); repeatable; writes claims.json")
     report.set_defaults(func=_cmd_report)
 
     demo = sub.add_parser("demo", help="leave-one-domain-out on digits4 comparing methods, in a few minutes",

@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 import statistics
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Mapping, Sequence
 
 #: the rule in one paragraph, for reports and RESULTS.md
@@ -130,3 +131,42 @@ def judge_paired(better: Accuracies, worse: Accuracies, level: float = 0.95) -> 
 def judge_chain(rows: Sequence[str], accuracies: Mapping[str, Accuracies]) -> list[tuple[str, str, PairedVerdict]]:
     """A chain claim "a > b > c" as its links (a, b), (b, c), each judged by :func:`judge_paired`."""
     return [(a, b, judge_paired(accuracies[a], accuracies[b])) for a, b in zip(rows, rows[1:])]
+
+
+def judge_labelled_claims(table, claims: Sequence[str], out: Path | None = None) -> list[str]:
+    """``fedstyle report --claim 'A > B'``: each claim (a chain allowed; rows named by their table label) judged
+    on ``table``'s rows (a :class:`~fedstyle.experiments.report.tabulate.Table`), one line per link; the verdicts
+    also go to ``out`` as JSON. A row the table lacks is a ConfigError naming the rows it has."""
+    import json
+    import re
+
+    from fedstyle.errors import ConfigError
+    from fedstyle.io import atomic_write_text
+
+    by_label = {}
+    for row in table.rows:
+        by_label[row.label] = by_label[row.display_label] = row
+    lines, records = [], []
+    for claim in claims:
+        parts = [p.strip() for p in re.split(r"\s+([<>])\s+", claim.strip())]
+        names, signs = parts[0::2], parts[1::2]
+        if len(names) < 2 or len(signs) != len(names) - 1:
+            raise ConfigError(f"--claim {claim!r} is not an ordering 'A > B' (rows named as in the table, "
+                              "spaces around > or <)")
+        for name in names:
+            if name not in by_label:
+                raise ConfigError(f"--claim {claim!r}: no row {name!r} in the table; its rows are "
+                                  + ", ".join(repr(r.label) for r in table.rows))
+        for (a, b), sign in zip(zip(names, names[1:]), signs):
+            better, worse = (a, b) if sign == ">" else (b, a)
+            verdict = judge_paired(by_label[better].cell_accuracies(table.dataset),
+                                   by_label[worse].cell_accuracies(table.dataset))
+            lines.append(f"claim {better} > {worse}: {verdict.status} ({verdict.text()})")
+            records.append({"claim": f"{better} > {worse}", "status": verdict.status, "mean": verdict.mean,
+                            "low": verdict.low, "high": verdict.high, "ahead": verdict.ahead, "pairs": verdict.n,
+                            "sign_p": verdict.sign_p, "cells": verdict.cells, "seeds": verdict.seeds,
+                            "differences": verdict.differences, "rule": RULE})
+    if out is not None:
+        atomic_write_text(out, json.dumps(records, indent=2) + "\n")
+    return lines
+
