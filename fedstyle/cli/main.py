@@ -38,6 +38,7 @@ a 5-minute tour:
   fedstyle demo                       leave-one-domain-out on digits4, FedAvg vs MixStyle vs CCST, table + plot
   fedstyle data list                  datasets (built-in and folder benchmarks)
   fedstyle data show digits4          PNG grid: a row per domain, a column per class
+  fedstyle data download pacs --data-root data   PACS, VLCS, Office-Home, DomainNet ... fetched and verified
   fedstyle methods                    every method with its hyperparameters and defaults
   fedstyle run --help                 train one configuration into a run directory
   fedstyle report runs/*              the papers' table (mean ± std over seeds) + CSV + plot
@@ -206,7 +207,7 @@ def build_parser() -> argparse.ArgumentParser:
     clear.add_argument("kinds", nargs="*", metavar="KIND", help="datasets, ccst, feddg_fft, style or adain")
     clear.add_argument("--all", action="store_true", help="everything")
 
-    data = sub.add_parser("data", help="list datasets or draw one as a PNG grid")
+    data = sub.add_parser("data", help="list datasets, draw one as a PNG grid, or download a benchmark")
     data_sub = data.add_subparsers(dest="data_command", metavar="ACTION", required=True)
     data_list = data_sub.add_parser("list", help="list datasets")
     data_list.set_defaults(func=_cmd_data_list)
@@ -220,6 +221,9 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("--seed", type=int, default=0, help="which images are drawn")
     show.add_argument("--quiet", action="store_true", help="no progress bar")
     show.set_defaults(func=_cmd_data_show)
+    from fedstyle.cli.data import add_download_command
+
+    add_download_command(data_sub)
 
     from fedstyle.cli.style import add_style_commands
 
