@@ -39,6 +39,16 @@ def _row(label: str, accuracies: dict[int, float], cell: str = "d → t") -> Row
     return RowStats(label, dict(accuracies), per_cell={(cell, seed): acc for seed, acc in accuracies.items()})
 
 
+def test_reproduce_help_states_the_rule_its_verdicts_follow(capsys):
+    """`fedstyle reproduce --help` says how a verdict is read: the rule of fedstyle.experiments.verdict (paired
+    seeds, the 95 % t interval), not the ordering of the means against the seeds' std it printed before issue 35."""
+    with pytest.raises(SystemExit):
+        main(["reproduce", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "95 % t confidence interval of the mean difference" in text and "paired difference" in text
+    assert "ordering of the means" not in text and "standard deviation" not in text
+
+
 def test_a_claim_is_judged_on_paired_seeds_by_the_interval_of_their_mean_difference():
     """The rule of fedstyle.experiments.verdict: paired differences per (cell, seed), the 95 % t interval of their
     mean above 0 (holds), below 0 (fails) or around it (within noise); hand-computed values."""

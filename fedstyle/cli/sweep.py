@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import argparse
 import sys
+import textwrap
 from pathlib import Path
+
+from fedstyle.experiments.verdict import RULE
 
 SWEEP_DESCRIPTION = """\
 Run a grid of runs written as a TOML file: every variant (a method with its hyperparameters)
@@ -64,10 +67,10 @@ examples:
 REPRODUCE_DESCRIPTION = """\
 Run a paper's main table as a sweep on fedstyle's offline stand-in datasets and put the paper's
 own numbers (its dataset named) beside fedstyle's, with a verdict per claim the paper makes (an
-ordering of methods): whether the ordering of the means over seeds holds here, by how much, over
-how many seeds, and whether the gap exceeds the seeds' standard deviation. Presets are TOML files
-shipped in fedstyle/experiments/presets/ (`fedstyle reproduce --list`); PAPER may also be a path to
-such a file. Same execution options as `fedstyle sweep`."""
+ordering of methods), read by fedstyle's rule (fedstyle/experiments/verdict.py, issue 35):
+""" + textwrap.fill(RULE.replace("**", ""), 100) + """
+Presets are TOML files shipped in fedstyle/experiments/presets/ (`fedstyle reproduce --list`); PAPER
+may also be a path to such a file. Same execution options as `fedstyle sweep`."""
 
 FROM_SCRATCH = "from-scratch"
 
