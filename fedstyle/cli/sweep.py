@@ -239,6 +239,11 @@ def _cmd_reproduce(args: argparse.Namespace) -> int:
         raise ConfigError("name a paper (`fedstyle reproduce --list` shows them), e.g. fedstyle reproduce ccst")
     stop_on_sigterm()
     path = preset_path(args.paper)
+    if args.data_root or args.dataset:
+        from fedstyle.cli.real_data import reproduce_paper_setting
+
+        return reproduce_paper_setting(args, path, _overrides(args), _run)
+    args.scale = args.scale or "smoke"
     track = None if args.track in (None, FROM_SCRATCH) else args.track
     grid = parse_grid(read_toml(path), f"preset {args.paper}", scale=args.scale, overrides=_overrides(args),
                       track=track)
@@ -263,11 +268,17 @@ def add_sweep_commands(sub: argparse._SubParsersAction) -> None:
                                formatter_class=argparse.RawDescriptionHelpFormatter)
     reproduce.add_argument("paper", nargs="?", metavar="PAPER", help="a preset name (see --list) or a preset file")
     reproduce.add_argument("--list", action="store_true", help="the presets, their scales and the paper's numbers")
-    reproduce.add_argument("--scale", default="smoke",
-                           help="smoke (minutes on 2 CPU cores), small, full (the benchmark's setting); default smoke")
+    reproduce.add_argument("--scale", default=None,
+                           help="smoke (minutes on 2 CPU cores), small, full (the benchmark's setting); default smoke "
+                           "(with --data-root or --dataset: full, the paper's setting)")
     reproduce.add_argument("--track", default=FROM_SCRATCH,
                            help=f"{FROM_SCRATCH} (default: a small network trained from scratch, the benchmark "
-                           "tables' setting) or pretrained (an ImageNet-pretrained EfficientNet-Lite0 fine-tuned with "
-                           "the paper's optimiser, closer to the papers; slower)")
+                           "tables' setting), pretrained (an ImageNet-pretrained EfficientNet-Lite0 fine-tuned with "
+                           "the paper's optimiser, closer to the papers; slower) or paper-<dataset> (the paper's own "
+                           "setting on the real data: see --data-root)")
     _execution_flags(reproduce, "runs/reproduce/<paper>-<scale>, or <paper>-<track>-<scale>")
+    from fedstyle.cli.real_data import REAL_DATA_EPILOG, add_real_data_flags
+
+    add_real_data_flags(reproduce)
+    reproduce.epilog += REAL_DATA_EPILOG
     reproduce.set_defaults(func=_cmd_reproduce)
