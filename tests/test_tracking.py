@@ -4,14 +4,19 @@ each tool's own reader (MLflow's client on a local file store, TensorBoard's eve
 from __future__ import annotations
 
 import json
+import os
+import signal
+import socket
 import sys
+import threading
+import time
 
 import pytest
 
 from fedstyle.cli.main import main
 from fedstyle.errors import ConfigError
 from fedstyle.experiments.runner import run_experiment
-from fedstyle.experiments.tracking import Trackers, config_params, flatten_numbers
+from fedstyle.experiments.tracking import TrackerError, Trackers, config_params, flatten_numbers, resolve_locations
 from run_records import evaluations
 from test_rundir import interrupted_run
 
@@ -121,3 +126,178 @@ def test_an_mlflow_store_that_cannot_start_names_the_setting(tiny_config, tmp_pa
     trackers = Trackers(tiny_config.updated(trackers=["mlflow"], mlflow_uri=str(blocker / "store")), tmp_path)
     with pytest.raises(Exception, match="--tracker mlflow could not start.*--mlflow-uri"):
         trackers.start([])
+
+
+# -- issue 39 item 5: trackers on resume, and an MLflow server that does not answer -----------------
+def _tiny_flags(tiny_root):
+    return ["--dataset", "folder", "--data-root", str(tiny_root), "--resolution", "16", "--target", "grey",
+            "--rounds", "2", "--batch-size", "8", "--local-steps", "2", "--min-client-size", "2", "--device", "cpu"]
+
+
+@pytest.fixture
+def listener():
+    """A local port that accepts TCP connections (the kernel's backlog) and never answers them."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(8)
+    yield server
+    server.close()
+
+
+def _closed_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]  # closed on leaving: connections are refused
+
+
+@pytest.mark.parametrize("server", ["refuses", "never answers"])
+def test_an_unreachable_mlflow_server_is_refused_in_seconds_before_anything_is_built(
+        server, listener, tiny_root, tmp_path, monkeypatch, capsys):
+    import fedstyle.experiments.runner as runner
+    import fedstyle.experiments.tracking as tracking
+
+    monkeypatch.setattr(tracking, "PROBE_SECONDS", 0.5, raising=False)
+
+    def built_too_early(*args, **kwargs):
+        raise AssertionError("the experiment was built (and --out written) before the MLflow server was probed")
+
+    monkeypatch.setattr(runner, "build_experiment", built_too_early)
+    port = _closed_port() if server == "refuses" else listener.getsockname()[1]
+    uri, out = f"http://127.0.0.1:{port}", tmp_path / "run"
+    tick = time.perf_counter()
+    code = main(["run", *_tiny_flags(tiny_root), "--tracker", "mlflow", "--mlflow-uri", uri, "--out", str(out),
+                 "--quiet"])
+    seconds = time.perf_counter() - tick
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and seconds < 3 and not out.exists()
+    assert len(err.splitlines()) == 1 and uri in err and "--mlflow-uri" in err and "drop --tracker mlflow" in err
+
+
+def test_sigterm_while_the_mlflow_server_is_probed_leaves_nothing_in_out(listener, tiny_root, tmp_path):
+    def terminate_on_connect():
+        connection, _ = listener.accept()
+        os.kill(os.getpid(), signal.SIGTERM)  # fedstyle run's handler turns it into KeyboardInterrupt
+        time.sleep(1.0)
+        connection.close()
+
+    threading.Thread(target=terminate_on_connect, daemon=True).start()
+    out, previous = tmp_path / "run", signal.getsignal(signal.SIGTERM)
+    try:
+        code = main(["run", *_tiny_flags(tiny_root), "--tracker", "mlflow", "--mlflow-uri",
+                     f"http://127.0.0.1:{listener.getsockname()[1]}", "--out", str(out), "--quiet"])
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert code == 130
+    assert not out.exists()  # the same command can be given again
+
+
+def test_the_probe_accepts_any_http_answer_and_leaves_stores_without_a_server_alone(tiny_config, tmp_path):
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+
+    from fedstyle.experiments.tracking import probe_trackers
+
+    class NotFound(BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_error(404)  # a proxy's answer, or an MLflow server without /health: reachable all the same
+
+        def log_message(self, *args):
+            pass
+
+    with HTTPServer(("127.0.0.1", 0), NotFound) as server:
+        threading.Thread(target=server.handle_request, daemon=True).start()
+        probe_trackers(tiny_config.updated(trackers=["mlflow"], mlflow_uri=f"http://127.0.0.1:{server.server_port}"))
+    for uri in (str(tmp_path / "store"), f"sqlite:///{tmp_path}/mlflow.db"):
+        probe_trackers(tiny_config.updated(trackers=["mlflow"], mlflow_uri=uri))
+
+
+def test_resume_refuses_to_move_or_drop_a_tracker_that_has_logged(tiny_config, tmp_path, monkeypatch, capsys):
+    out, store, board = tmp_path / "run", tmp_path / "store", tmp_path / "board"
+    config = tiny_config.updated(trackers=["mlflow", "tensorboard"], mlflow_uri=str(store), tensorboard_dir=str(board))
+    interrupted_run(config, out, monkeypatch, after_round=1)
+    client, run = _mlflow_run(out)
+    before = (out / "checkpoint.safetensors").read_bytes(), (out / "tracking.json").read_text()
+    capsys.readouterr()
+    attempts = {  # flags given with --resume -> what the one-line refusal must name
+        ("--mlflow-uri", str(tmp_path / "elsewhere")): ("--mlflow-uri", run.info.run_id, "--restart"),
+        ("--tensorboard-dir", str(tmp_path / "board2")): ("--tensorboard-dir", str(board), "--restart"),
+        ("--tracker", "tensorboard"): ("--tracker mlflow", run.info.run_id, "--restart"),
+        ("--tracker", "mlflow"): ("--tracker tensorboard", str(board), "--restart"),
+    }
+    for flags, names in attempts.items():
+        assert main(["run", "--resume", str(out), "--quiet", *flags]) == 2, flags
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and all(name in err for name in names), err
+    assert ((out / "checkpoint.safetensors").read_bytes(), (out / "tracking.json").read_text()) == before
+    assert client.get_run(run.info.run_id).info.status == "KILLED"  # not reopened and left RUNNING
+    assert not (tmp_path / "elsewhere").exists() and not (tmp_path / "board2").exists()
+    # the same locations, given again, are no change
+    assert main(["run", "--resume", str(out), "--quiet", "--mlflow-uri", str(store), "--tracker", "mlflow",
+                 "--tracker", "tensorboard", "--tensorboard-dir", str(board)]) == 0
+    client, resumed = _mlflow_run(out)
+    assert resumed.info.run_id == run.info.run_id and resumed.info.status == "FINISHED"
+    assert [s for s, _ in _history(client, resumed, "train_loss")] == [1, 2]
+
+
+def test_a_tracker_added_on_resume_keeps_logging_on_later_resumes(tiny_config, tmp_path, monkeypatch):
+    import fedstyle.experiments.runner as runner
+
+    out = tmp_path / "run"
+    interrupted_run(tiny_config.updated(rounds=3, trackers=["mlflow"], mlflow_uri=str(tmp_path / "store")), out,
+                    monkeypatch, after_round=1)
+    original = runner.save_checkpoint
+
+    def save_then_stop(run_dir, tensors, meta):
+        original(run_dir, tensors, meta)
+        if meta["round"] == 2:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(runner, "save_checkpoint", save_then_stop)
+    assert main(["run", "--resume", str(out), "--quiet", "--tracker", "mlflow", "--tracker", "tensorboard"]) == 130
+    monkeypatch.setattr(runner, "save_checkpoint", original)
+    assert main(["run", "--resume", str(out), "--quiet"]) == 0  # config.json lists mlflow only
+    scalars, _ = _scalars(out / "tensorboard", "train_loss")
+    assert [step for step, _ in scalars] == [1, 2, 3]
+    client, run = _mlflow_run(out)
+    assert run.info.status == "FINISHED" and [s for s, _ in _history(client, run, "train_loss")] == [1, 2, 3]
+
+
+def test_a_tracker_that_cannot_start_closes_those_already_started(tiny_config, tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    store, out = tmp_path / "store", tmp_path / "run"
+    out.mkdir()
+    config = tiny_config.updated(trackers=["mlflow", "tensorboard"], mlflow_uri=str(store),
+                                 tensorboard_dir=str(blocker / "board"))
+    with pytest.raises(TrackerError, match="TensorBoard"):
+        Trackers(resolve_locations(config), out).start([])
+    client = MlflowClient(store.resolve().as_uri())
+    runs = client.search_runs([client.get_experiment_by_name("fedstyle").experiment_id])
+    assert [r.info.status for r in runs] == ["FAILED"]  # not RUNNING for ever
+
+
+def test_restart_closes_the_mlflow_run_a_killed_run_left_running(tiny_config, tmp_path, monkeypatch):
+    out = tmp_path / "run"
+    interrupted_run(tiny_config.updated(trackers=["mlflow"], mlflow_uri=str(tmp_path / "store")), out, monkeypatch,
+                    after_round=1)
+    client, killed = _mlflow_run(out)
+    client.update_run(killed.info.run_id, status="RUNNING")  # as a SIGKILL leaves it: no one to close it
+    assert main(["run", "--resume", str(out), "--restart", "--quiet"]) == 0
+    client, fresh = _mlflow_run(out)
+    assert fresh.info.run_id != killed.info.run_id and fresh.info.status == "FINISHED"
+    assert client.get_run(killed.info.run_id).info.status == "KILLED"
+
+
+def test_a_tracker_given_to_a_finished_run_logs_it(tiny_config, tmp_path):
+    out = tmp_path / "run"
+    run_experiment(tiny_config.updated(trackers=["mlflow"], mlflow_uri=str(tmp_path / "store")), out, quiet=True)
+    client, finished = _mlflow_run(out)
+    # the new tracker logs the run; the MLflow run, left out of --tracker, stays as it is
+    assert main(["run", "--resume", str(out), "--quiet", "--tracker", "tensorboard"]) == 0
+    scalars, events = _scalars(out / "tensorboard", "train_loss")
+    assert scalars == [(r["round"], pytest.approx(r["train_loss"])) for r in evaluations(out)]
+    assert "summary" in {tag.split("/")[0] for tag in events.Tags()["tensors"]}
+    client, after = _mlflow_run(out)
+    assert (after.info.run_id, after.info.status, after.info.end_time) == (finished.info.run_id, "FINISHED",
+                                                                           finished.info.end_time)

@@ -43,11 +43,16 @@ def add_run_flags(parser: argparse.ArgumentParser, resume_help: str, resume_acce
 
     parser.add_argument("--config", metavar="FILE.toml", help="read settings from a TOML file ([hparams] table for --hp)")
     parser.add_argument("--out", metavar="DIR", help="run directory to create")
+    accepts = RESUME_OPTIONS if resume_accepts is None else resume_accepts
+    trackers = ("; --tracker adds trackers (a new one first logs the rounds done, also of a finished run), but a "
+                "tracker that has logged goes on where it logs: one left out of --tracker, or given another "
+                "--mlflow-uri / --tensorboard-dir, is refused (--restart ends the old tracker runs and starts new "
+                "ones)" if "trackers" in accepts else "")
     parser.add_argument("--resume", metavar="DIR", help=resume_help + f"; besides DIR it accepts only "
-                        f"{_resume_flags(RESUME_OPTIONS if resume_accepts is None else resume_accepts)}, which cannot change "
-                        "the result")
+                        f"{_resume_flags(accepts)}, which cannot change the result" + trackers)
     parser.add_argument("--restart", action="store_true",
-                        help="with --resume: discard the run's progress and start it over from round 0 (same config)")
+                        help="with --resume: discard the run's progress and start it over from round 0 (same config; "
+                        "its tracker runs are ended and new ones started)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar or messages (for CI and scripts)")
     _add_config_flags(parser)
 

@@ -28,8 +28,9 @@ from fedstyle.errors import ConfigError, FedstyleError
 from fedstyle.experiments.backends import Backend, get_backend, refuse_peer_to_peer, register_backend, train_on
 from fedstyle.experiments.build import Experiment, build_experiment
 from fedstyle.experiments.checkpoint import CHECKPOINT, load_checkpoint, save_checkpoint
-from fedstyle.experiments.config import RunConfig
-from fedstyle.experiments.tracking import TENSORBOARD_DIR, TRACKING_FILE, Trackers, resolve_locations
+from fedstyle.experiments.config import TRACKER_SETTINGS, RunConfig
+from fedstyle.experiments.tracking import TENSORBOARD_DIR, TRACKING_FILE, Trackers, probe_trackers, resolve_locations
+from fedstyle.experiments.tracking_resume import close_logged_runs, log_finished_run, tracker_changes_on_resume
 from fedstyle.experiments.summary import Selector, evaluate_round, make_summary, mean, setup_record
 from fedstyle.experiments.rundir import (
     CONFIG,
@@ -43,6 +44,7 @@ from fedstyle.experiments.rundir import (
     read_metrics_file,
     read_run_config,
     read_summary,
+    refuse_deployment,
     RESUME_OPTIONS,
 )
 from fedstyle.federation.rounds import mean_metrics
@@ -91,6 +93,7 @@ def run_experiment(config: RunConfig, out: str | Path, *, quiet: bool = False) -
     config.validate()  # every setting's type and range before anything is written
     check_backend(config)
     check_new_run_dir(out)
+    probe_trackers(config)  # an MLflow server that does not answer: refused in seconds, before --out is touched
     created = not out.exists()
     try:
         lock = DirectoryLock(out).acquire()
@@ -132,6 +135,7 @@ def remove_new_run(out: Path, created: bool) -> None:
 def start_run_dir(config: RunConfig, out: Path, *, quiet: bool = False) -> Experiment:
     """Build the experiment and write the new run directory's config.json and partition.json."""
     check_backend(config)
+    probe_trackers(config)  # `fedstyle deploy` comes here directly
     exp = build_experiment(resolve_locations(config), progress=not quiet)
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -162,17 +166,22 @@ def resume_experiment(out: str | Path, *, quiet: bool = False, device: str | Non
     if unknown:
         raise ConfigError(f"resuming cannot change {unknown[0]!r}: it would change the result; start a new run")
     read_run_config(out)  # a clear error for a directory that holds no run, before locking it
+    refuse_deployment(out)  # a run keeps its runtime: a deployment resumes on a federation
     with DirectoryLock(out):
         clean_leftovers(out)
         config = read_run_config(out)
         if restart:
+            close_logged_runs(out)  # a killed run's MLflow run is still RUNNING: end it before starting anew
             for name in (CHECKPOINT, METRICS, SUMMARY, DONE, TRACKING_FILE):
                 (out / name).unlink(missing_ok=True)  # the trackers start new runs too
             for folder in (STATES_DIR, TENSORBOARD_DIR):
                 shutil.rmtree(out / folder, ignore_errors=True)
+        changes = {k: v for k, v in (("device", device), ("data_root", data_root), *settings.items()) if v is not None}
         if (out / DONE).exists():
             summary = read_summary(out)
             if summary is not None:
+                if set(changes) & set(TRACKER_SETTINGS):  # --tracker on a finished run: the tracker logs it
+                    log_finished_run(config, changes, out, read_metrics_file(out / METRICS))
                 return summary
             (out / DONE).unlink()  # summary.json lost or damaged: rebuilt from the checkpoint below
         checkpoint = load_checkpoint(out)
@@ -183,9 +192,10 @@ def resume_experiment(out: str | Path, *, quiet: bool = False, device: str | Non
                     f"{out}/{CHECKPOINT} is missing but metrics.jsonl records {len(done)} evaluation(s): resuming "
                     f"would silently start over; restore the checkpoint, or start over on purpose with "
                     f"`fedstyle run --resume {out} --restart`")
-        changes = {k: v for k, v in (("device", device), ("data_root", data_root), *settings.items()) if v is not None}
-        if changes:
-            config = resolve_locations(config.updated(**changes))
+        # trackers may be added, never dropped or moved once they logged (tracking.json): refused here, and
+        # a tracking server is probed before the setup exchange (stylization can take minutes)
+        config = resolve_locations(config.updated(**tracker_changes_on_resume(config, changes, out)))
+        probe_trackers(config)
         exp = build_experiment(config, progress=not quiet)
         return _train_on_backend(exp, out, quiet=quiet, checkpoint=checkpoint)
 

@@ -18,7 +18,13 @@ shows it; MLflow 3 keeps file stores in maintenance mode, so fedstyle opts in to
 ``MLFLOW_ALLOW_FILE_STORE`` for the URIs it opens). TensorBoard writes event files into
 ``--tensorboard-dir``, else ``RUN_DIR/tensorboard`` (``tensorboard --logdir`` on a sweep's folder
 finds them all). The tracker's run is recorded in ``RUN_DIR/tracking.json``: ``--resume`` logs on
-into the same MLflow run; a tracker added on resume first logs the rounds already done.
+into the same MLflow run; a tracker added on resume first logs the rounds already done (a finished
+run's too). A tracker that has logged stays where it is: ``--resume`` refuses to drop it or move it
+(another ``--mlflow-uri`` / ``--tensorboard-dir``), which would leave its run unfinished or split;
+``--restart`` closes the old runs and starts new ones (:mod:`fedstyle.experiments.tracking_resume`).
+
+An MLflow server is probed before anything is written (:func:`probe_trackers`, ``PROBE_SECONDS``):
+MLflow's own client retries a server that does not answer for minutes (252 s measured).
 
 metrics.jsonl stays the record: a tracker that fails while the run trains is warned about once
 and dropped, the training goes on.
@@ -45,6 +51,8 @@ TENSORBOARD_DIR = "tensorboard"  # in the run directory, unless --tensorboard-di
 _METRIC_NAME = re.compile(r"[^A-Za-z0-9_\-. :/]")
 #: files of the run directory handed to the trackers at the end (PNGs are added as found)
 ARTIFACTS = ("config.json", "partition.json", "summary.json")
+#: seconds an MLflow server gets to answer the probe before a run starts or resumes
+PROBE_SECONDS = 5.0
 
 
 class TrackerError(FedstyleError):
@@ -90,6 +98,7 @@ class Tracker:
     name = ""
     extra = ""  # the pip extra that installs its package
     module = ""  # the module it imports
+    option, state_key = "", ""  # the run setting naming where it logs, and that place's key in tracking.json
 
     def __init__(self, config, out: Path, state: dict[str, Any] | None):
         self.config, self.out, self.state = config, out, dict(state or {})
@@ -101,6 +110,19 @@ class Tracker:
         except ImportError:
             raise ConfigError(f"--tracker {cls.name} needs the {cls.module} package: "
                               f"pip install -c constraints.txt 'fedstyle[{cls.extra}]' (or drop --tracker {cls.name})") from None
+
+    @classmethod
+    def probe(cls, config) -> None:
+        """Raise :class:`TrackerError` when the place it logs to does not answer (default: nothing to ask)."""
+
+    @classmethod
+    def describe(cls, state: dict[str, Any]) -> str:
+        """What tracking.json's ``state`` names, for messages."""
+        return f"{cls.name} logs at {state.get(cls.state_key)}"
+
+    @classmethod
+    def close(cls, state: dict[str, Any]) -> None:
+        """--restart: end the run ``state`` names if it is still open (default: nothing stays open)."""
 
     def start(self, resumed: bool) -> dict[str, Any]:
         """Open the sink; return what tracking.json keeps to reopen it on resume."""
@@ -152,26 +174,35 @@ class Trackers:
 
     def __init__(self, config, out: Path):
         self.out = out
-        self.saved = _read_state(out)
+        self.saved = read_tracking_state(out)
         self.active: list[Tracker] = [TRACKERS.get(name)(config, out, self.saved.get(name)) for name in config.trackers]
 
     def start(self, past_rows: Iterable[dict[str, Any]]) -> None:
-        """Open every tracker; one new to this run directory first logs the rows already done."""
-        past_rows = list(past_rows)
-        for tracker in self.active:
-            resumed = tracker.name in self.saved
-            try:
-                self.saved[tracker.name] = tracker.start(resumed)
-            except TrackerError:
-                raise
-            except Exception as err:  # the package's own errors (connection refused, bad URI ...)
-                raise TrackerError(f"--tracker {tracker.name} could not start: {err}; fix its settings "
-                                   f"(--mlflow-uri, --tensorboard-dir) or drop --tracker {tracker.name}") from err
-            if not resumed:
-                for row in past_rows:
-                    self._log_one(tracker, row)
-        if self.active:
-            atomic_write_json(self.out / TRACKING_FILE, self.saved)
+        """Open every tracker; one new to this run directory first logs the rows already done.
+
+        Each run is named in tracking.json as soon as it exists (a kill then leaves none unnamed); when
+        one tracker cannot start (or the start is interrupted), those already started are closed
+        (FAILED / KILLED), never left RUNNING."""
+        past_rows, started = list(past_rows), []
+        try:
+            for tracker in list(self.active):
+                resumed = tracker.name in self.saved
+                try:
+                    self.saved[tracker.name] = tracker.start(resumed)
+                except TrackerError:
+                    raise
+                except Exception as err:  # the package's own errors (connection refused, bad URI ...)
+                    raise TrackerError(f"--tracker {tracker.name} could not start: {err}; fix its settings "
+                                       f"(--mlflow-uri, --tensorboard-dir) or drop --tracker {tracker.name}") from err
+                started.append(tracker)
+                atomic_write_json(self.out / TRACKING_FILE, self.saved)
+                if not resumed:
+                    for row in past_rows:
+                        self._log_one(tracker, row)
+        except BaseException as err:
+            self.active = [t for t in started if t in self.active]
+            self.finish("KILLED" if isinstance(err, KeyboardInterrupt) else "FAILED")
+            raise
 
     def log_row(self, row: dict[str, Any]) -> None:
         for tracker in list(self.active):
@@ -204,7 +235,7 @@ class Trackers:
                 self.active.remove(tracker)
 
 
-def _read_state(out: Path) -> dict[str, Any]:
+def read_tracking_state(out: Path) -> dict[str, Any]:
     path = out / TRACKING_FILE
     try:
         state = json.loads(path.read_text())
@@ -216,13 +247,64 @@ def _read_state(out: Path) -> dict[str, Any]:
     return state if isinstance(state, dict) else {}
 
 
+def probe_trackers(config) -> None:
+    """Before anything is written (a new run, a resume): every tracker's server answers in seconds."""
+    check_trackers(config)
+    for name in config.trackers:
+        TRACKERS.get(name).probe(config)
+
+
+def probe_mlflow_server(uri: str) -> None:
+    """A tracking server (http/https) must answer within PROBE_SECONDS, with any HTTP status (one that
+    needs credentials is the MLflow client's to handle); TLS settings as MLflow reads them."""
+    import requests
+
+    if not uri.startswith(("http://", "https://")):
+        return  # a file store or a database: opened in place, nothing to wait for
+    insecure = os.environ.get("MLFLOW_TRACKING_INSECURE_TLS", "").lower() == "true"
+    try:
+        requests.get(uri.rstrip("/") + "/health", timeout=PROBE_SECONDS,
+                     verify=False if insecure else os.environ.get("MLFLOW_TRACKING_SERVER_CERT_PATH") or True,
+                     cert=os.environ.get("MLFLOW_TRACKING_CLIENT_CERT_PATH"))
+    except requests.RequestException as err:
+        if isinstance(err, requests.Timeout):
+            reason = f"no answer in {PROBE_SECONDS:g} s"
+        else:  # urllib3 nests the cause: "... [Errno 111] Connection refused')"
+            found = re.search(r"\[Errno -?\d+\] ([^'\")]+)|\[SSL[^\]]*\] ([^'\"(]+)", str(err))
+            reason = (found.group(1) or found.group(2)).strip() if found else type(err).__name__
+        raise TrackerError(f"--tracker mlflow: no MLflow server answers at {uri} ({reason}); start it, fix "
+                           "--mlflow-uri (or $MLFLOW_TRACKING_URI), or drop --tracker mlflow") from None
+
+
 @register_tracker
 class MLflowTracker(Tracker):
     """An MLflow run per fedstyle run, in the experiment ``$MLFLOW_EXPERIMENT_NAME`` (default fedstyle)."""
 
     name, extra, module = "mlflow", "mlflow", "mlflow"
+    option, state_key = "mlflow_uri", "uri"
     #: MLflow's per-request limits of log_batch
     MAX_PARAMS, MAX_METRICS = 100, 1000
+
+    @classmethod
+    def probe(cls, config) -> None:
+        probe_mlflow_server(resolve_locations(config).mlflow_uri)
+
+    @classmethod
+    def describe(cls, state: dict[str, Any]) -> str:
+        return f"MLflow run {state.get('run_id')} at {state.get('uri')}"
+
+    @classmethod
+    def close(cls, state: dict[str, Any]) -> None:
+        from mlflow.tracking import MlflowClient
+
+        if not state.get("run_id") or not state.get("uri"):
+            return
+        probe_mlflow_server(state["uri"])
+        if state["uri"].startswith("file:"):
+            os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+        client = MlflowClient(tracking_uri=state["uri"])
+        if client.get_run(state["run_id"]).info.status == "RUNNING":
+            client.set_terminated(state["run_id"], status="KILLED")
 
     def start(self, resumed: bool) -> dict[str, Any]:
         from mlflow.tracking import MlflowClient
@@ -283,6 +365,11 @@ class TensorBoardTracker(Tracker):
     """Event files for TensorBoard's scalars, text and images dashboards."""
 
     name, extra, module = "tensorboard", "tensorboard", "tensorboard"
+    option, state_key = "tensorboard_dir", "dir"
+
+    @classmethod
+    def describe(cls, state: dict[str, Any]) -> str:
+        return f"TensorBoard event files in {state.get('dir')}"
 
     def start(self, resumed: bool) -> dict[str, Any]:
         from torch.utils.tensorboard import SummaryWriter
