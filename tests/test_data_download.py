@@ -331,3 +331,37 @@ def test_camelyon17_keeps_the_wilds_layout(tmp_path):
     root = tmp_path / "camelyon17_v1.0"
     assert (root / "metadata.csv").read_bytes() == members["metadata.csv"]
     assert (root / "patches" / "patient_004_node_4").is_dir() and (root / "RELEASE_v1.0.txt").is_file()
+
+
+def test_a_full_disk_is_reported_as_such_not_as_a_broken_source(tmp_path, monkeypatch, pacs_zip):
+    """A write that fails (ENOSPC) propagates as the OSError it is (the CLI prints it in one line); it used to be
+    read as the source's connection breaking, and the next source was tried into the same full disk."""
+    import builtins
+    import errno
+
+    import fedstyle.data.download.transfer as transfer
+
+    class FullDisk:
+        def __init__(self, handle):
+            self.handle = handle
+
+        def write(self, data):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.handle.close()
+
+    monkeypatch.setattr(transfer, "open", lambda *a, **k: FullDisk(builtins.open(*a, **k)), raising=False)
+    with ArchiveServer() as server:
+        server.behaviour.files["/PACS.zip"] = pacs_zip
+        server.behaviour.files["/second/PACS.zip"] = pacs_zip
+        with pytest.raises(OSError) as full:
+            download_dataset("pacs", tmp_path, sources={"PACS.zip": {"urls": [server.url("/PACS.zip"),
+                                                                              server.url("/second/PACS.zip")]}},
+                             progress=False)
+    assert full.value.errno == errno.ENOSPC and not isinstance(full.value, DataError)
+    assert [path for path, _ in server.behaviour.log] == ["/PACS.zip"]
+    nothing_half_done(tmp_path)

@@ -16,7 +16,6 @@ import hashlib
 import http.client
 import json
 import os
-import socket
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -144,19 +143,23 @@ def fetch_from(url: str, archive: Archive, folder: Path, progress: bool, timeout
     if response is None:
         return part
     received = offset
-    try:
-        with response, open(part, "ab" if offset else "wb") as out, tqdm(
-            total=total, initial=offset, unit="B", unit_scale=True, unit_divisor=1024,
-            desc=archive.filename, disable=not progress, leave=False,
-        ) as bar:
-            while block := response.read(CHUNK):
-                out.write(block)
-                received += len(block)
-                bar.update(len(block))
-    except (OSError, http.client.HTTPException, socket.timeout) as err:
-        kind = type(err).__name__
-        raise SourceFailed(f"the connection broke after {mb(received)}"
-                           + (f" of {mb(total)}" if total else "") + f" ({kind})", kept=part) from None
+    # a failed read is the source's fault (kept for a rerun); a failed write (a full disk) is not, and propagates
+    with response, open(part, "ab" if offset else "wb") as out, tqdm(
+        total=total, initial=offset, unit="B", unit_scale=True, unit_divisor=1024,
+        desc=archive.filename, disable=not progress, leave=False,
+    ) as bar:
+        while True:
+            try:
+                block = response.read(CHUNK)
+            except (OSError, http.client.HTTPException) as err:
+                raise SourceFailed(f"the connection broke after {mb(received)}"
+                                   + (f" of {mb(total)}" if total else "") + f" ({type(err).__name__})",
+                                   kept=part) from None
+            if not block:
+                break
+            out.write(block)
+            received += len(block)
+            bar.update(len(block))
     if total is not None and received < total:
         raise SourceFailed(f"the connection closed after {mb(received)} of {mb(total)}", kept=part)
     return part
