@@ -365,3 +365,19 @@ def test_a_full_disk_is_reported_as_such_not_as_a_broken_source(tmp_path, monkey
     assert full.value.errno == errno.ENOSPC and not isinstance(full.value, DataError)
     assert [path for path, _ in server.behaviour.log] == ["/PACS.zip"]
     nothing_half_done(tmp_path)
+
+
+@pytest.mark.parametrize("tar_filter", ["python's data filter", "by hand (Python < 3.11.4)"])
+def test_a_tar_member_that_climbs_out_of_the_folder_is_refused(tmp_path, monkeypatch, tar_filter):
+    import tarfile as tar_module
+
+    if tar_filter.startswith("by hand"):
+        monkeypatch.delattr(tar_module, "data_filter")
+    evil = tar_gz_bytes({"metadata.csv": b"x\n", "patches/a.png": jpeg(0), "../../escaped.txt": b"gotcha"})
+    with ArchiveServer() as server:
+        server.behaviour.files["/blob/"] = evil
+        with pytest.raises(DataError, match="cannot be unpacked|would land outside"):
+            download_dataset("camelyon17", tmp_path / "root", progress=False, say=lambda line: None,
+                             sources={"camelyon17_v1.0.tar.gz": {"urls": [server.url("/blob/")]}})
+    assert not list(tmp_path.rglob("escaped.txt"))
+    nothing_half_done(tmp_path / "root", "camelyon17_v1.0")

@@ -49,11 +49,24 @@ def unpack(archive: Path, into: Path) -> None:
                 handle.extractall(into)
         elif re.search(r"\.(tar|tgz|tar\.gz|tar\.xz|tar\.bz2)$", name):
             with tarfile.open(archive) as handle:
-                handle.extractall(into, filter="data")
+                if hasattr(tarfile, "data_filter"):
+                    handle.extractall(into, filter="data")
+                else:  # Python before 3.10.12 / 3.11.4: the same refusals by hand
+                    handle.extractall(into, members=_safe_members(handle, archive))
         else:
             shutil.copyfile(archive, into / archive.name)
     except (zipfile.BadZipFile, tarfile.TarError, EOFError, zlib.error) as err:
         raise BadArchive(f"{archive} cannot be unpacked ({type(err).__name__}: {err})") from None
+
+
+def _safe_members(handle: tarfile.TarFile, archive: Path) -> list[tarfile.TarInfo]:
+    members = handle.getmembers()
+    for member in members:
+        path = Path(member.name)
+        if path.is_absolute() or ".." in path.parts or not (member.isfile() or member.isdir()):
+            raise BadArchive(f"{archive} holds {member.name!r}, which would land outside the dataset folder or is "
+                             "not a plain file; refused")
+    return members
 
 
 def _loose(name: str) -> str:
