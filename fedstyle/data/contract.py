@@ -4,11 +4,19 @@ Every dataset (built-in, named benchmark or user folder) is a :class:`DomainData
 domains sharing one class list, and per domain a uint8 image tensor (N x 3 x H x W, decoded once
 and cached on disk, memory-mapped) with int64 labels. Partitions and protocols address samples
 as ``(domain, index)`` pairs, so no image is ever copied per client.
+
+A dataset may carry its *official splits* (the lists its authors publish: PACS's k-fold files,
+DomainNet's train/test lists, Camelyon17-WILDS's metadata): per domain, index tensors named
+``train``, ``val`` and ``test``. They are not part of the decoded cache (they change no pixel);
+loaders attach them on every load with :meth:`DomainDataset.with_splits`, and
+:func:`fedstyle.partition.make_split` uses them instead of its seeded split.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+import dataclasses
 
 import torch
 
@@ -16,6 +24,8 @@ from fedstyle.errors import ConfigError, DataError
 
 
 MIN_RESOLUTION = 8
+#: names of the official split lists a domain may carry (``test``: the samples a held-out domain is tested on)
+SPLIT_NAMES = ("train", "val", "test")
 
 
 def check_build_options(name: str, resolution: int | None, default: int, per_class: int | None = None) -> int:
@@ -41,6 +51,8 @@ class DomainDataset:
         mean, std: per-channel statistics used to normalise inputs (in [0, 1] units).
         augment: default training augmentation (a name in ``fedstyle.data.transforms.AUGMENTATIONS``).
         info: free-form provenance (recipe, source files, skipped images ...).
+        splits: official splits, domain -> {``train``/``val``/``test`` -> sorted int64 indices}; a
+            domain without an entry (or without a name) has none, and is split by the protocol's seeded rule.
     """
 
     name: str
@@ -52,6 +64,7 @@ class DomainDataset:
     std: tuple[float, float, float] = (0.5, 0.5, 0.5)
     augment: str = "crop"
     info: dict = field(default_factory=dict)
+    splits: dict[str, dict[str, torch.Tensor]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.validate()
@@ -89,6 +102,28 @@ class DomainDataset:
                 raise DataError(f"{self.name}/{d}: resolution {tuple(x.shape[2:])} differs from {tuple(shape)}")
             if len(y) and (int(y.min()) < 0 or int(y.max()) >= len(self.classes)):
                 raise DataError(f"{self.name}/{d}: labels outside [0, {len(self.classes)})")
+        self._validate_splits()
+
+    def _validate_splits(self) -> None:
+        for d, lists in self.splits.items():
+            if d not in self.domains:
+                raise DataError(f"{self.name}: official splits name {d!r}, not a domain ({', '.join(self.domains)})")
+            for split_name, index in lists.items():
+                if split_name not in SPLIT_NAMES:
+                    raise DataError(f"{self.name}/{d}: official split {split_name!r} is not one of "
+                                    f"{', '.join(SPLIT_NAMES)}")
+                if index.dtype != torch.int64 or index.dim() != 1:
+                    raise DataError(f"{self.name}/{d}: official split {split_name!r} must be a 1-d int64 tensor")
+                if len(index) and (int(index.min()) < 0 or int(index.max()) >= self.size(d)
+                                   or bool((index[1:] <= index[:-1]).any())):
+                    raise DataError(f"{self.name}/{d}: official split {split_name!r} must be sorted unique indices "
+                                    f"in [0, {self.size(d)})")
+            if "train" in lists and "val" in lists and bool(torch.isin(lists["train"], lists["val"]).any()):
+                raise DataError(f"{self.name}/{d}: official train and val splits overlap; an image may be in one only")
+
+    def with_splits(self, splits: dict[str, dict[str, torch.Tensor]]) -> "DomainDataset":
+        """The same images with ``splits`` as its official splits (checked; images are not copied)."""
+        return dataclasses.replace(self, splits={d: dict(lists) for d, lists in splits.items()})
 
     def subset_per_class(self, per_class: int, seed: int = 0) -> "DomainDataset":
         """At most ``per_class`` images of every class in every domain, a seeded random pick.
@@ -101,7 +136,7 @@ class DomainDataset:
         if int(per_class) < 1:
             raise ConfigError(f"{self.name}: per_class must be at least 1, got {per_class}")
         generator = torch.Generator().manual_seed(int(seed))
-        images, labels = {}, {}
+        images, labels, kept = {}, {}, {}
         for d in self.domains:
             y = self.labels[d]
             keep = []
@@ -109,7 +144,16 @@ class DomainDataset:
                 members = torch.nonzero(y == c).flatten()
                 keep.append(members[torch.randperm(len(members), generator=generator)[: int(per_class)]])
             index = torch.cat(keep).sort().values
-            images[d], labels[d] = self.images[d][index], y[index]
+            images[d], labels[d], kept[d] = self.images[d][index], y[index], index
         info = {**self.info, "per_class": int(per_class), "per_class_seed": int(seed)}
         return DomainDataset(self.name, list(self.domains), list(self.classes), images, labels, self.mean, self.std,
-                             self.augment, info)
+                             self.augment, info, _subset_splits(self.splits, kept))
+
+
+def _subset_splits(splits: dict[str, dict[str, torch.Tensor]], kept: dict[str, torch.Tensor]
+                   ) -> dict[str, dict[str, torch.Tensor]]:
+    """Official splits after keeping the sorted rows ``kept[d]`` of each domain: the kept members, renumbered."""
+    out = {}
+    for d, lists in splits.items():
+        out[d] = {name: torch.searchsorted(kept[d], index[torch.isin(index, kept[d])]) for name, index in lists.items()}
+    return out

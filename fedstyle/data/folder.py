@@ -23,6 +23,7 @@ import warnings
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import BinaryIO, Sequence
 
 import numpy as np
 from PIL import Image
@@ -230,8 +231,9 @@ def to_rgb(image: Image.Image) -> Image.Image:
     return image.convert("RGB")
 
 
-def decode_image(path: Path, resolution: int) -> np.ndarray:
-    """Decode ``path`` to uint8 (resolution, resolution, 3)."""
+def decode_image(path: Path | BinaryIO, resolution: int) -> np.ndarray:
+    """Decode ``path`` (a file name, or an open binary file such as the bytes of a parquet row) to uint8
+    (resolution, resolution, 3)."""
     with Image.open(path) as image:
         # JPEG can decode at 1/2, 1/4 or 1/8 scale directly; draft keeps both sides >= resolution.
         image.draft("RGB", (resolution, resolution))
@@ -259,13 +261,17 @@ def bad_image_error(path: Path | str, reason: str) -> DataError:
 def decode_domain(
     writer: ArrayWriter,
     domain_index: int,
-    paths: list[Path],
+    paths: Sequence[Path | BinaryIO],
     resolution: int,
     skip_bad_images: bool,
     executor: ThreadPoolExecutor,
     bar: tqdm,
 ) -> tuple[np.ndarray, list[int], list[list[str]]]:
-    """Decode into the cache file of one domain; returns (images, kept indices, [file, reason]s)."""
+    """Decode into the cache file of one domain; returns (images, kept indices, [file, reason]s).
+
+    ``paths`` may be any sequence of what :func:`decode_image` opens, read a block at a time (a lazy
+    sequence keeps only one block of encoded images in memory); ``str(item)`` names an item in errors.
+    """
     images = writer.empty_images(domain_index, len(paths), resolution, resolution)
     kept, bad = [], []
     for start in range(0, len(paths), DECODE_BLOCK):
@@ -335,8 +341,10 @@ def load_folder_benchmark(
     resolution: int | None = None,
     skip_bad_images: bool = False,
     progress: bool = True,
+    official_splits: bool = True,
 ) -> DomainDataset:
-    """Scan, decode (once, cached) and return a folder dataset."""
+    """Scan, decode (once, cached) and return a folder dataset, with the benchmark's official split lists
+    (PACS, DomainNet: :mod:`fedstyle.data.split_lists`) when they are present and ``official_splits``."""
     if isinstance(benchmark, str):
         benchmark = BENCHMARKS.get(benchmark)
     if data_root is None:
@@ -367,14 +375,24 @@ def load_folder_benchmark(
         ),
         progress,
     )
+    check_skipped(dataset, benchmark.name, skip_bad_images)
+    if official_splits:
+        from fedstyle.data.split_lists import attach_split_lists
+
+        files = {d: listing.files for d, listing in listings.items()}
+        dataset = attach_split_lists(dataset, benchmark.name, root, files, classes)
+    return dataset
+
+
+def check_skipped(dataset: DomainDataset, name: str, skip_bad_images: bool) -> None:
+    """Refuse a cache built by a run that skipped unreadable images unless skipping now; warn when skipping."""
     skipped = dataset.info.get("skipped_images", 0)
     if skipped and not skip_bad_images:
         # The cache was built by an earlier run that skipped them; be as strict as a fresh decode.
         raise bad_image_error(*dataset.info["bad_images"][0])
     if skipped:
         warnings.warn(
-            f"{benchmark.name}: skipped {skipped} unreadable image(s), listed with reasons in "
+            f"{name}: skipped {skipped} unreadable image(s), listed with reasons in "
             "dataset.info['bad_images']",
-            stacklevel=2,
+            stacklevel=3,
         )
-    return dataset

@@ -24,6 +24,8 @@ class DatasetEntry:
     description: str
     loader: Callable[..., DomainDataset]
     needs_data_root: bool = False
+    #: whether the loader reads official split lists (it then takes ``official_splits``)
+    has_official_splits: bool = False
 
     def load(
         self,
@@ -32,14 +34,18 @@ class DatasetEntry:
         skip_bad_images: bool = False,
         seed: int = 0,
         progress: bool = True,
+        official_splits: bool = True,
     ) -> DomainDataset:
-        """Load the dataset; ``seed`` drives generated datasets, folder datasets ignore it."""
+        """Load the dataset; ``seed`` drives generated datasets, folder datasets ignore it;
+        ``official_splits=False`` leaves the dataset's official split lists unread."""
+        extra = {"official_splits": official_splits} if self.has_official_splits else {}
         return self.loader(
             data_root=data_root,
             resolution=resolution,
             skip_bad_images=skip_bad_images,
             seed=seed,
             progress=progress,
+            **extra,
         )
 
 
@@ -53,8 +59,9 @@ def _lazy_loader(module: str, function: str) -> Callable[..., DomainDataset]:
 
 
 def _folder_loader(benchmark: FolderBenchmark) -> Callable[..., DomainDataset]:
-    def load(data_root=None, resolution=None, skip_bad_images=False, seed=0, progress=True) -> DomainDataset:
-        return load_folder_benchmark(benchmark, data_root, resolution, skip_bad_images, progress)
+    def load(data_root=None, resolution=None, skip_bad_images=False, seed=0, progress=True,
+             official_splits=True) -> DomainDataset:
+        return load_folder_benchmark(benchmark, data_root, resolution, skip_bad_images, progress, official_splits)
 
     return load
 
@@ -78,7 +85,8 @@ DATASETS.add(
     ),
 )
 for _name, _benchmark in BENCHMARKS.items():
-    DATASETS.add(_name, DatasetEntry(_name, _benchmark.description, _folder_loader(_benchmark), needs_data_root=True))
+    DATASETS.add(_name, DatasetEntry(_name, _benchmark.description, _folder_loader(_benchmark), needs_data_root=True,
+                                     has_official_splits=True))
 
 
 def load_dataset(name: str, **kwargs) -> DomainDataset:

@@ -117,7 +117,8 @@ def deployment_noise(config: RunConfig, *, refuse_seeded: bool = True) -> RunCon
 def load_config_dataset(config: RunConfig, progress: bool = True) -> DomainDataset:
     """The dataset a run of ``config`` trains and tests on (``per_class``: its fixed subset)."""
     dataset = load_dataset(config.dataset, data_root=config.data_root, resolution=config.resolution,
-                           skip_bad_images=config.skip_bad_images, progress=progress)
+                           skip_bad_images=config.skip_bad_images, progress=progress,
+                           official_splits=config.official_splits)
     if config.per_class is not None:
         dataset = dataset.subset_per_class(config.per_class)
     return dataset

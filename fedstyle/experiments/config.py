@@ -55,6 +55,10 @@ class RunConfig:
     per_class: int | None = _opt(None, "use at most N images per class in every domain, the same seeded pick in every "
                                  "run (default: all); e.g. 200 gives fashion4 PACS's size, ~2,000 images per domain")
     augment: str | None = _opt(None, "training augmentation: none, crop, crop_flip (default: the dataset's)")
+    official_splits: bool = _opt(True, "use the dataset's official splits where it has them, as the papers do (PACS's "
+                                 "*_kfold.txt lists, DomainNet's <domain>_train/_test.txt, Camelyon17-WILDS's metadata, "
+                                 "a Hugging Face dataset's train/validation/test splits); --no-official-splits splits "
+                                 "every domain by the seeded rule (--val-fraction)")
     # protocol
     protocol: str = _opt("lodo", "evaluation protocol", choices=("lodo", "ltdo", "single_source"))
     targets: list = _opt([], "held-out test domain (repeatable)", flag="--target", repeat=True)

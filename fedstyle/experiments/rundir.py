@@ -61,6 +61,8 @@ def read_run_config(out: Path) -> RunConfig:
         raise ConfigError(f"{path} is not valid JSON: the run directory is damaged; start a new run") from None
     if not isinstance(values, dict):
         raise ConfigError(f"{path} does not hold a run configuration; start a new run")
+    # a run saved before official splits existed split every domain by the seeded rule: resume it so
+    values.setdefault("official_splits", False)
     return RunConfig.from_mapping(values, where=str(path))
 
 

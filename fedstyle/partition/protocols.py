@@ -9,6 +9,12 @@
 
 Each source domain is split into train / in-domain validation indices, stratified per class with
 a seeded generator of its own (seed, domain name), so a domain's split is the same in every fold.
+
+Where the dataset carries official splits (``DomainDataset.splits``: PACS's k-fold lists, DomainNet's
+train/test lists, Camelyon17-WILDS's metadata), they are used as the papers use them: a source domain
+trains on its ``train`` list and validates on its ``val`` list (with no ``val`` list, ``val_fraction``
+of its ``train`` list, stratified and seeded as above); a held-out domain is tested on its ``test``
+list (with none, on all its images).
 """
 
 from __future__ import annotations
@@ -35,8 +41,9 @@ class Split:
         val_domain: the held-out validation domain (``ltdo`` only), used whole.
         train, val: source domain -> sorted int64 indices into ``dataset.labels[domain]``;
             disjoint, and together all indices of that domain.
-        heldout: target or validation domain -> all its indices.
+        heldout: target or validation domain -> its test indices (all its indices without an official test list).
         protocol: the protocol name that produced it.
+        official: the domains whose train / val / test indices came from the dataset's official splits.
     """
 
     sources: list[str]
@@ -46,6 +53,7 @@ class Split:
     val: dict[str, torch.Tensor] = field(default_factory=dict)
     heldout: dict[str, torch.Tensor] = field(default_factory=dict)
     protocol: str = ""
+    official: list[str] = field(default_factory=list)
 
     @property
     def num_train(self) -> int:
@@ -164,14 +172,27 @@ def make_split(
         )
     split = Split(sources, list(targets), val_domain, protocol=protocol)
     for d in sources:
-        labels = dataset.labels[d].detach().cpu().numpy()
-        if labels.shape[0] == 0:
-            raise DataError(f"{dataset.name}/{d}: source domain has no samples")
-        train, val = _stratified_split(labels, dataset.num_classes, float(val_fraction), _domain_rng(seed, d))
-        split.train[d] = torch.from_numpy(train).long()
-        split.val[d] = torch.from_numpy(val).long()
+        official = dataset.splits.get(d, {})
+        if "train" in official:
+            split.official.append(d)
+        if "train" in official and "val" in official:
+            split.train[d], split.val[d] = official["train"].clone(), official["val"].clone()
+        else:
+            pool = official["train"].numpy() if "train" in official else np.arange(dataset.size(d))
+            labels = dataset.labels[d].detach().cpu().numpy()[pool]
+            if labels.shape[0] == 0:
+                where = "official train list" if "train" in official else "source domain"
+                raise DataError(f"{dataset.name}/{d}: {where} has no samples; train on other domains")
+            train, val = _stratified_split(labels, dataset.num_classes, float(val_fraction), _domain_rng(seed, d))
+            split.train[d] = torch.from_numpy(pool[train]).long()
+            split.val[d] = torch.from_numpy(pool[val]).long()
+        if len(split.train[d]) == 0:
+            raise DataError(f"{dataset.name}/{d}: source domain has no training samples")
     for d in split.targets + ([val_domain] if val_domain else []):
-        if dataset.size(d) == 0:
+        official = dataset.splits.get(d, {})
+        if "test" in official and d not in split.official:
+            split.official.append(d)
+        split.heldout[d] = official["test"].clone() if "test" in official else torch.arange(dataset.size(d))
+        if len(split.heldout[d]) == 0:
             raise DataError(f"{dataset.name}/{d}: held-out domain has no samples to evaluate on")
-        split.heldout[d] = torch.arange(dataset.size(d), dtype=torch.long)
     return split

@@ -81,7 +81,8 @@ class _Datasets:
     def get(self, config: RunConfig):
         from fedstyle.experiments.build import load_config_dataset
 
-        key = (config.dataset, config.data_root, config.resolution, config.skip_bad_images, config.per_class)
+        key = (config.dataset, config.data_root, config.resolution, config.skip_bad_images, config.per_class,
+               config.official_splits)
         if key not in self.loaded:
             self.loaded[key] = load_config_dataset(config, progress=self.progress)
         return self.loaded[key]
@@ -91,7 +92,8 @@ class _Datasets:
         from fedstyle.partition import make_partition, make_split
         from fedstyle.seeding import derive_seed
 
-        key = (config.dataset, config.data_root, config.resolution, config.per_class, config.protocol,
+        key = (config.dataset, config.data_root, config.resolution, config.per_class, config.official_splits,
+               config.protocol,
                tuple(config.targets),
                config.val_domain, config.source, config.val_fraction, config.partition, config.clients,
                config.alpha, config.lam, config.min_client_size, config.seed)
