@@ -137,6 +137,7 @@ def test_refusals_name_the_fix(tiny_config, tmp_path, capsys):
     assert "--out" in capsys.readouterr().err
     assert main(["audit", "privacy", str(tmp_path / "missing")]) == 2
     assert main(["audit", "privacy", str(out), "--steps", "0"]) == 2
+    assert main(["audit", "privacy", str(out), "--canary", "3"]) == 2
 
 
 @pytest.mark.slow
@@ -148,7 +149,8 @@ def test_runs_with_and_without_the_defence_give_the_tradeoff_plot_and_their_epsi
     clean, noisy = tmp_path / "clean", tmp_path / "noisy"
     run_experiment(_config(tiny_config, "stablefdg").updated(rounds=1), clean, quiet=True)
     run_experiment(_config(tiny_config, "stablefdg", dp_clip=10.0, dp_noise=1.0), noisy, quiet=True)  # 2 rounds
-    written, text = audit_privacy([clean, noisy], settings=replace(FAST, baseline=False), out=tmp_path / "audit")
+    written, text = audit_privacy([clean, noisy], settings=replace(FAST, baseline=False, canary=16),
+                                  out=tmp_path / "audit")
     assert "tradeoff.png" in {p.name for p in written}
     reports = json.loads((tmp_path / "audit" / "privacy.json").read_text())
     assert reports[0]["epsilon"] is None
@@ -164,6 +166,13 @@ def test_runs_with_and_without_the_defence_give_the_tradeoff_plot_and_their_epsi
     # the receiver also attacks the mean of each sender's two releases (noise / sqrt(2))
     assert [r["payload"] for r in reports[1]["results"]] == ["dataset style", "dataset style, mean of 2 releases"]
     assert 0 < reports[1]["results"][0]["scores"]["public_clip"]
+    # --canary: every release audited with a planted canary, beside the analytic eps of what was audited
+    clean_canary = reports[0]["results"][0]["scores"]
+    assert (clean_canary["canary_tpr"], clean_canary["canary_fpr"]) == (1.0, 0.0)  # no noise, no clipping: found
+    one, both = (r["scores"] for r in reports[1]["results"])
+    assert one["canary_epsilon"] == pytest.approx(4.3772, abs=1e-3) and both["canary_epsilon"] == reports[1]["epsilon"]
+    assert one["canary_epsilon_lb"] <= one["canary_epsilon"] and both["canary_epsilon_lb"] <= both["canary_epsilon"]
+    assert "canary: eps >= " in text and "analytic for the same release" in text and "canary: no noise" in text
     # the defended payload is not the clean one: the audit released it through the run's clipping and noise
     exp_clean, clean_surface = _surface(tiny_config, "stablefdg")
     _, noisy_surface = _surface(tiny_config, "stablefdg", dp_clip=10.0, dp_noise=1.0)

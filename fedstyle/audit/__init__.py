@@ -10,6 +10,8 @@ Entry points: ``fedstyle audit privacy RUN_DIR`` and, in Python,
   guess (:mod:`fedstyle.audit.guess`).
 - :mod:`fedstyle.audit.baseline`: gradient inversion of one FedAvg step, the scale of every verdict.
 - :mod:`fedstyle.audit.accounting`: the receiver's eps over every release, the clip norm from public data.
+- :mod:`fedstyle.audit.canary`: a canary audit, an empirical lower bound on eps beside the analytic one
+  (``--canary N``).
 - :mod:`fedstyle.audit.run` / :mod:`fedstyle.audit.report` / :mod:`fedstyle.audit.plots`: run directories in,
   tables and PNGs out.
 - The attack library: :mod:`~fedstyle.audit.metrics` (PSNR, SSIM, ROC AUC, best match),

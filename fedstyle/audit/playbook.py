@@ -44,6 +44,7 @@ class AuditSettings:
     seed: int = 0
     baseline: bool = True        # also invert one weight update (the scale every verdict compares with)
     restarts: int = 1            # gradient inversion: random starts, the lowest loss kept
+    canary: int = 0              # canary audit of a defended surface: releases per world (0: none)
 
 
 @dataclass

@@ -16,6 +16,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from fedstyle.audit.canary import canary_line
 from fedstyle.audit.playbook import SurfaceResult
 from fedstyle.audit.plots import save_grid, save_tradeoff
 from fedstyle.errors import ConfigError
@@ -164,6 +165,8 @@ def table(report: dict[str, Any]) -> str:
             lines.append(f"  - guess: {r.guess}" + ("" if "per-image" in r.kind or "spectrum" in r.kind else
                          " (uninformed: it uses nothing from the payload, but choosing the best of that many real "
                          "images makes it a strong baseline)"))
+        if canary_line(r.scores):
+            lines.append(f"  - {canary_line(r.scores)}")
         if r.scores.get("mix_majority_rows") == 0 and "class_accuracy" not in r.scores:
             lines.append("  - class: no sender has a single majority class (class-balanced): nothing to read")
     for r in baselines:

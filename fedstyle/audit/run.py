@@ -7,6 +7,10 @@ original training images (before any stylization) and the attacker's public data
 source-validation split. Which payloads a method sends is :data:`SURFACES`; a method that sends only
 weights is audited by the gradient-inversion baseline alone, which every report carries for scale.
 
+``settings.canary`` = N > 0 adds a canary audit of every surface the style defence applies to (CCST,
+StableFDG; defended or not; :mod:`fedstyle.audit.canary`): an empirical lower bound on eps from N releases with
+and N without a planted canary, beside the analytic eps of the same release.
+
 The headline eps is the receiver's: over every release of the sender that made the most
 (:mod:`fedstyle.audit.accounting`), eps per release beside it; a sender's T > 1 noisy releases are also
 attacked combined (their mean, :func:`fedstyle.audit.surfaces.averaged_surface`), as the receiver can.
@@ -25,6 +29,7 @@ from fedstyle.algorithms.feddg_fft import BANK_FRACTION
 from fedstyle.algorithms.style_exchange import style_privacy
 from fedstyle.audit.accounting import public_clip_scores, receiver_epsilon, releases_per_sender
 from fedstyle.audit.baseline import gradient_baseline
+from fedstyle.audit.canary import audit_canary
 from fedstyle.audit.playbook import AuditSettings, Public, SurfaceResult, Victim, attack_surface
 from fedstyle.audit.surfaces import Surface, amplitude_surface, averaged_surface, classifier_surface, encoder_surface
 from fedstyle.errors import ConfigError
@@ -153,10 +158,16 @@ def audit_run(run_dir: str | Path, settings: AuditSettings | None = None, device
         result = attack_surface(surface, victims, public, classify, settings)
         result.scores.update(public_clip_scores(surface, list(public.images.values())))
         results.append(result)
+        combined = None
         if accounting["releases"] > 1 and surface.privacy is not None and surface.privacy.noise > 0:
             combined = averaged_surface(surface, accounting["releases"])
             log(f"{config.method}: attacking the {combined.kind}")
             results.append(attack_surface(combined, victims, public, classify, settings, attributes_too=False))
+        for audited, scores in ((surface, result.scores), (combined, results[-1].scores)):
+            if settings.canary and audited is not None and audited.privacy is not None:
+                log(f"{config.method}: canary audit of the {audited.kind} ({settings.canary} releases per world)")
+                scores.update(audit_canary(audited, victims[0].images, list(public.images.values()),
+                                           settings.canary, settings.seed))
     lr, wd = config.lr, config.weight_decay
     for batch in sorted({1, min(8, config.batch_size)}) if settings.baseline else ():
         log(f"{config.method}: gradient inversion of one local step, batch {batch}")

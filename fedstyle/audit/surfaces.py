@@ -64,6 +64,11 @@ class Surface:
     approximation: str = ""
     privacy: StylePrivacy | None = None                   # the defence ``release`` applies (clip C, noise z)
     releases: int = 1                                     # releases averaged into one payload (averaged_surface)
+    #: set payloads: the coordinates of ``set_mean(release)`` that are linear in the released (noisy) sums, the
+    #: means; the rest come through variances clamped at 0 or floored standard deviations. None: all of them
+    #: (per-image rows: their noisy standard deviations are floored at sqrt(eps), often with noise, but CCST's
+    #: canaries differ mostly in their means: a projection on every coordinate loses little)
+    linear: torch.Tensor | None = None
 
 
 def averaged_surface(surface: Surface, releases: int) -> Surface:
@@ -159,8 +164,13 @@ def encoder_surface(method: str, algorithm: Algorithm, device: torch.device, kin
         f = encode(x01)
         return _dataset_style_from_moments(torch.cat([f.mean((2, 3)), (f * f).mean((2, 3))], 1).mean(0))
 
+    linear = None
+    if privacy is not None:  # [mu | E f^2] per channel: mu = S_1 / N is linear in the noisy sums
+        with torch.no_grad():
+            channels = encoder(torch.zeros(1, 3, min_size, min_size, device=device)).shape[1]
+        linear = torch.arange(2 * channels) < channels
     return Surface(method, kind, sender, False, set_size, moments, release, statistic, _moments_from_dataset_style,
-                   approximation, privacy=privacy)
+                   approximation, privacy=privacy, linear=linear)
 
 
 def classifier_surface(method: str, model: nn.Module, stages: list[str], normalize: Callable[[torch.Tensor], torch.Tensor],
@@ -222,8 +232,10 @@ def classifier_surface(method: str, model: nn.Module, stages: list[str], normali
             at += 4 * c
         return torch.cat(parts)
 
+    # per stage [mean mu | mean sigma (floored at sqrt(eps)), E mu^2, E sigma^2 (through variances clamped at 0)]
+    linear = torch.cat([torch.arange(4 * c) < c for c in channels])
     return Surface(method, "dataset style" if method == "stablefdg" else "batch style", sender, False, set_size,
-                   image_vectors, release, statistic, set_mean, privacy=privacy)
+                   image_vectors, release, statistic, set_mean, privacy=privacy, linear=linear)
 
 
 def amplitude_surface(device: torch.device, set_size: Callable[[int], int]) -> Surface:
