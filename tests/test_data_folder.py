@@ -171,11 +171,11 @@ def test_digits_dg_merges_train_val_splits(tmp_path):
 
 def test_registry_lists_everything():
     assert set(DATASETS.names()) == {
-        "digits4", "fashion4", "pacs", "officehome", "vlcs", "domainnet", "digits_dg", "folder"
+        "digits4", "fashion4", "pacs", "officehome", "vlcs", "domainnet", "digits_dg", "folder", "camelyon17"
     }
     for name, entry in DATASETS.items():
         assert entry.name == name and entry.description
-    with pytest.raises(UnknownNameError, match="choose one of: digits4"):
+    with pytest.raises(UnknownNameError, match="choose one of: camelyon17, digits4"):
         load_dataset("mnist")
 
 

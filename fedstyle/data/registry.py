@@ -1,8 +1,8 @@
 """The dataset registry: every loadable dataset by name, with one ``load`` signature.
 
 Built-in datasets (``digits4``, ``fashion4``) are generated offline; named folder benchmarks
-(``pacs``, ``officehome``, ``vlcs``, ``domainnet``, ``digits_dg``) and the generic ``folder``
-read ``data_root``.
+(``pacs``, ``officehome``, ``vlcs``, ``domainnet``, ``digits_dg``), the generic ``folder`` and
+``camelyon17`` (the WILDS layout) read ``data_root``.
 """
 
 from __future__ import annotations
@@ -87,6 +87,17 @@ DATASETS.add(
 for _name, _benchmark in BENCHMARKS.items():
     DATASETS.add(_name, DatasetEntry(_name, _benchmark.description, _folder_loader(_benchmark), needs_data_root=True,
                                      has_official_splits=True))
+DATASETS.add(
+    "camelyon17",
+    DatasetEntry(
+        "camelyon17",
+        "Camelyon17-WILDS (Koh et al., 2021): 5 hospitals, tumour / normal 96 x 96 patches, official splits "
+        "(--data-root: the WILDS root holding camelyon17_v1.0/)",
+        _lazy_loader("fedstyle.data.camelyon", "load_camelyon17"),
+        needs_data_root=True,
+        has_official_splits=True,
+    ),
+)
 
 
 def load_dataset(name: str, **kwargs) -> DomainDataset:
