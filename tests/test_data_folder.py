@@ -175,7 +175,7 @@ def test_registry_lists_everything():
     }
     for name, entry in DATASETS.items():
         assert entry.name == name and entry.description
-    with pytest.raises(UnknownNameError, match="choose one of: camelyon17, digits4"):
+    with pytest.raises(UnknownNameError, match="choose one of: camelyon17, digits4, .*; or hf:OWNER/NAME"):
         load_dataset("mnist")
 
 

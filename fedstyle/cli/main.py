@@ -114,6 +114,8 @@ def _cmd_data_list(args: argparse.Namespace) -> int:
 
     for name, entry in DATASETS.items():
         print(f"{name:12s} {getattr(entry, 'description', '')}")
+    print(f"{'hf:OWNER/NAME':12s} a Hugging Face image dataset with a domain column, from its cache (e.g. "
+          "hf:flwrlabs/pacs; pip install 'fedstyle[hf]')")
     return 0
 
 
@@ -139,7 +141,7 @@ def _cmd_data_show(args: argparse.Namespace) -> int:
 
     dataset = load_dataset(args.name, data_root=args.data_root, resolution=args.resolution,
                            skip_bad_images=args.skip_bad_images, progress=not args.quiet)
-    out = Path(args.out or f"{args.name}.png")
+    out = Path(args.out or f"{args.name.replace(':', '-').replace('/', '--')}.png")  # hf:OWNER/NAME: one file
     save_grid(dataset, out, per_cell=args.per_cell, seed=args.seed)
     sizes = ", ".join(f"{d} {dataset.size(d)}" for d in dataset.domains)
     print(f"{dataset.name}: {dataset.num_classes} classes, {dataset.resolution}x{dataset.resolution}; {sizes}")
@@ -212,7 +214,7 @@ def build_parser() -> argparse.ArgumentParser:
     data_list = data_sub.add_parser("list", help="list datasets")
     data_list.set_defaults(func=_cmd_data_list)
     show = data_sub.add_parser("show", help="write a PNG grid: a row per domain, a column per class")
-    show.add_argument("name", help="dataset name (see `fedstyle data list`)")
+    show.add_argument("name", help="dataset name (see `fedstyle data list`) or hf:OWNER/NAME")
     show.add_argument("--out", metavar="FILE.png", help="output image (default: NAME.png)")
     show.add_argument("--data-root", help="dataset folder (folder datasets, fashion4's idx files)")
     show.add_argument("--resolution", type=int, default=None, help="image side in pixels")

@@ -2,7 +2,8 @@
 
 Built-in datasets (``digits4``, ``fashion4``) are generated offline; named folder benchmarks
 (``pacs``, ``officehome``, ``vlcs``, ``domainnet``, ``digits_dg``), the generic ``folder`` and
-``camelyon17`` (the WILDS layout) read ``data_root``.
+``camelyon17`` (the WILDS layout) read ``data_root``. A name ``hf:OWNER/NAME`` (or ``hf:DIR``) is a
+Hugging Face dataset, read from the Hugging Face cache (:mod:`fedstyle.data.hub`).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Callable
 
 from fedstyle.data.contract import DomainDataset
 from fedstyle.data.folder import BENCHMARKS, FolderBenchmark, load_folder_benchmark
+from fedstyle.errors import ConfigError, UnknownNameError
 from fedstyle.registry import Registry
 
 
@@ -99,7 +101,23 @@ DATASETS.add(
     ),
 )
 
+HUB_PREFIX = "hf:"
+#: options only a Hugging Face dataset takes (``load_dataset`` keywords; the CLI's --domain-column ...)
+COLUMN_OPTIONS = ("image_column", "domain_column", "label_column")
+
 
 def load_dataset(name: str, **kwargs) -> DomainDataset:
-    """``DATASETS.get(name).load(**kwargs)``."""
+    """``DATASETS.get(name).load(**kwargs)``; ``hf:OWNER/NAME`` (or ``hf:DIR``) loads a Hugging Face dataset,
+    with ``image_column`` / ``domain_column`` / ``label_column`` naming its columns (see :mod:`fedstyle.data.hub`)."""
+    if name.startswith(HUB_PREFIX):
+        from fedstyle.data.hub import load_hub_dataset
+
+        return load_hub_dataset(name[len(HUB_PREFIX):], **kwargs)
+    given = [option for option in COLUMN_OPTIONS if kwargs.pop(option, None) is not None]
+    if given:
+        raise ConfigError(f"--{given[0].replace('_', '-')} names a column of a Hugging Face dataset "
+                          f"(--dataset hf:OWNER/NAME); {name} has no columns: drop it")
+    if name not in DATASETS:
+        raise UnknownNameError(f"unknown dataset {name!r}; choose one of: {', '.join(DATASETS.names())}; "
+                               "or hf:OWNER/NAME for a Hugging Face dataset")
     return DATASETS.get(name).load(**kwargs)

@@ -118,7 +118,8 @@ def load_config_dataset(config: RunConfig, progress: bool = True) -> DomainDatas
     """The dataset a run of ``config`` trains and tests on (``per_class``: its fixed subset)."""
     dataset = load_dataset(config.dataset, data_root=config.data_root, resolution=config.resolution,
                            skip_bad_images=config.skip_bad_images, progress=progress,
-                           official_splits=config.official_splits)
+                           official_splits=config.official_splits, image_column=config.image_column,
+                           domain_column=config.domain_column, label_column=config.label_column)
     if config.per_class is not None:
         dataset = dataset.subset_per_class(config.per_class)
     return dataset

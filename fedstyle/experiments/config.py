@@ -48,7 +48,9 @@ class RunConfig:
     hparams: dict = _opt({}, "the method's own hyperparameters, NAME=VALUE (repeatable; see `fedstyle methods`)",
                          flag="--hp", repeat=True)
     # data
-    dataset: str = _opt("digits4", "dataset name (see `fedstyle data list`)")
+    dataset: str = _opt("digits4", "dataset name (see `fedstyle data list`), or hf:OWNER/NAME for a Hugging Face "
+                        "dataset (e.g. hf:flwrlabs/pacs; pip install 'fedstyle[hf]'; read from its cache, offline "
+                        "with HF_HUB_OFFLINE=1)")
     data_root: str | None = _opt(None, "folder of a folder dataset (root/<domain>/<class>/<image>) or of fashion4's idx files")
     skip_bad_images: bool = _opt(False, "skip unreadable images (counted and reported) instead of stopping")
     resolution: int | None = _opt(None, "image side in pixels (default: the dataset's)")
@@ -59,6 +61,9 @@ class RunConfig:
                                  "*_kfold.txt lists, DomainNet's <domain>_train/_test.txt, Camelyon17-WILDS's metadata, "
                                  "a Hugging Face dataset's train/validation/test splits); --no-official-splits splits "
                                  "every domain by the seeded rule (--val-fraction)")
+    image_column: str | None = _opt(None, "hf: datasets: the image column (default: image, or the known dataset's)")
+    domain_column: str | None = _opt(None, "hf: datasets: the column whose values are the domains (default: domain)")
+    label_column: str | None = _opt(None, "hf: datasets: the class label column (default: label)")
     # protocol
     protocol: str = _opt("lodo", "evaluation protocol", choices=("lodo", "ltdo", "single_source"))
     targets: list = _opt([], "held-out test domain (repeatable)", flag="--target", repeat=True)

@@ -82,7 +82,7 @@ class _Datasets:
         from fedstyle.experiments.build import load_config_dataset
 
         key = (config.dataset, config.data_root, config.resolution, config.skip_bad_images, config.per_class,
-               config.official_splits)
+               config.official_splits, config.image_column, config.domain_column, config.label_column)
         if key not in self.loaded:
             self.loaded[key] = load_config_dataset(config, progress=self.progress)
         return self.loaded[key]
@@ -93,7 +93,7 @@ class _Datasets:
         from fedstyle.seeding import derive_seed
 
         key = (config.dataset, config.data_root, config.resolution, config.per_class, config.official_splits,
-               config.protocol,
+               config.image_column, config.domain_column, config.label_column, config.protocol,
                tuple(config.targets),
                config.val_domain, config.source, config.val_fraction, config.partition, config.clients,
                config.alpha, config.lam, config.min_client_size, config.seed)

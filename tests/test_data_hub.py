@@ -1,0 +1,146 @@
+"""Hugging Face datasets (``--dataset hf:OWNER/NAME``): a tiny parquet dataset with flwrlabs/pacs's schema,
+loaded offline through ``datasets.load_dataset(NAME)`` from the caches an earlier download leaves."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+pytest.importorskip("datasets")
+
+from fedstyle.data import load_dataset  # noqa: E402
+from fedstyle.errors import ConfigError, DataError  # noqa: E402
+from fedstyle.partition import make_split  # noqa: E402
+from hub_fixtures import (  # noqa: E402
+    PACS_CLASSES, PACS_DOMAINS, cache_as_hub, offline_hf, snapshot_as_hub, tiny_pacs_rows, write_folder, write_parquet,
+)
+
+
+@pytest.fixture
+def hf_home(tmp_path, monkeypatch):
+    monkeypatch.setenv("FEDSTYLE_CACHE", str(tmp_path / "fedstyle-cache"))
+    offline_hf(monkeypatch, tmp_path / "hf")
+    return tmp_path / "hf"
+
+
+def test_cached_hub_dataset_loads_offline_as_the_folder_benchmark(hf_home, tmp_path):
+    rows = tiny_pacs_rows()
+    cache_as_hub("flwrlabs/pacs", write_parquet(tmp_path / "repo", {"train": rows[::-1]}))  # row order must not matter
+    import datasets
+
+    assert len(datasets.load_dataset("flwrlabs/pacs")["train"].data.column("image").chunks) > 1
+    dataset = load_dataset("hf:flwrlabs/pacs", resolution=8, progress=False)
+    folder = load_dataset("pacs", data_root=str(write_folder(tmp_path / "folder", rows)), resolution=8, progress=False)
+    assert dataset.domains == list(PACS_DOMAINS) and dataset.classes == list(PACS_CLASSES)
+    assert (dataset.mean, dataset.std, dataset.augment) == (folder.mean, folder.std, folder.augment)
+    for d in PACS_DOMAINS:  # the same decoder and order as the folder layout: identical pixels and labels
+        assert dataset.labels[d].tolist() == [c for c in range(7) for _ in range(2)]
+        assert np.array_equal(dataset.images[d].numpy(), folder.images[d].numpy())
+    assert dataset.splits == {}  # one train split: no official splits
+    recipe = dataset.info["recipe"]
+    assert recipe["source"] == "flwrlabs/pacs" and recipe["fingerprints"]["train"]
+    again = load_dataset("hf:flwrlabs/pacs", resolution=8, progress=False)
+    assert again.info["cache_dir"] == dataset.info["cache_dir"]  # decoded once
+    split = make_split(dataset, "ltdo", targets=["sketch"], val_domain="photo", seed=0)
+    assert split.sources == ["art_painting", "cartoon"] and len(split.heldout["sketch"]) == 14
+
+
+def test_hub_cache_snapshot_is_read_offline(hf_home, tmp_path):
+    rows = tiny_pacs_rows(per_class=1)
+    snapshot_as_hub("flwrlabs/pacs", write_parquet(tmp_path / "repo", {"train": rows}))
+    dataset = load_dataset("hf:flwrlabs/pacs", resolution=8, progress=False)
+    assert [dataset.size(d) for d in dataset.domains] == [7, 7, 7, 7]
+
+
+def test_missing_dataset_offline_names_the_fix(hf_home):
+    with pytest.raises(DataError) as err:
+        load_dataset("hf:flwrlabs/pacs", progress=False)
+    message = str(err.value)
+    assert "\n" not in message and "offline mode is on" in message and "hf download flwrlabs/pacs" in message
+
+
+def test_other_columns_string_labels_splits_and_local_folder(hf_home, tmp_path):
+    rows = [{"picture": r["image"], "style": r["domain"].upper(), "category": PACS_CLASSES[r["label"]]}
+            for r in tiny_pacs_rows(per_class=2)]
+    from datasets import Features, Image as HFImage, Value
+
+    features = Features({"picture": HFImage(), "style": Value("string"), "category": Value("string")})
+    files = write_parquet(tmp_path / "repo", {"train": rows[0::2], "test": rows[1::2]}, features)
+    cache_as_hub("someone/styles", files)
+    with pytest.raises(DataError, match=r"no column 'domain' \(columns: picture, style, category\); pass --domain"):
+        load_dataset("hf:someone/styles", image_column="picture", progress=False)
+    options = dict(image_column="picture", domain_column="style", label_column="category", resolution=8, progress=False)
+    dataset = load_dataset("hf:someone/styles", **options)
+    assert dataset.domains == sorted(d.upper() for d in PACS_DOMAINS) and dataset.classes == sorted(PACS_CLASSES)
+    assert dataset.resolution == 8 and dataset.name == "hf-someone--styles"
+    # train / test splits are official splits: per domain, the rows of each split (decoded order: by class, name)
+    assert dataset.splits["CARTOON"]["train"].tolist() == list(range(0, 14, 2))
+    assert dataset.splits["CARTOON"]["test"].tolist() == list(range(1, 14, 2))
+    split = make_split(dataset, "lodo", targets=["SKETCH"], val_fraction=0.3, seed=0)
+    assert split.heldout["SKETCH"].tolist() == list(range(1, 14, 2))
+    assert set(split.train["PHOTO"].tolist()) | set(split.val["PHOTO"].tolist()) == set(range(0, 14, 2))
+    pooled = load_dataset("hf:someone/styles", official_splits=False, **options)
+    assert pooled.splits == {} and pooled.info["cache_dir"] == dataset.info["cache_dir"]
+    local = load_dataset(f"hf:{tmp_path / 'repo'}", **options)  # hf:DIR, a folder of data files
+    assert all(np.array_equal(local.images[d].numpy(), dataset.images[d].numpy()) for d in dataset.domains)
+
+
+def test_bad_input_gets_one_line_naming_the_fix(hf_home, tmp_path):
+    rows = tiny_pacs_rows(per_class=1)
+    cache_as_hub("flwrlabs/pacs", write_parquet(tmp_path / "a", {"train": rows[:-1]}))  # sketch lacks 'person'
+    with pytest.raises(DataError, match="domain 'sketch' has no image of class\\(es\\) person .*every domain needs"):
+        load_dataset("hf:flwrlabs/pacs", progress=False)
+    odd = [dict(r, domain="watercolour") if r["domain"] == "photo" else r for r in rows]
+    cache_as_hub("flwrlabs/office-home", write_parquet(tmp_path / "b", {"train": odd}))
+    with pytest.raises(DataError, match="'art_painting', not a domain of officehome .*--domain-column"):
+        load_dataset("hf:flwrlabs/office-home", progress=False)
+    broken = [dict(r, image={"bytes": b"\x89PNG broken", "path": "x.png"}) if i == 3 else r for i, r in enumerate(rows)]
+    cache_as_hub("someone/broken", write_parquet(tmp_path / "c", {"train": broken, "extra": rows}))
+    with pytest.raises(DataError, match=r"cannot read image hf:someone/broken train row 3 \(x.png\).*--skip-bad"):
+        load_dataset("hf:someone/broken", resolution=8, progress=False)
+    with pytest.raises(DataError, match="split 'extra' .*--no-official-splits"):
+        load_dataset("hf:someone/broken", resolution=8, skip_bad_images=True, progress=False)
+    with pytest.warns(UserWarning, match="skipped 1 unreadable"):
+        kept = load_dataset("hf:someone/broken", resolution=8, skip_bad_images=True, official_splits=False,
+                            progress=False)
+    assert kept.size("art_painting") == 13 and kept.info["bad_images"][0][0].startswith("hf:someone/broken train row 3")
+    with pytest.raises(ConfigError, match="not --data-root"):
+        load_dataset("hf:flwrlabs/pacs", data_root=str(tmp_path))
+    with pytest.raises(ConfigError, match="--domain-column names a column of a Hugging Face dataset"):
+        load_dataset("digits4", domain_column="style")
+    with pytest.raises(ConfigError, match="give hf:OWNER/NAME"):
+        load_dataset("hf:not a/valid/name")
+
+
+def test_without_the_library_the_extra_is_named(monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "datasets", None)
+    with pytest.raises(ConfigError, match=r"pip install -c constraints.txt 'fedstyle\[hf\]'"):
+        load_dataset("hf:flwrlabs/pacs")
+
+
+def test_fedstyle_run_on_a_hub_dataset_offline(hf_home, tmp_path, capsys, monkeypatch):
+    from fedstyle.cli.main import main
+
+    cache_as_hub("flwrlabs/pacs", write_parquet(tmp_path / "repo", {"train": tiny_pacs_rows(per_class=3)}))
+    out = tmp_path / "run"
+    code = main(["run", "--dataset", "hf:flwrlabs/pacs", "--protocol", "ltdo", "--target", "sketch", "--val-domain",
+                 "photo", "--partition", "dirichlet", "--clients", "2", "--min-client-size", "2", "--resolution", "16",
+                 "--rounds", "1", "--local-steps", "1", "--batch-size", "4", "--device", "cpu", "--quiet",
+                 "--out", str(out)])
+    assert code == 0, capsys.readouterr().err
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["dataset"] == "hf:flwrlabs/pacs" and set(summary["targets"]) == {"sketch"}
+    config = json.loads((out / "config.json").read_text())
+    assert config["official_splits"] is True and config["domain_column"] is None
+    monkeypatch.chdir(tmp_path)
+    assert main(["data", "show", "hf:flwrlabs/pacs", "--resolution", "8", "--quiet"]) == 0
+    assert (tmp_path / "hf-flwrlabs--pacs.png").is_file()  # one file, not a folder named hf:flwrlabs
+    assert main(["data", "list"]) == 0 and "hf:OWNER/NAME" in capsys.readouterr().out
+    code = main(["run", "--dataset", "digits4", "--label-column", "y", "--target", "mnist", "--out",
+                 str(tmp_path / "x")])
+    assert code == 2 and "--label-column names a column" in capsys.readouterr().err
+
