@@ -24,6 +24,9 @@ from fedstyle.experiments.config import TRACKER_SETTINGS, RunConfig
 from fedstyle.io import LOCK_NAME, remove_leftovers
 
 CONFIG, METRICS, SUMMARY, DONE, PARTITION = "config.json", "metrics.jsonl", "summary.json", "done", "partition.json"
+#: how `fedstyle deploy` starts the run's federation, written before config.json: a run directory holding
+#: it continues only on a federation (`fedstyle deploy --resume`), never on the in-process simulator
+DEPLOYMENT = "flower/deploy.json"
 
 #: what ``fedstyle run --resume`` accepts besides the run directory: where and how the run executes,
 #: nothing that changes what it computes (--state-budget moves client states between memory and disk
@@ -42,10 +45,23 @@ def check_new_run_dir(out: Path) -> None:
         return
     entries = [e for e in out.iterdir() if e.name != LOCK_NAME and not e.name.endswith(".tmp")]
     if (out / CONFIG).exists():
-        raise ConfigError(f"{out} already holds a run; continue it with `fedstyle run --resume {out}` "
+        raise ConfigError(f"{out} already holds a run; continue it with `{resume_command(out)}` "
                           "or choose another --out")
     if entries:
         raise ConfigError(f"{out} exists and is not empty; choose another --out")
+
+
+def resume_command(out: Path) -> str:
+    """The command that continues the run in ``out`` on the runtime it was started with."""
+    return f"fedstyle deploy --resume {out}" if (out / DEPLOYMENT).exists() else f"fedstyle run --resume {out}"
+
+
+def refuse_deployment(out: Path) -> None:
+    """A deployment's run directory is continued by its own runtime: the in-process simulator would run
+    its config silently elsewhere than the federation it was started on."""
+    if (out / DEPLOYMENT).exists():
+        raise ConfigError(f"{out} was started by `fedstyle deploy`: continue it on its federation with "
+                          f"`fedstyle deploy --resume {out}`")
 
 
 def read_run_config(out: Path) -> RunConfig:
