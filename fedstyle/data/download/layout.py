@@ -11,9 +11,14 @@ Layouts (``DatasetDownload.layout``):
 
 - ``domain_folders``: the unpacked tree holds, at some depth, one folder containing every domain
   folder (PACS's ``kfold/``, Office-Home's ``OfficeHomeDataset_10072016/``, DomainNet's six zips
-  side by side); that folder becomes the dataset, whatever its name in the archive.
+  side by side); that folder becomes the dataset, whatever its name in the archive, taking along
+  the official split lists kept beside it (into its ``splits/``).
 - ``terra_incognita``: DomainBed's arrangement (:mod:`fedstyle.data.download.terra`).
 - ``camelyon17``: WILDS's folder, the one holding ``metadata.csv`` and ``patches/``.
+
+Files keep the times the archive records (tar does so itself; zip members are stamped as ``unzip``
+stamps them), so a folder dataset's cache key (relative paths, sizes, file times) is the same for
+every download of one archive and for the tree it was made from.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import os
 import re
 import shutil
 import tarfile
+import time
 import zipfile
 import zlib
 from pathlib import Path
@@ -46,7 +52,11 @@ def unpack(archive: Path, into: Path) -> None:
     try:
         if name.endswith(".zip"):
             with zipfile.ZipFile(archive) as handle:
-                handle.extractall(into)
+                for member in handle.infolist():
+                    path = handle.extract(member, into)
+                    stamp = None if member.is_dir() else _zip_mtime(member)
+                    if stamp is not None:
+                        os.utime(path, (stamp, stamp))
         elif re.search(r"\.(tar|tgz|tar\.gz|tar\.xz|tar\.bz2)$", name):
             with tarfile.open(archive) as handle:
                 if hasattr(tarfile, "data_filter"):
@@ -57,6 +67,27 @@ def unpack(archive: Path, into: Path) -> None:
             shutil.copyfile(archive, into / archive.name)
     except (zipfile.BadZipFile, tarfile.TarError, EOFError, zlib.error) as err:
         raise BadArchive(f"{archive} cannot be unpacked ({type(err).__name__}: {err})") from None
+
+
+def _zip_mtime(member: zipfile.ZipInfo) -> float | None:
+    """A zip member's modification time as ``unzip`` restores it: the UTC seconds of the extended-timestamp
+    field (0x5455, written by Info-ZIP's zip) where present, else the DOS date and time read as local time.
+
+    zipfile's extract leaves every file stamped with the time of unpacking; the folder datasets' cache key
+    hashes file times, so without this two downloads of one archive (or a download and the same archive
+    unzipped by hand) never shared a decoded cache entry. tar members keep their times already. None: no
+    time can be read (the file keeps the time of unpacking)."""
+    extra = member.extra
+    while len(extra) >= 4:
+        kind, size = int.from_bytes(extra[:2], "little"), int.from_bytes(extra[2:4], "little")
+        body = extra[4 : 4 + size]
+        if kind == 0x5455 and len(body) >= 5 and body[0] & 1:
+            return float(int.from_bytes(body[1:5], "little", signed=True))
+        extra = extra[4 + size :]
+    try:
+        return time.mktime(member.date_time + (0, 0, -1))
+    except (OverflowError, ValueError):  # a date the platform cannot represent
+        return None
 
 
 def _safe_members(handle: tarfile.TarFile, archive: Path) -> list[tarfile.TarInfo]:
@@ -95,7 +126,35 @@ def domain_folders(unpacked: Path, result: Path, entry: DatasetDownload) -> None
         return wanted <= {_loose(p.name) for p in folder.iterdir() if p.is_dir()}
 
     found = find_folder(unpacked, holds, " ".join(f"{d}/" for d in entry.domains))
+    _carry_split_lists(found, entry)
     os.rename(found, result)
+
+
+def _carry_split_lists(found: Path, entry: DatasetDownload) -> None:
+    """Official split lists kept beside the folder of domain folders (the PACS release's ``pacs_label/`` beside
+    ``pacs_data/``, Dassl's ``splits/`` beside ``images/``) moved into ``found/splits/``, where the loader looks
+    (:mod:`fedstyle.data.split_lists`): only ``found`` becomes the dataset, and the lists would be left behind,
+    so the download would lose the splits that the unpacked tree gives. Lists already inside ``found`` win, as
+    the loader prefers them too."""
+    from fedstyle.data.split_lists import LIST_FOLDERS, SPLIT_LIST_FORMATS
+
+    fmt = SPLIT_LIST_FORMATS.get(entry.dataset)
+    if fmt is None:
+        return
+    names = sorted({pattern.format(domain=d) for pattern in fmt.files.values() for d in entry.domains})
+
+    def lists_in(folder: Path) -> list[Path]:
+        return [folder / name for name in names if (folder / name).is_file()]
+
+    if any(lists_in(found / sub) for sub in LIST_FOLDERS):
+        return
+    for sub in LIST_FOLDERS:
+        lists = lists_in(found.parent / sub)
+        if lists:
+            (found / "splits").mkdir(exist_ok=True)
+            for path in lists:
+                os.rename(path, found / "splits" / path.name)
+            return
 
 
 def camelyon17(unpacked: Path, result: Path, entry: DatasetDownload) -> None:
