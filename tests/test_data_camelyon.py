@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shutil
+
 import numpy as np
 import pytest
 from PIL import Image
@@ -81,6 +83,15 @@ def test_missing_patch_is_named_and_skipping_renumbers_the_splits(tmp_path):
                                progress=False)
     assert dataset.size("hospital_0") == 2
     assert {s: t.tolist() for s, t in dataset.splits["hospital_0"].items()} == {"train": [1], "val": [0]}
+    # a copy of the folder shares the cache entry (keyed by metadata.csv), whose skipped patch is named under the
+    # original: the copy's splits must leave out the same patch (they were refused as out of range)
+    shutil.copytree(tmp_path / "camelyon17_v1.0", tmp_path / "copy" / "camelyon17_v1.0")
+    with pytest.warns(UserWarning, match="skipped 1 unreadable"):
+        copy = load_dataset("camelyon17", data_root=str(tmp_path / "copy"), resolution=8, skip_bad_images=True,
+                            progress=False)
+    assert copy.info["cache_dir"] == dataset.info["cache_dir"]
+    assert {d: {s: t.tolist() for s, t in lists.items()} for d, lists in copy.splits.items()} == {
+        d: {s: t.tolist() for s, t in lists.items()} for d, lists in dataset.splits.items()}
 
 
 def test_bad_trees_get_one_line_naming_the_fix(tmp_path):

@@ -114,6 +114,16 @@ def test_bad_input_gets_one_line_naming_the_fix(hf_home, tmp_path):
         load_dataset("hf:not a/valid/name")
 
 
+def test_unlabelled_rows_are_refused_before_anything_is_decoded(hf_home, tmp_path):
+    rows = tiny_pacs_rows(per_class=1)
+    unlabelled = [dict(r, label=-1) for r in rows[:3]]  # ClassLabel's missing value, as Hub test splits hold it
+    cache_as_hub("someone/half", write_parquet(tmp_path / "repo", {"train": rows, "test": unlabelled}))
+    cache = hf_home.parent / "fedstyle-cache"
+    with pytest.raises(DataError, match=r"split 'test' has 3 row\(s\) without a class .*--label-column NAME"):
+        load_dataset("hf:someone/half", resolution=8, progress=False)
+    assert not cache.exists() or not any(cache.iterdir())  # refused before decoding: no cache entry written
+
+
 def test_without_the_library_the_extra_is_named(monkeypatch):
     import sys
 

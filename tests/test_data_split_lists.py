@@ -3,6 +3,8 @@ present, ignored on request, refused when inconsistent; and how make_split uses 
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 import torch
 from PIL import Image
@@ -73,6 +75,24 @@ def test_absent_or_ignored_lists_leave_the_seeded_split(tmp_path):
     released = pacs_release(tmp_path / "release")
     ignored = load_dataset("pacs", data_root=str(released), resolution=8, official_splits=False, progress=False)
     assert ignored.splits == {} and "official_splits" not in ignored.info
+
+
+def test_a_copy_of_the_tree_with_a_skipped_image_keeps_the_same_splits(tmp_path):
+    root = pacs_release(tmp_path / "a")
+    (root / "cartoon" / "dog" / "pic_0.jpg").write_bytes(b"not a jpeg")
+    options = dict(resolution=8, skip_bad_images=True, progress=False)
+    with pytest.warns(UserWarning, match="skipped 1 unreadable"):
+        first = load_dataset("pacs", data_root=str(root), **options)
+    assert {s: t.tolist() for s, t in first.splits["cartoon"].items()} == {
+        "train": [0, 3, 4], "val": [1, 2], "test": [0, 1, 2, 3, 4]}  # dog pic_0 left out, the rest renumbered
+    # a copy (same relative paths, sizes, times) shares the cache entry, whose skipped image is named under
+    # tmp_path/a: the copy's lists must leave out the same image (they were refused as out of range)
+    shutil.copytree(tmp_path / "a", tmp_path / "b")
+    with pytest.warns(UserWarning, match="skipped 1 unreadable"):
+        copy = load_dataset("pacs", data_root=str(tmp_path / "b" / "pacs_data"), **options)
+    assert copy.info["cache_dir"] == first.info["cache_dir"]
+    assert {d: {s: t.tolist() for s, t in lists.items()} for d, lists in copy.splits.items()} == {
+        d: {s: t.tolist() for s, t in lists.items()} for d, lists in first.splits.items()}
 
 
 def test_inconsistent_lists_get_one_line_naming_the_fix(tmp_path):

@@ -148,5 +148,8 @@ def load_camelyon17(data_root: str | os.PathLike | None = None, resolution: int 
     check_skipped(dataset, "camelyon17", skip_bad_images)
     if not official_splits:
         return dataset
-    dropped = {path for path, _ in dataset.info.get("bad_images", [])}
+    from fedstyle.data.split_lists import skipped_paths
+
+    # the cache entry may have been built from another copy of the folder: its skipped patches named under it
+    dropped = skipped_paths(dataset.info, folder)
     return dataset.with_splits(wilds_splits(rows, columns["split"], paths, dropped))

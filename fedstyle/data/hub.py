@@ -203,6 +203,12 @@ def read_rows(data, columns: dict[str, str], where: str) -> HubRows:
                 raise DataError(f"{where}: split {split!r} names its classes differently; use one split or fix the "
                                 "dataset's ClassLabel")
             classes = list(label_feature.names)
+            unlabelled = sum(1 for v in labels if not 0 <= v < len(classes))
+            if unlabelled:  # -1 is ClassLabel's "no label", common in a Hub test split; it would fail after decoding
+                raise DataError(f"{where}: split {split!r} has {unlabelled} row(s) without a class (label -1 or out of "
+                                f"range of {columns['label']!r}); fedstyle needs every image labelled: pass "
+                                "--label-column NAME of a labelled column, or give hf:DIR holding the labelled "
+                                "splits only")
         # chunk by chunk: combining the column's chunks would copy every image's bytes
         paths = [p for chunk in dataset.data.column(columns["image"]).chunks for p in chunk.field("path").to_pylist()]
         split_of += [index] * len(domains)

@@ -114,6 +114,22 @@ def split_indices(benchmark: str, domain: str, files: dict[str, Path], ordered: 
     return out
 
 
+def skipped_paths(info: dict, root: Path) -> set[str]:
+    """The images the decoding left out (``info['bad_images']``) as paths under ``root``, the folder read now.
+
+    A cache entry's key holds paths relative to the dataset folder, so one entry serves every copy of a tree
+    (moved, downloaded again, unpacked elsewhere) and its ``bad_images`` name files under the folder it was
+    built from (``info['root']``); compared as they are, they matched nothing and every split was shifted.
+    """
+    built = Path(info["root"]) if info.get("root") else None
+    out = set()
+    for path, _ in info.get("bad_images", []):
+        if built is not None and Path(path).is_relative_to(built):
+            path = str(root / Path(path).relative_to(built))
+        out.add(path)
+    return out
+
+
 def attach_split_lists(dataset: DomainDataset, benchmark: str, root: Path, files: dict[str, dict[str, list[Path]]],
                        classes: list[str]) -> DomainDataset:
     """``dataset`` with the official splits of the lists found for ``benchmark`` near ``root`` (unchanged if none).
@@ -123,7 +139,7 @@ def attach_split_lists(dataset: DomainDataset, benchmark: str, root: Path, files
     lists = find_split_lists(benchmark, root, dataset.domains)
     if not lists:
         return dataset
-    dropped = {path for path, _ in dataset.info.get("bad_images", [])}
+    dropped = skipped_paths(dataset.info, root)
     splits = {d: split_indices(benchmark, d, lists[d], [p for c in classes for p in files[d][c]], dropped)
               for d in lists}
     out = dataset.with_splits(splits)
