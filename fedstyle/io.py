@@ -181,11 +181,16 @@ class DirectoryLock:
     ``flock`` is released by the kernel when the process dies (also on SIGKILL): a lock file left
     behind by a dead process locks nothing. The file records the holder's host and pid, which a
     refused process names in its error.
+
+    ``shared=True`` (or :meth:`share` on a held lock) holds it shared: with the other processes of one
+    writer that take it shared too (a deployment and its ServerApp), never with an exclusive holder, so
+    every other writer stays refused for as long as any of them lives.
     """
 
-    def __init__(self, directory: str | Path, what: str = "run directory"):
+    def __init__(self, directory: str | Path, what: str = "run directory", *, shared: bool = False):
         self.directory = Path(directory)
         self.what = what
+        self.shared = shared
         self._fd: int | None = None
 
     @property
@@ -198,7 +203,7 @@ class DirectoryLock:
         self.directory.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(fd, (fcntl.LOCK_SH if self.shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
         except BlockingIOError:
             holder = os.read(fd, 200).decode(errors="replace").strip() or "another process"
             os.close(fd)
@@ -207,6 +212,16 @@ class DirectoryLock:
         os.ftruncate(fd, 0)
         os.write(fd, f"process {os.getpid()} on {socket.gethostname()}\n".encode())
         self._fd = fd
+        return self
+
+    def share(self) -> "DirectoryLock":
+        """Hold the (acquired) lock shared from now on: other shared holders may join, exclusive ones stay
+        refused (one ``flock`` call, which converts the lock in place: no other taker gets in between on Linux)."""
+        import fcntl
+
+        if self._fd is not None and not self.shared:
+            fcntl.flock(self._fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            self.shared = True
         return self
 
     def release(self) -> None:

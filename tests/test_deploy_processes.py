@@ -1,5 +1,6 @@
-"""`fedstyle deploy` returns only when every process it started has exited: the stopping code alone, on
-plain Python processes (no Flower, a few seconds). The deployments themselves: test_flower_deploy.py."""
+"""`fedstyle deploy` returns only when every process it started has exited, and when it is killed outright
+(SIGKILL, the OOM killer) they die with it: the supervision code alone, on plain Python processes (no
+Flower, a few seconds). The deployments themselves: test_flower_deploy.py, test_deploy_faults.py."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import subprocess
 import sys
 import time
 import uuid
+from pathlib import Path
 
 import pytest
 
@@ -17,15 +19,42 @@ from fedstyle.runtimes.flower.processes import MARKER_ENV, _alive, descendants, 
 pytestmark = pytest.mark.skipif(not os.path.isdir("/proc"), reason="process discovery reads /proc (Linux)")
 
 SLEEP = "import time; time.sleep(120)"
+#: a process that runs on after its main thread has exited, deaf to SIGTERM (as Flower's SuperExec shutting down)
+MAIN_THREAD_GONE = ("import ctypes, signal, threading, time\n"
+                    "signal.signal(signal.SIGTERM, lambda *a: None)\n"
+                    "threading.Thread(target=time.sleep, args=(120,)).start()\n"
+                    "ctypes.CDLL(None).pthread_exit(None)\n")
+#: the owner of a Supervisor: a child, and a child that starts a grandchild in a session of its own (as
+#: Flower's SuperLink starts its SuperExec); argv: log folder, grandchild code
+OWNER = """
+import os, subprocess, sys, time
+from pathlib import Path
+from fedstyle.runtimes.flower.processes import MARKER_ENV, Supervisor
+with Supervisor(Path(sys.argv[1])) as supervisor:
+    env = dict(os.environ, **{MARKER_ENV: supervisor.marker})
+    supervisor.launch("direct", [sys.executable, "-c", "import time; time.sleep(120)"], env)
+    supervisor.launch("parent", [sys.executable, "-c", "import subprocess, sys, time; subprocess.Popen("
+                      "[sys.executable, '-c', sys.argv[1]], start_new_session=True); time.sleep(120)", sys.argv[2]], env)
+    print(supervisor.marker, flush=True)
+    time.sleep(120)
+"""
 
 
-def wait_for(predicate, timeout=20.0):
+def wait_for(predicate, timeout=20.0, what="it"):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if predicate():
             return
         time.sleep(0.05)
-    raise AssertionError("timed out")
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def kill_all(pids) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
 
 
 def start(code: str, marker: str) -> subprocess.Popen:
@@ -70,3 +99,59 @@ def test_children_of_several_processes_stop_together():
     started = time.monotonic()
     assert stop_processes(parents, grace=10.0) == []  # the process trees alone, no marker sweep
     assert time.monotonic() - started < 5 and marked_processes(marker) == []
+
+
+def test_a_process_that_runs_on_after_its_main_thread_exited_is_stopped_and_reaped():
+    # `ps` shows it as a zombie (Z), but its other threads run: stopping must wait for it, then reap it
+    marker = uuid.uuid4().hex
+    proc = start(MAIN_THREAD_GONE, marker)
+    try:
+        wait_for(lambda: Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z", 20,
+                 "the main thread to exit")
+        started = time.monotonic()
+        assert stop_processes([proc], signal.SIGTERM, grace=1.0, marker=marker) == []
+        assert time.monotonic() - started >= 1.0  # SIGTERM did nothing: it was killed after the grace period
+        assert proc.returncode == -signal.SIGKILL and not Path(f"/proc/{proc.pid}").exists()  # dead and reaped
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def start_owner(log_dir: Path, grandchild: str):
+    """A process running a Supervisor (as `fedstyle deploy`) with its processes started; (it, their marker)."""
+    log_dir.mkdir()
+    owner = subprocess.Popen([sys.executable, "-c", OWNER, str(log_dir), grandchild], stdout=subprocess.PIPE, text=True)
+    return owner, owner.stdout.readline().strip()
+
+
+def test_a_killed_owner_takes_every_process_it_started_with_it(tmp_path):
+    # its children by the kernel (parent-death signal), the grandchild in a session of its own by the watchdog
+    owner, marker = start_owner(tmp_path / "flower", SLEEP)
+    try:
+        wait_for(lambda: len(marked_processes(marker)) == 3, 20, "the children and the grandchild")
+        owner.kill()  # as the OOM killer does: no handler, no atexit
+        owner.wait()
+        wait_for(lambda: not marked_processes(marker), 10, "every process of the killed owner to die")
+    finally:
+        owner.kill()
+        owner.wait()
+        kill_all(marked_processes(marker))
+
+
+def test_the_run_directory_writers_die_with_the_owner_even_without_the_watchdog(tmp_path):
+    # the grandchild watches the owner itself, as the ServerApp and the ClientApps do
+    grandchild = ("import time\nfrom fedstyle.runtimes.flower.processes import die_with_owner\n"
+                  "die_with_owner()\ntime.sleep(120)")
+    owner, marker = start_owner(tmp_path / "flower", grandchild)
+    try:
+        wait_for(lambda: len(marked_processes(marker)) == 3, 20, "the children and the grandchild")
+        time.sleep(0.5)  # the grandchild's watch has started
+        watchdogs = [p for p in descendants(owner.pid) if b"watchdog.py" in Path(f"/proc/{p}/cmdline").read_bytes()]
+        assert len(watchdogs) == 1
+        kill_all([owner.pid, *watchdogs])  # as `kill -9` of both
+        owner.wait()
+        wait_for(lambda: not marked_processes(marker), 10, "every process of the killed owner to die")
+    finally:
+        owner.kill()
+        owner.wait()
+        kill_all(marked_processes(marker))

@@ -71,14 +71,16 @@ def assert_same_run(a, b):
 def pids_of(run_dir) -> list[tuple[int, str]]:
     """(pid, command line) of the live processes anywhere on the machine started for ``run_dir`` (their
     FLWR_HOME lies inside it), also those that left this test's process tree (Flower's SuperExec, ServerApp,
-    ClientApp processes)."""
+    ClientApp processes). Live: running code, also after its main thread exited (a Z in `ps` whose other
+    threads run on, as Flower's SuperExec shutting down); an exited process waiting to be reaped is not."""
     from pathlib import Path
+
+    from fedstyle.runtimes.flower.watchdog import alive
 
     found = []
     for entry in Path("/proc").glob("[0-9]*"):
         try:
-            if str(run_dir).encode() in (entry / "environ").read_bytes() and \
-                    (entry / "stat").read_text().split(")")[-1].split()[0] != "Z":
+            if str(run_dir).encode() in (entry / "environ").read_bytes() and alive(int(entry.name)):
                 found.append((int(entry.name), (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()))
         except OSError:
             continue

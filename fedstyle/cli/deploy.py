@@ -22,6 +22,9 @@ dropout is logged in metrics.jsonl ({"event": "dropout", ...}). A restarted site
 next round. If the coordinator stops, `fedstyle deploy --resume OUT` continues from the last checkpoint.
 Each site keeps its client's persistent state (FedDyn's, FedBN's local layers) on disk, versioned by
 round, so a restarted site and a resumed coordinator continue exactly.
+
+Every process a deployment starts stops with it, also when it is killed outright (kill -9, the OOM
+killer; Linux); a resume refuses while any process of the earlier federation is alive.
 """
 
 DEPLOY_EPILOG = """\
@@ -156,20 +159,31 @@ def _new_run(args, settings):
 
 
 def _resuming(args) -> Path:
-    """The run directory a --resume names, after refusing flags that would change the run."""
+    """The run directory a --resume names, after refusing flags that would change the run, and refusing
+    while any process of its last federation is alive (a killed deploy's orphans hold its lock)."""
     from fedstyle.errors import ConfigError
     from fedstyle.experiments.rundir import read_run_config
+    from fedstyle.runtimes.flower.processes import check_stopped
 
     if args.restart:
         raise ConfigError("--restart is `fedstyle run`'s; a deployment resumes from its checkpoint")
     check_resume_flags(args, accepted=())
     out = Path(args.resume)
     read_run_config(out)  # a clear error for a folder that holds no run
+    check_stopped(out / "flower")
     return out
 
 
+def _resume_locked(args, command) -> int:
+    """Run ``command(args, lock)`` to continue the deployment in --resume DIR, holding its lock."""
+    from fedstyle.io import DirectoryLock
+
+    with DirectoryLock(_resuming(args)) as lock:
+        return command(args, lock)
+
+
 def _new_locked(args, command) -> int:
-    """Run ``command(args)`` for a new deployment holding --out's lock; a failure before the run
+    """Run ``command(args, lock)`` for a new deployment holding --out's lock; a failure before the run
     directory got its config.json leaves nothing behind (not even the folder, if it made it)."""
     import shutil
 
@@ -184,7 +198,7 @@ def _new_locked(args, command) -> int:
     created = not out.exists()
     lock = DirectoryLock(out).acquire()
     try:
-        return command(args)
+        return command(args, lock)
     except BaseException:
         if created and not (out / CONFIG).exists():
             shutil.rmtree(out, ignore_errors=True)
@@ -194,15 +208,10 @@ def _new_locked(args, command) -> int:
 
 
 def _cmd_deploy(args: argparse.Namespace) -> int:
-    from fedstyle.io import DirectoryLock
-
-    if args.resume:
-        with DirectoryLock(_resuming(args)):
-            return _deploy(args)
-    return _new_locked(args, _deploy)
+    return _resume_locked(args, _deploy) if args.resume else _new_locked(args, _deploy)
 
 
-def _deploy(args: argparse.Namespace) -> int:
+def _deploy(args: argparse.Namespace, lock) -> int:
     from fedstyle.errors import ConfigError
     from fedstyle.experiments.runner import CONFIG, DONE, SUMMARY
     from fedstyle.runtimes.flower.deployment import deploy_run, load_settings
@@ -215,7 +224,7 @@ def _deploy(args: argparse.Namespace) -> int:
             summary = json.loads((out / SUMMARY).read_text())
         else:
             try:
-                summary = deploy_run(out, settings, quiet=args.quiet, rounds=rounds)
+                summary = deploy_run(out, settings, quiet=args.quiet, rounds=rounds, lock=lock)
             except KeyboardInterrupt:
                 print(f"\ninterrupted; continue with: fedstyle deploy --resume {out}", file=sys.stderr)
                 raise
@@ -226,7 +235,7 @@ def _deploy(args: argparse.Namespace) -> int:
         config = _new_run(args, settings)
         out = Path(args.out)
         try:
-            summary = deploy_run(out, settings, quiet=args.quiet, rounds=config.rounds)
+            summary = deploy_run(out, settings, quiet=args.quiet, rounds=config.rounds, lock=lock)
         except KeyboardInterrupt:
             print(f"\ninterrupted; every Flower process is stopped; continue with: fedstyle deploy --resume {out}",
                   file=sys.stderr)
@@ -237,15 +246,10 @@ def _deploy(args: argparse.Namespace) -> int:
 
 
 def _cmd_coordinator(args: argparse.Namespace) -> int:
-    from fedstyle.io import DirectoryLock
-
-    if args.resume:
-        with DirectoryLock(_resuming(args)):
-            return _coordinate(args)
-    return _new_locked(args, _coordinate)
+    return _resume_locked(args, _coordinate) if args.resume else _new_locked(args, _coordinate)
 
 
-def _coordinate(args: argparse.Namespace) -> int:
+def _coordinate(args: argparse.Namespace, lock) -> int:
     from fedstyle.errors import ConfigError
     from fedstyle.experiments.runner import CONFIG, SUMMARY
     from fedstyle.runtimes.flower.deployment import Federation, load_settings
@@ -260,7 +264,7 @@ def _coordinate(args: argparse.Namespace) -> int:
         settings = _settings(args, local=False)
         rounds = _new_run(args, settings).rounds
         out = Path(args.out)
-    with Federation(out, settings, quiet=args.quiet) as federation:
+    with Federation(out, settings, quiet=args.quiet, lock=lock) as federation:
         federation.prepare()
         federation.start_superlink()
         if not args.quiet:

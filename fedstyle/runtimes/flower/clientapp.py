@@ -16,10 +16,12 @@ from flwr.clientapp import ClientApp
 
 from fedstyle.runtimes.flower import quiet_flower_noise
 from fedstyle.runtimes.flower.node_config import client_id_of
+from fedstyle.runtimes.flower.processes import die_with_owner
 
 _META = "fedstyle"  # = records.META (records imports torch)
 
 quiet_flower_noise()  # also in Ray's actors, which import this module to run the ClientApp
+die_with_owner()  # a local site's ClientApp process stops with `fedstyle deploy` (it writes the site's state)
 app = ClientApp()
 
 

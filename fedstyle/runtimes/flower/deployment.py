@@ -4,8 +4,14 @@
 ``<run dir>/flower/`` and stops every process it started — and everything those started (Flower's
 SuperExec, ServerApp and ClientApp processes, found also after they left the process tree by the
 ``FEDSTYLE_DEPLOY`` marker in their environment) — on success, on error, on Ctrl-C / SIGTERM and at
-interpreter exit; it returns only once all of them have exited (the supervision itself:
-:mod:`.processes`). Ports are chosen free at run time on 127.0.0.1 unless given.
+interpreter exit; it returns only once all of them have exited. A ``fedstyle deploy`` killed outright
+(SIGKILL, the OOM killer) takes every one of them with it (the supervision itself: :mod:`.processes`).
+Ports are chosen free at run time on 127.0.0.1 unless given.
+
+The run directory's lock (:class:`~fedstyle.io.DirectoryLock`) is held, shared, by the process running
+the Federation and by the ServerApp, which writes the directory: no other run, resume or deployment
+gets it while either lives. A Federation does not start while any process of the directory's last
+one is alive.
 
 The local sites share the machine: each gets ``cores / sites`` torch threads (``OMP_NUM_THREADS``,
 unless set), and keeps its clients' persistent state in ``<run dir>/flower/state``
@@ -16,8 +22,9 @@ Flower layout under ``<run dir>/flower/``::
     app/pyproject.toml    the Flower App (FAB) naming fedstyle's ServerApp and ClientApp
     home/                 FLWR_HOME: the `flwr` CLI's SuperLink connection, installed apps
     deploy.json           how the federation was started (for --resume)
+    supervisor.json       the last start's process marker and owner (a resume refuses while they live)
     state/                the sites' per-client state (run-<config digest>/client-K/)
-    superlink.log, site-K.log, serverapp.log
+    superlink.log, site-K.log, serverapp.log, watchdog.log
 
 Runtime dependency installation is disabled everywhere (sites may be offline): SuperLink and
 SuperNodes use the Python environment they run in, which must have fedstyle[flower] installed.
@@ -37,11 +44,12 @@ from pathlib import Path
 from typing import Any
 
 from fedstyle.errors import ConfigError
-from fedstyle.io import atomic_write_json, atomic_write_text
+from fedstyle.io import DirectoryLock, atomic_write_json, atomic_write_text
 from fedstyle.runtimes.flower.processes import (
     MARKER_ENV,
     DeployError,
     Supervisor,
+    check_stopped,
     tail,
     wait_for_port,
 )
@@ -163,15 +171,19 @@ class DeploySettings:
 class Federation(Supervisor):
     """A SuperLink and SuperNodes on this machine, for one run directory; a context manager.
 
-    :meth:`stop_all` stops the sites and the run first (together), then the SuperLink with whatever
-    is left; processes that left their parent's tree (Flower's SuperExec, ServerApp and ClientApp
-    processes) are found by the marker in their environment.
+    Entering takes the run directory's lock — or holds the caller's ``lock``, already acquired — shared
+    from then on (the ServerApp joins it); it refuses while a process of the directory's last
+    Federation lives. :meth:`stop_all` stops the sites and the run first (together), then the SuperLink
+    with whatever is left; processes that left their parent's tree (Flower's SuperExec, ServerApp and
+    ClientApp processes) are found by the marker in their environment.
     """
 
     stopped_last = ("superlink",)
 
-    def __init__(self, run_dir: str | Path, settings: DeploySettings, *, quiet: bool = False):
+    def __init__(self, run_dir: str | Path, settings: DeploySettings, *, quiet: bool = False,
+                 lock: DirectoryLock | None = None):
         settings.validate()
+        self.lock, self._own_lock = lock, None
         self.run_dir = Path(run_dir).resolve()
         self.settings = settings
         self.quiet = quiet
@@ -185,6 +197,28 @@ class Federation(Supervisor):
         self.certs = Path(settings.certs).resolve() if settings.certs else None
 
     # -- lifecycle ----------------------------------------------------------------------
+    def __enter__(self):
+        check_stopped(self.flower_dir)  # before the lock: an orphaned ServerApp holds it, this names them all
+        if self.lock is None:
+            self.lock = self._own_lock = DirectoryLock(self.run_dir).acquire()
+        self.lock.share()  # the ServerApp takes it too, shared: other writers stay refused while either lives
+        try:
+            return super().__enter__()
+        except BaseException:
+            self._release_own_lock()
+            raise
+
+    def __exit__(self, *exc) -> None:
+        try:
+            super().__exit__(*exc)
+        finally:
+            self._release_own_lock()
+
+    def _release_own_lock(self) -> None:
+        if self._own_lock is not None:
+            self._own_lock.release()
+            self.lock = self._own_lock = None
+
     def env(self, site: bool = False) -> dict[str, str]:
         env = dict(os.environ)
         env["FLWR_HOME"] = str(self.home)
@@ -371,11 +405,13 @@ def load_settings(run_dir: Path) -> DeploySettings:
     return DeploySettings(**json.loads(path.read_text()))
 
 
-def deploy_run(run_dir: str | Path, settings: DeploySettings, *, quiet: bool = False, rounds: int) -> dict[str, Any]:
-    """Start the federation, run the run directory's config on it, stop every process; the summary."""
+def deploy_run(run_dir: str | Path, settings: DeploySettings, *, quiet: bool = False, rounds: int,
+               lock: DirectoryLock | None = None) -> dict[str, Any]:
+    """Start the federation, run the run directory's config on it, stop every process; the summary.
+    ``lock``: the run directory's lock when the caller holds it (see :class:`Federation`)."""
     from fedstyle.experiments.runner import SUMMARY
 
-    with Federation(run_dir, settings, quiet=quiet) as federation:
+    with Federation(run_dir, settings, quiet=quiet, lock=lock) as federation:
         federation.start()
         federation.wait(federation.submit(), rounds)
         return json.loads((federation.run_dir / SUMMARY).read_text())

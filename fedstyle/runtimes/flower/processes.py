@@ -3,27 +3,64 @@
 :class:`Supervisor` starts each process in its own session (process group) with its log in one folder
 and stops every process it started — and everything those started, found also after they left the
 process tree by the :data:`MARKER_ENV` marker in their environment — on exit, on SIGTERM / SIGHUP and
-at interpreter exit, returning only once all of them have exited. Which processes those are (Flower's
-SuperLink, SuperNodes, ``flwr run``) and their arguments are :mod:`.deployment`'s.
+at interpreter exit, returning only once all of them have exited and its own children are reaped (a
+process whose main thread has exited while its other threads run, a ``Z`` in ``ps``, has not exited:
+Flower's SuperExec shuts down so). Which processes those are (Flower's SuperLink, SuperNodes, ``flwr
+run``) and their arguments are :mod:`.deployment`'s.
+
+When the owner — the process running the Supervisor — is killed outright (SIGKILL, the OOM killer),
+none of that code runs. Three layers stop the federation then (Linux), each for what the others miss:
+
+- the owner's children die with it, by the kernel: each is started through :data:`_DIE_WITH_PARENT`,
+  which sets ``PR_SET_PDEATHSIG`` (SIGKILL) and execs the real program. An exec shim rather than
+  ``preexec_fn``: no Python runs in the forked child of a process with threads (torch's pools, tqdm's
+  monitor), where ``preexec_fn`` can deadlock;
+- the processes Flower starts below them (SuperExec, ServerApp, ClientApp) are in sessions of their own
+  and are not the owner's children: a :mod:`.watchdog` process, started first, SIGKILLs every process
+  carrying the marker once the owner is gone. Flower's own parent monitors do not suffice: measured
+  here, a ServerApp wrote another metrics.jsonl row after its SuperLink and SuperExec had been killed,
+  and was still alive a minute later;
+- the ServerApp and the ClientApps, which write the run directory and the sites' state, also watch the
+  owner themselves (:func:`die_with_owner`), in case the watchdog was killed along with it.
+
+Each Supervisor records its marker and owner in ``<log dir>/supervisor.json``; the next one for the
+same folder refuses to start while any process of the earlier one is alive (:func:`check_stopped`).
 """
 
 from __future__ import annotations
 
 import atexit
+import json
 import os
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from pathlib import Path
 from typing import Any
 
 from fedstyle.errors import FedstyleError
+from fedstyle.runtimes.flower import watchdog
+from fedstyle.runtimes.flower.watchdog import MARKER_ENV, alive as _alive, marked_processes
 
-#: environment variable marking every process a Supervisor started (and their descendants)
-MARKER_ENV = "FEDSTYLE_DEPLOY"
+#: environment variable naming the Supervisor's owner (``PID:START``) to the processes below it
+OWNER_ENV = "FEDSTYLE_DEPLOY_OWNER"
+#: the Supervisor's record in its log folder: marker, owner, host
+RECORD = "supervisor.json"
+_LINUX = sys.platform.startswith("linux")
+
+#: run as ``python -S -c _DIE_WITH_PARENT PARENT_PID ARGV...``: ask the kernel for SIGKILL when the parent
+#: dies (PR_SET_PDEATHSIG = 1, kept across exec), quit if it died already, then become ARGV
+_DIE_WITH_PARENT = (
+    "import ctypes, os, sys\n"
+    "ctypes.CDLL(None).prctl(1, 9, 0, 0, 0)\n"
+    "if os.getppid() != int(sys.argv[1]):\n"
+    "    os._exit(1)\n"
+    "os.execvp(sys.argv[2], sys.argv[2:])\n"
+)
 
 
 class DeployError(FedstyleError):
@@ -72,19 +109,6 @@ def descendants(pid: int) -> list[int]:
     return out
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:  # a zombie is dead for our purposes
-        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
-    except OSError:
-        return True
-
-
 def _signal_all(groups, pids, sig: int) -> None:
     for pgid in groups:
         try:
@@ -96,21 +120,6 @@ def _signal_all(groups, pids, sig: int) -> None:
             os.kill(pid, sig)
         except (ProcessLookupError, PermissionError):
             pass
-
-
-def marked_processes(marker: str) -> list[int]:
-    """Live processes (zombies excluded) started with ``FEDSTYLE_DEPLOY=marker`` in their environment:
-    everything a :class:`Supervisor` started and everything those started, also once reparented
-    (Linux /proc; empty elsewhere)."""
-    needle = f"{MARKER_ENV}={marker}".encode()
-    found = []
-    for entry in Path("/proc").glob("[0-9]*") if Path("/proc").is_dir() else ():
-        try:
-            if needle in (entry / "environ").read_bytes().split(b"\0") and _alive(int(entry.name)):
-                found.append(int(entry.name))
-        except (OSError, ValueError):
-            continue
-    return found
 
 
 def stop_processes(procs: list[subprocess.Popen], sig: int = signal.SIGTERM, grace: float = 10.0,
@@ -154,11 +163,64 @@ def stop_tree(proc: subprocess.Popen, sig: int = signal.SIGTERM, grace: float = 
     stop_processes([proc], sig, grace)
 
 
+def start_time(pid: int) -> str:
+    """When ``pid`` started (clock ticks since boot, /proc/PID/stat field 22): with the pid, it names one
+    process even after the pid is reused; "" where unknown."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return ""
+
+
+def _is_process(identity: str) -> bool:
+    """Whether the process ``PID:START`` (see :func:`start_time`) is alive."""
+    pid, _, started = identity.partition(":")
+    return pid.isdigit() and _alive(int(pid)) and (not started or start_time(int(pid)) in ("", started))
+
+
+def die_with_owner() -> None:
+    """In a process below a Supervisor (the ServerApp, a ClientApp): SIGKILL this process as soon as the
+    Supervisor's owner has ended, polled every 0.2 s from a daemon thread. Its writes are atomic, so it
+    stops as if killed with the owner. Nothing happens in a process not started under a Supervisor."""
+    owner = os.environ.get(OWNER_ENV, "")
+    if not owner:
+        return
+
+    def watch() -> None:
+        while _is_process(owner):
+            time.sleep(0.2)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    threading.Thread(target=watch, name="fedstyle-owner-watch", daemon=True).start()
+
+
+def check_stopped(log_dir: Path) -> None:
+    """Refuse (one line) while a process of the last Supervisor that used ``log_dir`` is alive, its owner
+    included: a second federation must never run beside the orphans of a killed one."""
+    try:
+        record = json.loads((Path(log_dir) / RECORD).read_text())
+        marker, owner, host = str(record["marker"]), str(record["owner"]), record.get("host")
+    except (OSError, ValueError, KeyError, TypeError):
+        return  # no Supervisor ran here (or its record is unreadable: nothing to look for)
+    if host not in (None, socket.gethostname()):
+        return  # its processes ran on another machine, out of this one's sight
+    live = set(marked_processes(marker))
+    if _is_process(owner) and owner != f"{os.getpid()}:{start_time(os.getpid())}":  # not this process's own
+        live.add(int(owner.split(":")[0]))
+    if live:
+        pids = " ".join(map(str, sorted(live)))
+        raise DeployError(f"{Path(log_dir).parent}: processes {pids} of its earlier deployment are still running; "
+                          f"stop them (kill {pids}), then start it again")
+
+
 class Supervisor:
     """Named child processes with their logs in ``log_dir``; a context manager that stops them all on exit.
 
     ``stopped_last`` names the processes :meth:`stop_all` stops after all the others, together with
-    the sweep for the marker.
+    the sweep for the marker. Entering refuses while the processes of the folder's last Supervisor
+    live (:func:`check_stopped`), records this one, and starts the :mod:`.watchdog`. Use it from one
+    thread that outlives its processes: the kernel's parent-death signal follows the thread that
+    started a process, not the whole owner.
     """
 
     stopped_last: tuple[str, ...] = ()
@@ -168,14 +230,28 @@ class Supervisor:
         self.procs: dict[str, subprocess.Popen] = {}
         self._previous_handlers: dict[int, Any] = {}
         self.marker = uuid.uuid4().hex  # in the environment of every process started for this supervisor
+        self.owner = f"{os.getpid()}:{start_time(os.getpid())}"
+        self.watchdog: subprocess.Popen | None = None
 
     def __enter__(self):
+        check_stopped(self.log_dir)
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        from fedstyle.io import atomic_write_json
+
+        atomic_write_json(self.log_dir / RECORD, {"marker": self.marker, "owner": self.owner,
+                                                  "host": socket.gethostname()})
         atexit.register(self.stop_all)
         for sig in (signal.SIGTERM, signal.SIGHUP):
             try:
                 self._previous_handlers[sig] = signal.signal(sig, self._on_signal)
             except ValueError:  # not the main thread: the caller handles signals
                 pass
+        if _LINUX:  # the watchdog's environment lacks the marker: it never finds itself
+            env = {k: v for k, v in os.environ.items() if k not in (MARKER_ENV, OWNER_ENV)}
+            with open(self.log_dir / "watchdog.log", "ab") as log:
+                self.watchdog = subprocess.Popen([sys.executable, "-S", watchdog.__file__, str(os.getpid()),
+                                                  self.marker], stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                                                 env=env, start_new_session=True)
         return self
 
     def __exit__(self, *exc) -> None:
@@ -188,11 +264,13 @@ class Supervisor:
         raise KeyboardInterrupt(f"signal {signum}")
 
     def launch(self, name: str, argv: list[str], env: dict[str, str]) -> subprocess.Popen:
-        """Start ``argv`` as ``name`` in a session of its own, its output appended to ``<log_dir>/<name>.log``.
-
-        ``env`` should carry ``MARKER_ENV=self.marker`` so that :meth:`stop_all` finds what it starts.
-        """
+        """Start ``argv`` as ``name`` in a session of its own, its output appended to ``<log_dir>/<name>.log``;
+        on Linux it dies with this process (see the module docstring). Its environment is ``env`` with
+        :data:`MARKER_ENV` and :data:`OWNER_ENV`, inherited by everything it starts."""
         log = self.log_dir / f"{name}.log"
+        env = {**env, MARKER_ENV: self.marker, OWNER_ENV: self.owner}
+        if _LINUX:
+            argv = [sys.executable, "-S", "-c", _DIE_WITH_PARENT, str(os.getpid()), *argv]
         with open(log, "ab") as handle:
             proc = subprocess.Popen(argv, stdout=handle, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                     env=env, cwd=self.log_dir, start_new_session=True)
@@ -205,10 +283,11 @@ class Supervisor:
             stop_tree(proc, sig)
 
     def stop_all(self) -> None:
-        """Stop every process this supervisor started and everything they started; return when all have exited.
+        """Stop every process this supervisor started and everything they started; return when all have
+        exited and this process's children are reaped.
 
         All but :attr:`stopped_last` first (together), then those with whatever is left; processes
-        that left their parent's tree are found by the marker in their environment.
+        that left their parent's tree are found by the marker in their environment. The watchdog last.
         """
         first = [self.procs.pop(n) for n in sorted(self.procs) if n not in self.stopped_last]
         last = [self.procs.pop(n) for n in list(self.procs)]
@@ -216,3 +295,7 @@ class Supervisor:
         left = stop_processes(last, marker=self.marker)
         if left:
             print(f"fedstyle deploy: processes {left} did not exit after SIGKILL", file=sys.stderr)
+        if self.watchdog is not None:
+            self.watchdog.kill()
+            self.watchdog.wait()
+            self.watchdog = None

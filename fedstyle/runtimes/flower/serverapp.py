@@ -352,9 +352,20 @@ app = ServerApp()
 
 @app.main()
 def main(grid: Grid, context: Context) -> None:
-    """Entry point under a SuperLink: the run directory and fault policy come from the run config."""
+    """Entry point under a SuperLink: the run directory and fault policy come from the run config.
+
+    The ServerApp writes the run directory, so it holds the directory's lock itself (shared with the
+    `fedstyle deploy` process that started it, see :class:`~.deployment.Federation`): a resume is refused
+    for as long as it lives, whatever happened to that process — which it also dies with
+    (:func:`~.processes.die_with_owner`).
+    """
+    from fedstyle.io import DirectoryLock
+    from fedstyle.runtimes.flower.processes import die_with_owner
+
+    die_with_owner()
     run_dir = str(context.run_config.get("run-dir", ""))
     if not run_dir or not (Path(run_dir) / "config.json").exists():
         raise FedstyleError(f"run-dir {run_dir!r} holds no config.json; start runs with `fedstyle deploy`")
-    # no progress bar in the ServerApp's log (the `fedstyle deploy` process shows one); faults are logged
-    serve(grid, Path(run_dir), FaultPolicy.from_run_config(context.run_config), quiet=True, log_events=True)
+    with DirectoryLock(run_dir, shared=True):
+        # no progress bar in the ServerApp's log (the `fedstyle deploy` process shows one); faults are logged
+        serve(grid, Path(run_dir), FaultPolicy.from_run_config(context.run_config), quiet=True, log_events=True)

@@ -1,0 +1,159 @@
+"""Deployments that lose or corrupt work (issue 39): a `fedstyle deploy` killed outright (SIGKILL, the OOM
+killer) leaves no Flower process, the ServerApp holds the run directory's lock itself, and no federation
+starts beside the orphans of another (item 1).
+
+One test kills a real deployment; the others need no Flower process. The supervision code on plain Python
+processes: test_deploy_processes.py; the other real deployments: test_flower_deploy.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from fedstyle.cli.main import main
+from fedstyle.io import DirectoryLock, LockedError
+from fedstyle.runtimes.flower.processes import MARKER_ENV, DeployError, marked_processes
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="process death and discovery are Linux's")
+
+SLEEP = "import time; time.sleep(120)"
+
+
+def wait_for(predicate, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def kill_all(pids) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+
+
+@pytest.fixture
+def deployment_dir(tiny_config, tmp_path):
+    """A new deployment's run directory (2 sites), as `fedstyle deploy` writes it before starting Flower."""
+    from fedstyle.experiments.runner import start_run_dir
+
+    out = tmp_path / "dep"
+    (out / "flower").mkdir(parents=True)
+    (out / "flower" / "deploy.json").write_text(json.dumps({"sites": 2, "insecure": True}))
+    start_run_dir(tiny_config.updated(targets=["grey", "blue"], rounds=1), out, quiet=True)
+    return out
+
+
+def test_no_federation_starts_beside_the_orphans_of_a_killed_one(deployment_dir, capsys):
+    from fedstyle.runtimes.flower.deployment import DeploySettings, Federation
+
+    out = deployment_dir
+    marker = uuid.uuid4().hex
+    (out / "flower" / "supervisor.json").write_text(json.dumps({"marker": marker, "owner": "999999999:1",
+                                                                "host": socket.gethostname()}))
+    orphan = subprocess.Popen([sys.executable, "-c", SLEEP], env=dict(os.environ, **{MARKER_ENV: marker}))
+    try:
+        wait_for(lambda: marked_processes(marker) == [orphan.pid], 20, "the orphan")
+        with pytest.raises(DeployError, match=f"processes {orphan.pid} .* still running"):
+            with Federation(out, DeploySettings(sites=2, insecure=True)):
+                pass
+        assert main(["deploy", "--resume", str(out)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert f"kill {orphan.pid}" in err and "\n" not in err  # one line, naming what to stop
+        assert not (out / "metrics.jsonl").exists()
+    finally:
+        orphan.kill()
+        orphan.wait()
+    with Federation(out, DeploySettings(sites=2, insecure=True)):  # once it is gone, the federation may start
+        pass
+
+
+def test_the_serverapp_holds_the_run_directory_lock(deployment_dir, monkeypatch):
+    pytest.importorskip("flwr", reason="the ServerApp needs fedstyle[flower]")
+    from fedstyle.runtimes.flower import serverapp
+
+    out = deployment_dir
+    deploy_lock = DirectoryLock(out).acquire().share()  # as `fedstyle deploy` holds it when it submits the run
+    seen = []
+
+    def serve(grid, run_dir, policy, **kwargs):
+        deploy_lock.release()  # `fedstyle deploy` is killed while the ServerApp trains
+        with pytest.raises(LockedError, match=f"process {os.getpid()}"):  # a resume is still refused
+            DirectoryLock(run_dir).acquire()
+        seen.append(run_dir)
+
+    monkeypatch.setattr(serverapp, "serve", serve)
+    try:
+        serverapp.main(None, SimpleNamespace(run_config={"run-dir": str(out)}))
+    finally:
+        deploy_lock.release()
+    assert seen == [out]
+    DirectoryLock(out).acquire().release()  # both gone: free again
+
+
+def test_a_shared_lock_refuses_exclusive_takers_while_any_holder_lives(tmp_path):
+    first = DirectoryLock(tmp_path).acquire()
+    first.share()
+    second = DirectoryLock(tmp_path, shared=True).acquire()
+    first.release()
+    with pytest.raises(LockedError):
+        DirectoryLock(tmp_path).acquire()
+    second.release()
+    DirectoryLock(tmp_path).acquire().release()
+
+
+def federation_of(out: Path) -> list[tuple[int, str]]:
+    """(pid, command line) of the processes started for the run directory ``out`` (their FLWR_HOME lies in it)
+    that still run code: an exited process waiting to be reaped does not, one whose main thread has exited
+    while other threads run does."""
+    found = []
+    for entry in Path("/proc").glob("[0-9]*"):
+        try:
+            if str(out).encode() in (entry / "environ").read_bytes() and (
+                    (entry / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z" or len(list((entry / "task").iterdir())) > 1):
+                found.append((int(entry.name), (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()))
+        except (OSError, IndexError):
+            continue
+    return found
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("deploy")
+def test_a_sigkilled_deploy_leaves_no_flower_process(tiny_root, tmp_path):
+    pytest.importorskip("flwr", reason="fedstyle deploy needs fedstyle[flower]")
+    out = tmp_path / "dep"
+    argv = [sys.executable, "-m", "fedstyle.cli.main", "deploy", "--sites", "2", "--insecure", "--quiet", "--out", str(out),
+            "--dataset", "folder", "--data-root", str(tiny_root), "--resolution", "16", "--target", "grey",
+            "--target", "blue", "--rounds", "50", "--batch-size", "8", "--local-steps", "1", "--min-client-size", "2",
+            "--device", "cpu"]
+    deploy = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        # the ServerApp (the run directory's writer) runs: the whole federation is up
+        wait_for(lambda: any("flwr-serverapp" in cmd for _, cmd in federation_of(out)) or deploy.poll() is not None,
+                 120, "the ServerApp to start")
+        assert deploy.poll() is None, deploy.stderr.read()[-2000:]
+        deploy.kill()  # as the OOM killer does: no handler, no atexit
+        deploy.wait()
+        started = time.monotonic()
+        wait_for(lambda: not federation_of(out), 10, "every Flower process of the killed deploy to exit")
+        print(f"all gone {time.monotonic() - started:.2f} s after the SIGKILL")
+    finally:
+        deploy.kill()
+        deploy.wait()
+        kill_all(pid for pid, _ in federation_of(out))  # whatever happened, nothing trains on beside the suite
+    DirectoryLock(out).acquire().release()  # nobody holds the run directory any more
