@@ -1,6 +1,7 @@
 """Deployments that lose or corrupt work (issue 39): a `fedstyle deploy` killed outright (SIGKILL, the OOM
 killer) leaves no Flower process, the ServerApp holds the run directory's lock itself, and no federation
-starts beside the orphans of another (item 1).
+starts beside the orphans of another (item 1); a deployment that never started leaves nothing, and a
+deployment's run directory resumes only on a federation (item 6).
 
 One test kills a real deployment; the others need no Flower process. The supervision code on plain Python
 processes: test_deploy_processes.py; the other real deployments: test_flower_deploy.py.
@@ -22,6 +23,8 @@ from types import SimpleNamespace
 import pytest
 
 from fedstyle.cli.main import main
+from fedstyle.errors import ConfigError
+from fedstyle.experiments.rundir import check_new_run_dir
 from fedstyle.io import DirectoryLock, LockedError
 from fedstyle.runtimes.flower.processes import MARKER_ENV, DeployError, marked_processes
 
@@ -117,6 +120,56 @@ def test_a_shared_lock_refuses_exclusive_takers_while_any_holder_lives(tmp_path)
     DirectoryLock(tmp_path).acquire().release()
 
 
+def test_a_deployment_resumes_only_on_a_federation(deployment_dir, capsys):
+    out = deployment_dir
+    assert main(["run", "--resume", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert f"fedstyle deploy --resume {out}" in err and "\n" not in err
+    assert not (out / "metrics.jsonl").exists() and not (out / "done").exists()  # nothing ran on the simulator
+    with pytest.raises(ConfigError, match=f"fedstyle deploy --resume {out}"):  # the refusal of a new run says so too
+        check_new_run_dir(out)
+
+
+def deploy_argv(out: Path, tiny_root, *flags: str) -> list[str]:
+    return ["deploy", *flags, "--sites", "2", "--quiet", "--out", str(out), "--dataset", "folder", "--data-root",
+            str(tiny_root), "--resolution", "16", "--target", "grey", "--target", "blue", "--rounds", "1",
+            "--batch-size", "8", "--local-steps", "1", "--min-client-size", "2", "--device", "cpu"]
+
+
+def test_a_port_in_use_is_refused_in_one_line_before_anything_is_written(tiny_root, tmp_path, capsys):
+    pytest.importorskip("flwr", reason="fedstyle deploy needs fedstyle[flower]")
+    out = tmp_path / "dep"
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        assert main(deploy_argv(out, tiny_root, "coordinator", "--insecure", "--host", "127.0.0.1",
+                                "--port", str(port))) == 2
+    err = capsys.readouterr().err.strip()
+    assert f"127.0.0.1:{port}" in err and "--port" in err and "\n" not in err
+    assert not out.exists()
+
+
+def test_a_deployment_that_fails_to_start_leaves_nothing(tiny_root, tmp_path, capsys, monkeypatch):
+    # whatever stops the federation before its first checkpoint (a SuperLink that exits at once, here)
+    pytest.importorskip("flwr", reason="fedstyle deploy needs fedstyle[flower]")
+    from fedstyle.runtimes.flower import deployment
+
+    def superlink_fails(self, timeout=120.0):
+        assert (self.run_dir / "config.json").exists() and (self.run_dir / "partition.json").exists()
+        raise DeployError("the SuperLink exited (code 1)")
+
+    monkeypatch.setattr(deployment.Federation, "start_superlink", superlink_fails)
+    out = tmp_path / "dep"
+    assert main(deploy_argv(out, tiny_root, "--insecure")) == 2
+    err = capsys.readouterr().err
+    assert f"nothing was kept in {out}: run the same command again" in err and "--resume" not in err
+    assert not out.exists()  # the corrected command is not refused
+    out.mkdir()  # a folder the user made stays, emptied
+    assert main(deploy_argv(out, tiny_root, "--insecure")) == 2
+    assert out.is_dir() and not list(out.iterdir())
+
+
 def federation_of(out: Path) -> list[tuple[int, str]]:
     """(pid, command line) of the processes started for the run directory ``out`` (their FLWR_HOME lies in it)
     that still run code: an exited process waiting to be reaped does not, one whose main thread has exited
@@ -157,3 +210,26 @@ def test_a_sigkilled_deploy_leaves_no_flower_process(tiny_root, tmp_path):
         deploy.wait()
         kill_all(pid for pid, _ in federation_of(out))  # whatever happened, nothing trains on beside the suite
     DirectoryLock(out).acquire().release()  # nobody holds the run directory any more
+
+
+@pytest.mark.parametrize("damage", ["garbage server.crt", "one flipped byte in server.crt", "another key"])
+def test_a_bad_certificate_is_refused_in_one_line_and_leaves_nothing(tiny_root, tmp_path, capsys, damage):
+    pytest.importorskip("flwr", reason="fedstyle deploy needs fedstyle[flower]")
+    from fedstyle.runtimes.flower.certs import make_certificates
+
+    certs = tmp_path / "certs"
+    make_certificates(certs, sites=2)
+    if damage == "garbage server.crt":
+        (certs / "server.crt").write_text("-----BEGIN CERTIFICATE-----\nbm90IGEgY2VydA==\n-----END CERTIFICATE-----\n")
+    elif damage == "one flipped byte in server.crt":
+        lines = (certs / "server.crt").read_text().splitlines()
+        lines[3] = lines[3][:10] + ("A" if lines[3][10] != "A" else "B") + lines[3][11:]  # one flipped character
+        (certs / "server.crt").write_text("\n".join(lines) + "\n")
+    else:
+        (certs / "server.key").write_bytes((certs / "ca.key").read_bytes())
+    out = tmp_path / "dep"
+    assert main(["deploy", "--sites", "2", "--certs", str(certs), "--quiet", "--out", str(out), "--dataset", "folder",
+                 "--data-root", str(tiny_root), "--resolution", "16", "--target", "grey", "--target", "blue"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "server." in err and "fedstyle deploy certs" in err and "\n" not in err
+    assert not out.exists()

@@ -24,7 +24,8 @@ Each site keeps its client's persistent state (FedDyn's, FedBN's local layers) o
 round, so a restarted site and a resumed coordinator continue exactly.
 
 Every process a deployment starts stops with it, also when it is killed outright (kill -9, the OOM
-killer; Linux); a resume refuses while any process of the earlier federation is alive.
+killer; Linux); a resume refuses while any process of the earlier federation is alive. A deployment
+that fails before its first checkpoint (a port in use, sites that never join) leaves nothing in OUT.
 """
 
 DEPLOY_EPILOG = """\
@@ -132,8 +133,9 @@ def _new_run(args, settings):
     from fedstyle.errors import ConfigError
     from fedstyle.experiments.backends import refuse_peer_to_peer
     from fedstyle.experiments.build import deployment_noise
-    from fedstyle.experiments.runner import remove_new_run, start_run_dir
+    from fedstyle.experiments.runner import start_run_dir
     from fedstyle.runtimes.flower import require_flower
+    from fedstyle.runtimes.flower.deployment import save_settings
 
     require_flower("fedstyle deploy")
     if not args.out:
@@ -148,10 +150,9 @@ def _new_run(args, settings):
     refuse_peer_to_peer(config, "fedstyle deploy")  # a coordinator and sites: star only
     settings.validate()
     out = Path(args.out)
-    created = not out.exists()
+    save_settings(out, settings)  # first: a directory with config.json but no deploy.json would resume on the simulator
     exp = start_run_dir(config, out, quiet=args.quiet)
-    if len(exp.client_specs) != settings.sites:
-        remove_new_run(out, created)  # nothing half-written stays behind (a folder the user made stays)
+    if len(exp.client_specs) != settings.sites:  # (what was written is removed by _new_locked)
         raise ConfigError(f"the partition has {len(exp.client_specs)} clients but --sites is {settings.sites}; "
                           f"each site holds one client: give --clients {settings.sites} (or --sites "
                           f"{len(exp.client_specs)})")
@@ -177,19 +178,29 @@ def _resuming(args) -> Path:
 def _resume_locked(args, command) -> int:
     """Run ``command(args, lock)`` to continue the deployment in --resume DIR, holding its lock."""
     from fedstyle.io import DirectoryLock
+    from fedstyle.runtimes.flower.processes import DeployError
 
-    with DirectoryLock(_resuming(args)) as lock:
-        return command(args, lock)
+    out = _resuming(args)
+    with DirectoryLock(out) as lock:
+        try:
+            return command(args, lock)
+        except DeployError as err:
+            raise DeployError(f"{err}\ncontinue it with: fedstyle deploy --resume {out}") from None
 
 
 def _new_locked(args, command) -> int:
-    """Run ``command(args, lock)`` for a new deployment holding --out's lock; a failure before the run
-    directory got its config.json leaves nothing behind (not even the folder, if it made it)."""
-    import shutil
+    """Run ``command(args, lock)`` for a new deployment holding --out's lock.
 
+    A deployment that fails before its first checkpoint (a port in use, a certificate the SuperLink
+    refuses, sites that never joined) has nothing to resume: it leaves nothing behind (not even the
+    folder, if it made it), so that the corrected command runs. An interrupted one stays resumable once
+    its config.json is written, as does one that failed after a checkpoint."""
     from fedstyle.errors import ConfigError
+    from fedstyle.experiments.checkpoint import CHECKPOINT
     from fedstyle.experiments.rundir import CONFIG, check_new_run_dir
+    from fedstyle.experiments.runner import remove_new_run
     from fedstyle.io import DirectoryLock
+    from fedstyle.runtimes.flower.processes import DeployError
 
     if not args.out:
         raise ConfigError("give --out DIR for the run directory (or --resume DIR to continue one)")
@@ -199,9 +210,16 @@ def _new_locked(args, command) -> int:
     lock = DirectoryLock(out).acquire()
     try:
         return command(args, lock)
-    except BaseException:
-        if created and not (out / CONFIG).exists():
-            shutil.rmtree(out, ignore_errors=True)
+    except BaseException as err:
+        if (out / CHECKPOINT).exists():
+            if isinstance(err, DeployError):
+                raise DeployError(f"{err}\ncontinue it with: fedstyle deploy --resume {out}") from None
+            raise
+        if isinstance(err, KeyboardInterrupt) and (out / CONFIG).exists():
+            raise  # interrupted: resumable (from round 0)
+        remove_new_run(out, created)
+        if isinstance(err, DeployError):
+            raise DeployError(f"{err}\nnothing was kept in {out}: run the same command again once this is fixed") from None
         raise
     finally:
         lock.release()

@@ -95,3 +95,37 @@ def make_certificates(folder: str | Path, hosts: list[str] | None = None, sites:
         _write(public, site_key.public_key().public_bytes(serialization.Encoding.OpenSSH,
                                                           serialization.PublicFormat.OpenSSH) + b"\n", private=False)
     return [folder / n for n in names]
+
+
+
+def check_certificates(folder: str | Path) -> None:
+    """Refuse (one line) a ``--certs`` folder whose CA or SuperLink certificate or key does not load, whose
+    key is not the certificate's, or whose SuperLink certificate the CA did not sign (a damaged byte): the
+    SuperLink would fail to start, or the sites to connect, with a traceback in a log."""
+    from cryptography import x509
+    from cryptography.exceptions import InvalidSignature
+    from cryptography.hazmat.primitives import serialization
+
+    folder = Path(folder)
+    fix = "make new ones with `fedstyle deploy certs --out DIR` (or copy them again)"
+    certificates = {}
+    for name in (CA_CERT, SERVER_CERT):
+        try:
+            certificates[name] = x509.load_pem_x509_certificate((folder / name).read_bytes())
+        except ValueError as err:
+            raise ConfigError(f"--certs {folder}: {name} is not a PEM certificate ({err}); {fix}") from None
+    try:
+        key = serialization.load_pem_private_key((folder / SERVER_KEY).read_bytes(), password=None)
+    except (ValueError, TypeError) as err:
+        raise ConfigError(f"--certs {folder}: {SERVER_KEY} is not an unencrypted PEM private key ({err}); {fix}") from None
+
+    def spki(public_key) -> bytes:
+        return public_key.public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+
+    if spki(key.public_key()) != spki(certificates[SERVER_CERT].public_key()):
+        raise ConfigError(f"--certs {folder}: {SERVER_KEY} is not the private key of {SERVER_CERT}; {fix}")
+    try:  # a damaged byte inside a certificate still parses: its CA signature no longer verifies
+        certificates[SERVER_CERT].verify_directly_issued_by(certificates[CA_CERT])
+    except (ValueError, TypeError, InvalidSignature) as err:
+        raise ConfigError(f"--certs {folder}: {SERVER_CERT} is not signed by {CA_CERT} "
+                          f"({str(err) or 'the signature does not verify'}); {fix}") from None

@@ -21,7 +21,7 @@ Flower layout under ``<run dir>/flower/``::
 
     app/pyproject.toml    the Flower App (FAB) naming fedstyle's ServerApp and ClientApp
     home/                 FLWR_HOME: the `flwr` CLI's SuperLink connection, installed apps
-    deploy.json           how the federation was started (for --resume)
+    deploy.json           how the federation was started (for --resume); its presence marks a deployment
     supervisor.json       the last start's process marker and owner (a resume refuses while they live)
     state/                the sites' per-client state (run-<config digest>/client-K/)
     superlink.log, site-K.log, serverapp.log, watchdog.log
@@ -35,7 +35,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -49,7 +48,9 @@ from fedstyle.runtimes.flower.processes import (
     MARKER_ENV,
     DeployError,
     Supervisor,
+    check_port_free,
     check_stopped,
+    free_port,
     tail,
     wait_for_port,
 )
@@ -106,12 +107,6 @@ def _cpu_count() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
-
-
 def flower_bin(name: str) -> str:
     """A Flower executable from the running interpreter's environment (falls back to PATH)."""
     candidate = Path(sys.executable).parent / name
@@ -145,16 +140,19 @@ class DeploySettings:
             raise ConfigError(f"--min-sites must be between 1 and --sites ({self.sites})")
         if self.insecure and (self.certs or self.node_auth):
             raise ConfigError("--insecure turns TLS off; it cannot be combined with --certs or --node-auth")
+        if self.port:
+            check_port_free(self.host, self.port)
         if not self.insecure and not self.certs:
             raise ConfigError("TLS is on by default: give --certs DIR (make one with `fedstyle deploy certs --out DIR`) "
                               "or pass --insecure to run without encryption")
         if self.certs:
-            from fedstyle.runtimes.flower.certs import CA_CERT, SERVER_CERT, SERVER_KEY
+            from fedstyle.runtimes.flower.certs import CA_CERT, SERVER_CERT, SERVER_KEY, check_certificates
 
             missing = [n for n in (CA_CERT, SERVER_CERT, SERVER_KEY) if not (Path(self.certs) / n).exists()]
             if missing:
                 raise ConfigError(f"--certs {self.certs} lacks {', '.join(missing)}; make them with "
                                   f"`fedstyle deploy certs --out {self.certs} --sites {self.sites}`")
+            check_certificates(self.certs)
         if self.node_auth:
             from fedstyle.runtimes.flower.certs import site_key_paths
 
@@ -252,7 +250,7 @@ class Federation(Supervisor):
         else:
             connection.append(f'root-certificates = "{self.certs / "ca.crt"}"')
         atomic_write_text(self.home / "config.toml", "\n".join(connection) + "\n")
-        atomic_write_json(self.flower_dir / "deploy.json", asdict(self.settings))
+        save_settings(self.run_dir, self.settings)
 
     def client_host(self) -> str:
         return "127.0.0.1" if self.settings.host in ("0.0.0.0", "::") else self.settings.host
@@ -365,10 +363,9 @@ class Federation(Supervisor):
                 bar.close()
         if submitted.poll() is not None:
             self.procs.pop("serverapp", None)  # ended by itself; otherwise stop_all stops it with the sites
-        if not (self.run_dir / DONE).exists():
-            raise DeployError(
-                f"the run did not finish; see {self.flower_dir / 'serverapp.log'}:\n{tail(self.flower_dir / 'serverapp.log', 30)}\n"
-                f"continue it with: fedstyle deploy --resume {self.run_dir}")
+        if not (self.run_dir / DONE).exists():  # what to do next is the caller's to say (fedstyle deploy: resume)
+            raise DeployError(f"the run did not finish; see {self.flower_dir / 'serverapp.log'}:\n"
+                              f"{tail(self.flower_dir / 'serverapp.log', 30)}")
 
 
 def sites_joined(flower_dir: Path, sites: int) -> tuple[int, int] | None:
@@ -397,8 +394,18 @@ def _read_lines(path: Path) -> list[dict[str, Any]]:
     return out
 
 
+def save_settings(run_dir: Path, settings: DeploySettings) -> None:
+    """flower/deploy.json: how the federation is started; it also marks the directory as a deployment's
+    (written before config.json, so that no deployment's run directory is ever resumed on the simulator)."""
+    from fedstyle.experiments.rundir import DEPLOYMENT
+
+    atomic_write_json(Path(run_dir) / DEPLOYMENT, asdict(settings))
+
+
 def load_settings(run_dir: Path) -> DeploySettings:
-    path = run_dir / "flower" / "deploy.json"
+    from fedstyle.experiments.rundir import DEPLOYMENT
+
+    path = run_dir / DEPLOYMENT
     if not path.exists():
         raise ConfigError(f"{run_dir} was not started by `fedstyle deploy` (no {path}); "
                           f"use `fedstyle run --resume {run_dir}` for simulator runs")

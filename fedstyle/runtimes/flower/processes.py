@@ -42,7 +42,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from fedstyle.errors import FedstyleError
+from fedstyle.errors import ConfigError, FedstyleError
 from fedstyle.runtimes.flower import watchdog
 from fedstyle.runtimes.flower.watchdog import MARKER_ENV, alive as _alive, marked_processes
 
@@ -79,6 +79,24 @@ def wait_for_port(host: str, port: int, timeout: float, proc: subprocess.Popen |
         except OSError:
             time.sleep(0.2)
     raise DeployError(f"nothing listens on {host}:{port} after {timeout:.0f} s" + (f"; see {log}" if log else ""))
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def check_port_free(host: str, port: int) -> None:
+    """Refuse (one line) a ``--port`` that another program listens on: the SuperLink could not listen there,
+    or, beside a server that allows sharing the port, would share it (gRPC's servers do)."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the SuperLink: closed connections do not count
+        try:
+            probe.bind((host, port))
+        except OSError as err:
+            raise ConfigError(f"cannot listen on {host}:{port} ({err.strerror or err}); choose another --port "
+                              "(or --host)") from None
 
 
 def tail(path: Path | None, lines: int = 20) -> str:
