@@ -233,3 +233,13 @@ def test_a_bad_certificate_is_refused_in_one_line_and_leaves_nothing(tiny_root, 
     err = capsys.readouterr().err.strip()
     assert "server." in err and "fedstyle deploy certs" in err and "\n" not in err
     assert not out.exists()
+
+
+def test_client_batching_is_refused_in_one_line(tiny_root, tmp_path, capsys):
+    # each site trains one client in a process of its own: nothing to batch, so "on" would be ignored silently
+    pytest.importorskip("flwr", reason="fedstyle deploy needs fedstyle[flower]")
+    out = tmp_path / "dep"
+    assert main(deploy_argv(out, tiny_root, "--insecure", "--client-batching", "on")) == 2
+    err = capsys.readouterr().err.strip()
+    assert "--client-batching" in err and "\n" not in err
+    assert not out.exists()

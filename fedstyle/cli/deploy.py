@@ -147,6 +147,9 @@ def _new_run(args, settings):
                                if (v := getattr(config, k)) is not None})
     if config.backend != "sim":
         raise ConfigError("fedstyle deploy runs on Flower processes; drop --backend")
+    if config.client_batching == "on":
+        raise ConfigError("--client-batching on batches the clients one process trains; each site of a deployment "
+                          "trains its one client in a process of its own: drop --client-batching")
     refuse_peer_to_peer(config, "fedstyle deploy")  # a coordinator and sites: star only
     settings.validate()
     out = Path(args.out)
