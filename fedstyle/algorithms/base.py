@@ -38,7 +38,8 @@ Composition: every method carries the local options below (a feature-level style
 client — MixStyle or DSU at chosen stages —, FedBN's local BatchNorm, and an image augmentation of
 each training batch — RandConv, AugMix, texture corruption or FedGCA's style complement, see
 ``fedstyle.data.augment``), so "FedBN + MixStyle", "CCST + MixStyle" or "FedDyn + RC" are
-hyperparameters, not new classes.
+hyperparameters, not new classes. So is a server-side step after ``aggregate`` (``server_opt``, see
+``fedstyle.algorithms.server_opt``): "CCST + OMG" is CCST with FedOMG's on-server gradient matching.
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ from torch import nn
 
 from fedstyle.algorithms.context import ClientContext, ClientUpdate, ServerContext
 from fedstyle.algorithms.hparams import HParam, resolve_hparams
+from fedstyle.algorithms.server_opt import SERVER_OPT_HPARAMS, SERVER_OPTS, build_server_opt
 from fedstyle.data.augment import BATCH_AUGMENTATIONS, augment_labelled, augmentation_label, parse_options
 from fedstyle.errors import ConfigError, FedstyleError
 from fedstyle.payload import Payload
@@ -116,6 +118,7 @@ class Algorithm:
                "copies, labels repeated", low=0),
         HParam("augment_args", "", "the augmentation's options NAME=VALUE,... (lists with /), e.g. "
                "kernel_sizes=1/3,per_sample=true"),
+        *SERVER_OPT_HPARAMS,  # a server-side step after aggregate (FedOMG), see fedstyle.algorithms.server_opt
     )
     #: subclasses change defaults of inherited hyperparameters here (e.g. MixStyle sets style=mixstyle)
     DEFAULTS: ClassVar[dict[str, Any]] = {}
@@ -131,6 +134,7 @@ class Algorithm:
         self.num_clients = num_clients
         if self.hp["augment"] != "none":  # bad augment_args fail here, before anything is written
             parse_options(self.hp["augment"], self.hp["augment_args"])
+        self.server_opt = build_server_opt(self.hp)  # None without one; bad server_opt_args fail here too
 
     # -- hyperparameters ----------------------------------------------------------------
     @classmethod
@@ -167,6 +171,8 @@ class Algorithm:
                 views = hp.get("augment_views", 0)
                 note = f" ({views} view{'s' if views > 1 else ''})" if views != defaults["augment_views"] else ""
                 parts.append(augmentation_label(augment) + note)
+        if hp.get("server_opt", "none") not in ("none", defaults["server_opt"]):
+            parts.append(SERVER_OPTS.get(hp["server_opt"]).label)
         return " + ".join(parts)
 
     # -- model --------------------------------------------------------------------------

@@ -161,6 +161,9 @@ class ServerContext:
     seed: int
     #: the run's number of rounds (0: not known), for schedules over the run (FedDG-GA's step decay)
     rounds: int = 0
+    #: numbers the server's step logs this round (a server optimiser's, see fedstyle.algorithms.server_opt); the
+    #: star driver adds them to the round's metrics beside the clients' means
+    metrics: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass

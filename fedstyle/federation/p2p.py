@@ -60,6 +60,9 @@ class P2PSimulator:
             raise ConfigError(f"the graph has {graph.number_of_nodes()} nodes but there are {len(clients)} clients")
         if settings.optimizer != "sgd":
             raise ConfigError("peer-to-peer runs use decentralized SGD; pass --optimizer sgd")
+        if getattr(algo, "server_opt", None) is not None:
+            raise ConfigError(f"server_opt={algo.hp['server_opt']} is a server's step and a peer-to-peer run has no "
+                              "server; use --topology star or drop --hp server_opt")
         for cid, data in enumerate(clients):
             if len(data) == 0:
                 raise ConfigError(f"device {cid} has no training samples; change --partition or --clients")

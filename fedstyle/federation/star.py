@@ -17,7 +17,7 @@ Per round::
     [query phase]  round_query on the download      each sampled client; weights counted down
     payloads = algo.round_payloads(server, alive, queries)
     train phase    local_train on the download      weights + payload down; weights + payload up
-    weights = algo.aggregate(server, updates)       updates in client-id order
+    weights = server_update(algo, server, updates)  aggregate (+ server_opt) of the updates in client-id order
 
 The download is every state key except the clients' local layers (FedBN); a client's local layers
 stay in its state and start, before its first round, from the run's initial weights.
@@ -32,6 +32,7 @@ from torch import nn
 
 from fedstyle.algorithms.base import Algorithm
 from fedstyle.algorithms.context import ClientContext, ServerContext
+from fedstyle.algorithms.server_opt import server_update
 from fedstyle.data.client import ClientData
 from fedstyle.errors import ConfigError
 from fedstyle.federation.batched import MODES as BATCHING_MODES
@@ -83,6 +84,8 @@ class StarSimulator:
         self.settings, self.seed, self.device = settings, seed, device
         self.local_keys = algo.local_keys(model)
         self.download_keys = [k for k in model.state_dict() if k not in self.local_keys]
+        #: the shared trainable parameters a server optimiser moves (fedstyle.algorithms.server_opt)
+        self.server_opt_keys = [k for k, _ in model.named_parameters() if k not in self.local_keys]
         self.initial_weights = snapshot(model)
         self.server = ServerContext(weights=dict(self.initial_weights), state={}, round=0, num_clients=len(clients),
                                     seed=seed, rounds=settings.rounds)
@@ -178,6 +181,7 @@ class StarSimulator:
     def run_round(self, round_index: int) -> RoundResult:
         start = time.perf_counter()
         self.server.round = round_index
+        self.server.metrics = {}  # what round_payloads and the server optimiser log this round
         chosen = self.sample_clients(round_index)
         self.transport.begin_round(round_index, chosen)
         weights = self.download()  # one dict per round: a transport serialises it once
@@ -195,12 +199,13 @@ class StarSimulator:
             self.traffic.model_up += weights_nbytes(update.weights)
             self.traffic.payload_up += payload_nbytes(update.payload)
         self.transport.end_round(round_index, chosen, [u.client_id for u in updates])
-        self.server.weights = self.algo.aggregate(self.server, updates)
+        self.server.weights = server_update(self.algo, self.server, updates, self.server_opt_keys)
         check_finite_weights(self.server.weights, round_index, self.settings.train_settings(round_index).lr,
                              "the aggregated model")
         loss = sum(u.train_loss * u.num_samples for u in updates) / sum(u.num_samples for u in updates)
         return RoundResult(round_index, loss, [u.client_id for u in updates], time.perf_counter() - start,
-                           metrics=mean_metrics(u.metrics for u in updates), events=self.transport.drain_events())
+                           metrics={**mean_metrics(u.metrics for u in updates), **self.server.metrics},
+                           events=self.transport.drain_events())
 
     def eval_weights(self) -> dict[str, torch.Tensor]:
         return self.server.weights
