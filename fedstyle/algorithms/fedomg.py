@@ -48,7 +48,8 @@ norm; the argmin does not depend on that scale), in float64.
 Not reproduced: ``OMG(..., 3, c)`` hard-codes 3 clients (:72; here S, the updates received); the PFLlib
 variant (system/flcore/servers/server_OMG.py:75-172), whose deltas are unweighted, whose solver's lr,
 momentum, StepLR schedule and step count are flags, and whose norm balancing (:97-113) is computed and
-then overwritten (:115). tests/test_parity_fedomg.py compares this mode with ``OMG`` on fixed updates.
+then overwritten (:115). tests/test_parity_fedomg.py runs this mode against the code's ``FedOMG`` (fixture
+from parity/fedomg.py): equal to its float64 run to 1e-15, to its float32 run within that run's rounding.
 
 Defaults: kappa = 0.5 (train_pacs_OMG.py:36, ``--parameter_c``), eta = 1 (fedstyle's: kappa = 0 is then
 exactly the method's aggregation), 500 solver steps. Logged per round: ``omg_step_ratio`` ||d|| / ||g_FL||,
