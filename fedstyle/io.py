@@ -12,6 +12,8 @@
 from __future__ import annotations
 
 import contextlib
+import errno
+import hashlib
 import json
 import math
 import os
@@ -237,6 +239,91 @@ class DirectoryLock:
 
     def __exit__(self, *exc: Any) -> None:
         self.release()
+
+
+# -- full disks and read-only folders ------------------------------------------------------------
+#: errno values of a write refused for want of room (a full disk, a quota) and of a folder that cannot be written
+_FULL = (errno.ENOSPC, errno.EDQUOT)
+_READ_ONLY = (errno.EROFS, errno.EACCES, errno.EPERM)
+
+
+def _errno_of(err: BaseException) -> int | None:
+    """The errno of ``err``: an OSError's, or the ``(os error N)`` that Rust I/O errors (safetensors) carry."""
+    if isinstance(err, OSError) and err.errno is not None:
+        return err.errno
+    text = str(err)
+    start = text.rfind("(os error ")
+    if start >= 0:
+        number = text[start + len("(os error "):].split(")")[0]
+        if number.isdigit():
+            return int(number)
+    return None
+
+
+def disk_full(err: BaseException) -> bool:
+    """Whether ``err`` is a write refused for want of room: ENOSPC, or EDQUOT (a quota)."""
+    return _errno_of(err) in _FULL
+
+
+def read_only(err: BaseException) -> bool:
+    """Whether ``err`` is a write refused by the filesystem or the permissions: EROFS, EACCES, EPERM."""
+    return _errno_of(err) in _READ_ONLY
+
+
+def free_bytes(path: str | Path) -> int | None:
+    """Bytes free for this user on the filesystem of ``path`` (or its nearest existing parent); None if unknown."""
+    path = Path(path)
+    for folder in (path, *path.parents):
+        try:
+            return shutil.disk_usage(folder).free
+        except OSError:
+            continue
+    return None
+
+
+def human_bytes(count: float) -> str:
+    """``1.5 GB``-style sizes for messages (decimal units)."""
+    for unit in ("bytes", "kB", "MB", "GB", "TB"):
+        if abs(count) < 1000 or unit == "TB":
+            return f"{int(count)} {unit}" if unit == "bytes" else f"{count:.1f} {unit}"
+        count /= 1000
+    return f"{count:.1f} TB"
+
+
+def free_text(path: str | Path) -> str:
+    """``"3.1 MB free"`` on the filesystem of ``path``, for a message about a full disk."""
+    free = free_bytes(path)
+    return f"{human_bytes(free) if free is not None else 'an unknown amount'} free"
+
+
+def reserve(fd: int, size: int) -> None:
+    """Allocate ``size`` bytes of the file ``fd`` now, so that writing them later (through a memory map,
+    where a full disk is a SIGBUS that kills the process) cannot fail for want of room; raises OSError
+    (ENOSPC) here instead. A filesystem without ``fallocate`` is left as it is (its writes may still fail)."""
+    if size <= 0:
+        return
+    try:
+        os.posix_fallocate(fd, 0, size)
+    except OSError as err:
+        if err.errno in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
+            return
+        raise
+
+
+# -- checksums over tensors -----------------------------------------------------------------------
+def tensors_digest(meta_json: str, tensors) -> str:
+    """SHA-256 over ``meta_json`` and every tensor's name, dtype, shape and bytes (in name order):
+    what a checkpoint and a cached client style carry, so a flipped bit in either is refused on load."""
+    import torch
+
+    digest = hashlib.sha256(meta_json.encode())
+    for key in sorted(tensors):
+        t = tensors[key].detach().to("cpu").contiguous()
+        digest.update(f"|{key}|{t.dtype}|{tuple(t.shape)}|".encode())
+        if t.numel():
+            digest.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
 
 def aligned(tensor):
     """``tensor`` in memory from torch's own allocator (64-byte aligned on the CPU), copied if it is not.

@@ -187,3 +187,33 @@ def test_cache_usage_and_clear_by_kind(tmp_path, monkeypatch, capsys):
     assert cache_usage() == {"datasets": (1, 100)}
     assert main(["cache"]) == 0 and "datasets" in capsys.readouterr().out
     assert main(["cache", "clear", "--all"]) == 0 and cache_usage() == {}
+
+
+def test_a_full_disk_while_building_is_one_line_not_a_sigbus(tmp_path, monkeypatch):
+    """A builder writes into memory-mapped files: their space is reserved first, so a full disk is one line
+    naming the cache folder and the space needed (issue 39: a SIGBUS killed the process), and a rebuild
+    with room works."""
+    from fs_faults import SmallDisk
+
+    from fedstyle.errors import DataError
+
+    disk = SmallDisk(tmp_path / "disk", monkeypatch, size="1m")
+    try:
+        monkeypatch.setenv("FEDSTYLE_CACHE", str(disk.path / "cache"))
+
+        def build(writer):
+            images = writer.empty_images(0, 1000, 16, 16)  # 768 kB
+            images[:] = 7  # a SIGBUS here when the space was not reserved
+            return DecodedArrays(["d"], ["a"], {"d": images}, {"d": np.zeros(1000, np.int64)}, (0.5,) * 3, (0.5,) * 3)
+
+        disk.fill(room=200_000)
+        with pytest.raises(DataError) as err:
+            cached_dataset(RECIPE, build, progress=False)
+        message = str(err.value)
+        assert "\n" not in message and f"dataset cache {disk.path / 'cache'}" in message
+        assert "no space left on device" in message and "768.0 kB more needed" in message
+        assert list((disk.path / "cache").iterdir()) == []  # no staging folder left
+        disk.free()
+        assert (cached_dataset(RECIPE, build, progress=False).images["d"] == 7).all()
+    finally:
+        disk.close()

@@ -3,13 +3,13 @@ class-stratified sample (style_images). Lazy and eager must give the same pixels
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 
 from fedstyle.algorithms import METHODS
 from fedstyle.data.client import ClientData
 from fedstyle.data.lazy import LazyImages, MakeCount, read_images
+from fedstyle.data.rowstore import row_sums
 from fedstyle.data.transforms import BatchTransform
 from fedstyle.errors import ConfigError
 from fedstyle.federation.star import FederationSettings, StarSimulator
@@ -53,34 +53,34 @@ def lazy_stores(sim):
 # -- LazyImages ----------------------------------------------------------------------------------------
 def test_lazy_images_make_each_missing_row_once_in_sorted_batches():
     store = torch.zeros(10, 3, 2, 2, dtype=torch.uint8)
-    made = np.zeros(10, dtype=np.uint8)
     asked = []
 
     def make(rows):
         asked.append(rows.tolist())
         return (rows + 1).to(torch.uint8).view(-1, 1, 1, 1).expand(-1, 3, 2, 2).clone()
 
-    lazy = LazyImages(store, made, make, batch_size=2)
+    lazy = LazyImages(store, make, batch_size=2)
     assert len(lazy) == 10 and lazy.shape == (10, 3, 2, 2) and lazy.dim() == 4 and lazy.dtype == torch.uint8
     out = lazy.index_select(0, torch.tensor([7, 3, 7, 1]))
     assert out[:, 0, 0, 0].tolist() == [8, 4, 8, 2]  # the rows asked for, in the order asked, repeats kept
     assert asked == [[1, 3], [7]]  # distinct, sorted, batch_size at a time
     lazy.index_select(0, torch.tensor([3, 4]))
     assert asked[-1] == [4]  # row 3 is not made again
-    assert made.tolist() == [0, 1, 0, 1, 1, 0, 0, 1, 0, 0] and lazy.count.images == 4
+    assert (lazy.made != 0).astype(int).tolist() == [0, 1, 0, 1, 1, 0, 0, 1, 0, 0] and lazy.count.images == 4
+    assert lazy.made[1] == row_sums(store[1:2])[0]  # each made row carries its checksum
     copy = lazy.to("cpu")
     assert copy is lazy
     assert read_images(lazy)[:, 0, 0, 0].tolist() == list(range(1, 11))  # reading all makes the rest
-    assert lazy.count.images == 10 and int(made.sum()) == 10
+    assert lazy.count.images == 10 and int((lazy.made != 0).sum()) == 10
     with pytest.raises(ValueError, match="make returned"):
-        LazyImages(torch.zeros(2, 3, 2, 2, dtype=torch.uint8), np.zeros(2, np.uint8),
+        LazyImages(torch.zeros(2, 3, 2, 2, dtype=torch.uint8),
                    lambda rows: torch.zeros(len(rows), 1, 2, 2, dtype=torch.uint8)).materialize()
 
 
 def test_made_so_far_counts_a_store_and_its_device_copies_once():
     count = MakeCount(images=5, seconds=2.0, transferred=3)
-    lazy = LazyImages(torch.zeros(5, 3, 1, 1, dtype=torch.uint8), np.ones(5, np.uint8), lambda r: None, count=count)
-    twin = LazyImages(lazy.store, lazy.made, lazy.make, "meta", count=count)  # what .to(device) builds
+    lazy = LazyImages(torch.zeros(5, 3, 1, 1, dtype=torch.uint8), lambda r: None, count=count)
+    twin = LazyImages(lazy.rows, lazy.make, "meta", count=count)  # what .to(device) builds
     assert made_so_far(lazy, twin, torch.zeros(3)) == (3.0, 2.0)
 
 
@@ -118,7 +118,7 @@ def test_rows_are_made_when_read_counted_per_round_and_reused_by_the_next_run(tm
     assert FakeTag.calls == 0 and info["cached_images"] == 0 and info["augmented_images"] == 3 * PER_CLIENT * 2
     result = sim.run_round(0)
     stores = lazy_stores(sim)
-    made_rows = [int(np.asarray(s.made).sum()) for s in stores]
+    made_rows = [int((s.made != 0).sum()) for s in stores]
     assert all(0 < m <= 8 for m in made_rows)  # one batch of 8 per client
     transferred = [s.count.transferred for s in stores]
     assert result.metrics["stylized_images"] == pytest.approx(sum(transferred) / 3)  # mean over the clients
@@ -128,32 +128,6 @@ def test_rows_are_made_when_read_counted_per_round_and_reused_by_the_next_run(tm
     assert info["cached_images"] == sum(made_rows)
     calls = FakeTag.calls
     assert again.run_round(0).metrics["stylized_images"] == 0 and FakeTag.calls == calls  # same batches: all cached
-
-
-def test_a_read_only_cache_is_read_and_its_missing_rows_made_in_memory(tmp_path, monkeypatch):
-    first = simulator("ccst", {"style_backend": "fake_tag", "k": 2}, steps=1)
-    first.setup()
-    first.run_round(0)
-    entries = sorted((tmp_path / "cache" / "ccst").glob("*/made.npy"))
-    assert len(entries) == 3
-    before = [np.load(e).copy() for e in entries]
-    images_before = [np.load(e.with_name("images.npy")).copy() for e in entries]
-    real_load = np.load
-
-    def read_only(path, mmap_mode=None, **kwargs):  # the tests run as root, where chmod does not stop a write
-        if mmap_mode == "r+":
-            raise PermissionError(13, "Permission denied", str(path))
-        return real_load(path, mmap_mode=mmap_mode, **kwargs)
-
-    monkeypatch.setattr(np, "load", read_only)
-    second = simulator("ccst", {"style_backend": "fake_tag", "k": 2}, steps=3)
-    info = second.setup()
-    second.run_round(0)  # 3 steps: reads rows the first run did not make
-    monkeypatch.setattr(np, "load", real_load)
-    assert info["cached_images"] == sum(int(b.sum()) for b in before)
-    assert all(s.count.images > 0 for s in lazy_stores(second))  # made, in memory (copy-on-write)
-    for entry, made, images in zip(entries, before, images_before):  # the entries on disk did not change
-        assert np.array_equal(np.load(entry), made) and np.array_equal(np.load(entry.with_name("images.npy")), images)
 
 
 def test_an_unknown_stylize_mode_is_refused_with_the_choices():
@@ -234,42 +208,4 @@ def test_pardon_reuses_its_clustered_styles_with_their_cluster_counts():
     assert "style_cache_hits" not in other  # the partition is part of the recipe
 
 
-def test_a_read_only_cache_without_the_entry_is_a_clear_error_and_styles_are_used_unkept(monkeypatch):
-    """As root chmod does not stop a write, so the refusals are simulated where the code writes."""
-    from fedstyle.style.transfer import stylize
-
-    def refuse(*args, **kwargs):
-        raise PermissionError(13, "Permission denied")
-
-    monkeypatch.setattr(stylize, "make_staging_dir", refuse)  # the entry cannot be created
-    sim = simulator("ccst", {"style_backend": "fake_tag", "k": 2})
-    with pytest.raises(ConfigError, match="not writable.*FEDSTYLE_CACHE"):
-        sim.setup()
-    monkeypatch.undo()
-    # the style's file cannot be written: the style is still computed and used, and the next run computes it again
-    import fedstyle.io
-
-    monkeypatch.setattr(fedstyle.io, "atomic_write", refuse)
-    info = simulator("ccst", {"style_backend": "fake_tag", "k": 2}).setup()
-    assert "style_cache_hits" not in info and info["style_images"] == 3 * PER_CLIENT
-    assert "style_cache_hits" not in simulator("ccst", {"style_backend": "fake_tag", "k": 2}).setup()
-
-
-def test_eager_stylization_into_a_read_only_cache_returns_the_images_it_made(tmp_path, monkeypatch):
-    """The rows made in a copy-on-write map are not on disk: eager mode must hand back that map."""
-    writable = simulator("ccst", {"style_backend": "fake_tag", "k": 2, "stylize": "eager"})
-    writable.setup()
-    monkeypatch.setenv("FEDSTYLE_CACHE", str(tmp_path / "read-only"))
-    simulator("ccst", {"style_backend": "fake_tag", "k": 2, "stylize": "lazy"}).setup()  # empty entries, nothing made
-    real_load = np.load
-
-    def read_only(path, mmap_mode=None, **kwargs):
-        if mmap_mode == "r+":
-            raise PermissionError(13, "Permission denied", str(path))
-        return real_load(path, mmap_mode=mmap_mode, **kwargs)
-
-    monkeypatch.setattr(np, "load", read_only)
-    made_in_memory = simulator("ccst", {"style_backend": "fake_tag", "k": 2, "stylize": "eager"})
-    made_in_memory.setup()
-    for a, b in zip(writable.clients, made_in_memory.clients):
-        assert torch.equal(a.images, b.images)
+# the read-only cache (a real read-only filesystem where the tests may mount one): tests/test_cache_faults.py

@@ -25,8 +25,8 @@ import platformdirs
 import torch
 
 from fedstyle.data.contract import DomainDataset
-from fedstyle.errors import ConfigError
-from fedstyle.io import make_staging_dir, remove_leftovers
+from fedstyle.errors import ConfigError, DataError
+from fedstyle.io import disk_full, free_text, human_bytes, make_staging_dir, remove_leftovers, reserve
 
 CACHE_ENV = "FEDSTYLE_CACHE"
 META_FILE = "meta.json"
@@ -88,10 +88,9 @@ class ArrayWriter:
         self._allocated: dict[int, np.ndarray] = {}
 
     def empty_images(self, domain_index: int, count: int, height: int, width: int) -> np.ndarray:
-        """A writable uint8 (count, 3, height, width) array backed by the cache file itself."""
-        array = np.lib.format.open_memmap(
-            _image_path(self.directory, domain_index), mode="w+", dtype=np.uint8, shape=(count, 3, height, width)
-        )
+        """A writable uint8 (count, 3, height, width) array backed by the cache file itself, its disk space
+        reserved (a builder writing into a memory map on a full disk would die of SIGBUS)."""
+        array = _reserved_memmap(_image_path(self.directory, domain_index), (count, 3, height, width))
         self._allocated[domain_index] = array
         return array
 
@@ -104,7 +103,7 @@ class ArrayWriter:
         full = self._allocated.pop(domain_index)
         path = _image_path(self.directory, domain_index)
         partial = path.with_name(f"{path.stem}.partial.npy")
-        kept = np.lib.format.open_memmap(partial, mode="w+", dtype=np.uint8, shape=(len(keep),) + full.shape[1:])
+        kept = _reserved_memmap(partial, (len(keep),) + full.shape[1:])
         block = 256
         for start in range(0, len(keep), block):
             kept[start : start + block] = full[keep[start : start + block]]
@@ -115,6 +114,21 @@ class ArrayWriter:
 
     def owns(self, domain_index: int, array: np.ndarray) -> bool:
         return self._allocated.get(domain_index) is array
+
+
+def _reserved_memmap(path: Path, shape: tuple[int, ...]) -> np.ndarray:
+    """A uint8 ``.npy`` memory map of zeros ``shape`` whose every byte has its disk space already."""
+    try:
+        array = np.lib.format.open_memmap(path, mode="w+", dtype=np.uint8, shape=shape)
+        fd = os.open(path, os.O_RDWR)
+        try:
+            reserve(fd, array.offset + array.nbytes)
+        finally:
+            os.close(fd)
+    except OSError as err:
+        err.needed = int(np.prod(shape, dtype=np.int64))  # for the message
+        raise
+    return array
 
 
 def _image_path(directory: Path, index: int) -> Path:
@@ -172,8 +186,18 @@ def _build_entry(recipe: dict, build: Callable[[ArrayWriter], DecodedArrays], ta
     staging = make_staging_dir(target)
     try:
         writer = ArrayWriter(staging)
-        arrays = build(writer)
-        _write_arrays(arrays, writer, staging, recipe)
+        try:
+            arrays = build(writer)
+            _write_arrays(arrays, writer, staging, recipe)
+        except OSError as err:
+            if not disk_full(err):
+                raise
+            needed = getattr(err, "needed", None)
+            what = (f"{human_bytes(needed)} more needed" if needed is not None else
+                    f"{human_bytes(sum(f.stat().st_blocks * 512 for f in staging.iterdir()))} written when it filled")
+            raise DataError(f"no space left on device in the dataset cache {target.parent} while building "
+                            f"{recipe['name']} ({what}, {free_text(target.parent)}); free space or set "
+                            "FEDSTYLE_CACHE to a folder with room") from None
         try:
             os.replace(staging, target)
         except OSError:

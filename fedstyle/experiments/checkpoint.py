@@ -4,21 +4,22 @@ One file, replaced atomically, so a run killed at any moment leaves either the p
 or the new one — never a mix. The metadata holds the run's bookkeeping as JSON (round, time,
 selector, traffic, and a copy of the metrics.jsonl rows the checkpoint covers, so a damaged or
 truncated metrics file is restored on resume) and a SHA-256 over that JSON and every tensor's name,
-dtype, shape and bytes: a flipped bit anywhere in the file is refused on load.
+dtype, shape and bytes: a flipped bit anywhere in the file is refused on load. A write that fails
+(a full disk) is one line naming the file, and leaves the previous checkpoint as it was.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from fedstyle.errors import FedstyleError
-from fedstyle.io import aligned, atomic_write
+from fedstyle.io import aligned, atomic_write, disk_full, free_text, human_bytes, tensors_digest
 
 CHECKPOINT = "checkpoint.safetensors"
 _META_KEY = "fedstyle"
@@ -31,22 +32,24 @@ class CheckpointError(FedstyleError):
     """A checkpoint that cannot be trusted: damaged, foreign, or of another model."""
 
 
-def checkpoint_digest(meta_json: str, tensors: Mapping[str, torch.Tensor]) -> str:
-    digest = hashlib.sha256(meta_json.encode())
-    for key in sorted(tensors):
-        t = tensors[key].detach().to("cpu").contiguous()
-        digest.update(f"|{key}|{t.dtype}|{tuple(t.shape)}|".encode())
-        if t.numel():
-            digest.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
-    return digest.hexdigest()
-
-
 def save_checkpoint(run_dir: Path, tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> Path:
     # safetensors wants contiguous CPU tensors that share no storage
     plain = {k: v.detach().to("cpu").contiguous().clone() for k, v in tensors.items()}
     meta_json = json.dumps({**meta, "format": FORMAT}, allow_nan=False)
-    metadata = {_META_KEY: meta_json, _DIGEST_KEY: checkpoint_digest(meta_json, plain)}
-    return atomic_write(run_dir / CHECKPOINT, lambda tmp: save_file(plain, str(tmp), metadata=metadata))
+    metadata = {_META_KEY: meta_json, _DIGEST_KEY: tensors_digest(meta_json, plain)}
+    path = run_dir / CHECKPOINT
+    had = path.exists()
+    try:
+        return atomic_write(path, lambda tmp: save_file(plain, str(tmp), metadata=metadata))
+    except (OSError, SafetensorError) as err:  # the temporary is gone; the previous checkpoint is as it was
+        kept = (f"the checkpoint there is unchanged: free space and continue the run with --resume {run_dir}"
+                if had else "no checkpoint was written")  # `fedstyle run` or `fedstyle deploy`: both save here
+        if disk_full(err):
+            size = sum(t.numel() * t.element_size() for t in plain.values())
+            raise CheckpointError(f"no space left on device for the checkpoint {path} (it needs {human_bytes(size)}, "
+                                  f"{free_text(run_dir)}); {kept}") from None
+        reason = getattr(err, "strerror", None) or str(err).splitlines()[0][:120]
+        raise CheckpointError(f"cannot write the checkpoint {path}: {reason}; {kept}") from None
 
 
 def load_checkpoint(run_dir: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]] | None:
@@ -70,6 +73,6 @@ def load_checkpoint(run_dir: Path) -> tuple[dict[str, torch.Tensor], dict[str, A
     if not isinstance(meta, dict) or "round" not in meta:
         raise CheckpointError(damaged.format("no run bookkeeping in its metadata"))
     if meta.get("format", 1) >= FORMAT or _DIGEST_KEY in metadata:
-        if metadata.get(_DIGEST_KEY) != checkpoint_digest(meta_json, tensors):
+        if metadata.get(_DIGEST_KEY) != tensors_digest(meta_json, tensors):
             raise CheckpointError(damaged.format("its SHA-256 does not match what was written"))
     return tensors, meta
