@@ -122,8 +122,27 @@ def _temporary_beside(path: Path, mode: int | None = None) -> Iterator[Path]:
     try:
         yield Path(tmp)
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as err:
         Path(tmp).unlink(missing_ok=True)
+        _name_file(err, path)
+        raise
+
+
+def _name_file(err: BaseException, path: str | Path) -> None:
+    """Give an OSError that names no file (a file object's write on a full disk: "No space left on
+    device", nothing more) the ``path`` it was writing, so the one line the user gets says where."""
+    if isinstance(err, OSError) and err.filename is None and err.strerror:  # an OSError("text") keeps its text
+        err.filename = str(path)
+
+
+def append_line(file: IO[str], text: str) -> None:
+    """Write ``text`` to the open ``file`` and flush it (a row of metrics.jsonl is on disk once written);
+    an OSError (a full disk) names the file."""
+    try:
+        file.write(text)
+        file.flush()
+    except OSError as err:
+        _name_file(err, file.name)
         raise
 
 

@@ -1,9 +1,10 @@
-"""Issue 39, sections 2-4: a stylization cache that is damaged, on a full disk, or read-only; a full disk
-at the checkpoint. The filesystem faults are real where this process may mount, else raised where the
-kernel raises them (tests/fs_faults.py)."""
+"""Issue 39, sections 2-4 and 7: a stylization cache that is damaged, on a full disk, or read-only; a full
+disk at the checkpoint and at the run's other files. The filesystem faults are real where this process
+may mount, else raised where the kernel raises them (tests/fs_faults.py)."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 from pathlib import Path
@@ -226,6 +227,26 @@ def test_a_full_disk_at_the_checkpoint_is_one_line_and_the_old_checkpoint_stays(
     assert "no space left on device" in message and "800.0 kB" in message and f"--resume {run}" in message
     assert (run / "checkpoint.safetensors").read_bytes() == before and load_checkpoint(run)[1]["round"] == 1
     assert [p.name for p in run.iterdir()] == ["checkpoint.safetensors"]  # no temporary left
+
+
+def test_no_space_left_on_device_names_the_file_it_was_writing(tmp_path):
+    """A file object's write on a full disk raises "No space left on device" naming no file (/dev/full
+    fails every write so): the run's own files name theirs, which the CLI's one line prints (section 7)."""
+    from fedstyle.io import append_line, atomic_write
+
+    full = open("/dev/full", "w")
+    try:
+        with pytest.raises(OSError) as err:  # metrics.jsonl's rows
+            append_line(full, "{}\n")
+        assert err.value.errno == errno.ENOSPC and err.value.filename == "/dev/full"
+        summary = tmp_path / "summary.json"
+        with pytest.raises(OSError) as err:  # config.json, summary.json, done, ...
+            atomic_write(summary, lambda tmp: (full.write("{}"), full.flush()))
+        assert err.value.errno == errno.ENOSPC and err.value.filename == str(summary)
+        assert list(tmp_path.iterdir()) == []  # no temporary left
+    finally:
+        with contextlib.suppress(OSError):  # what is still buffered fails again
+            full.close()
 
 
 # -- 4: a read-only cache ------------------------------------------------------------------------------

@@ -49,7 +49,7 @@ from fedstyle.experiments.rundir import (
 )
 from fedstyle.federation.rounds import mean_metrics
 from fedstyle.federation.states import STATES_DIR
-from fedstyle.io import DirectoryLock, atomic_write_json, atomic_write_text, json_text
+from fedstyle.io import DirectoryLock, append_line, atomic_write_json, atomic_write_text, json_text
 from fedstyle.federation.topology import save_graph_png
 from fedstyle.partition import format_partition_table, write_partition_json
 
@@ -254,7 +254,7 @@ def train_experiment(exp: Experiment, out: Path, *, quiet: bool, checkpoint,
                 result = sim.run_round(r)
                 since_eval.append(result.metrics)
                 for event in result.events:  # Flower runs: dropouts and rejoins
-                    metrics_file.write(json_text(event) + "\n")
+                    append_line(metrics_file, json_text(event) + "\n")
                     records.append(event)
                 last_loss = result.train_loss
                 done_rounds = r + 1
@@ -264,8 +264,7 @@ def train_experiment(exp: Experiment, out: Path, *, quiet: bool, checkpoint,
                     record = evaluate_round(exp, done_rounds, last_loss, seconds, mean_metrics(since_eval))
                     since_eval = []
                     selector.update(record)
-                    metrics_file.write(json_text(record) + "\n")
-                    metrics_file.flush()
+                    append_line(metrics_file, json_text(record) + "\n")
                     records.append(record)
                     trackers.log_row(record)
                     save_checkpoint(out, sim.state_tensors(), {
