@@ -190,10 +190,12 @@ def federation_of(out: Path) -> list[tuple[int, str]]:
 def test_a_sigkilled_deploy_leaves_no_flower_process(tiny_root, tmp_path):
     pytest.importorskip("flwr", reason="fedstyle deploy needs fedstyle[flower]")
     out = tmp_path / "dep"
-    argv = [sys.executable, "-m", "fedstyle.cli.main", "deploy", "--sites", "2", "--insecure", "--quiet", "--out", str(out),
+    # one site (red, the one source domain) is the quickest start with every kind of process: SuperLink, SuperNode,
+    # flwr run, both SuperExecs, the ServerApp (and ClientApps once it sends)
+    argv = [sys.executable, "-m", "fedstyle.cli.main", "deploy", "--sites", "1", "--insecure", "--quiet", "--out", str(out),
             "--dataset", "folder", "--data-root", str(tiny_root), "--resolution", "16", "--target", "grey",
-            "--target", "blue", "--rounds", "50", "--batch-size", "8", "--local-steps", "1", "--min-client-size", "2",
-            "--device", "cpu"]
+            "--target", "blue", "--target", "green", "--rounds", "50", "--batch-size", "8", "--local-steps", "1",
+            "--min-client-size", "2", "--device", "cpu"]
     deploy = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         # the ServerApp (the run directory's writer) runs: the whole federation is up
