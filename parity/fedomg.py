@@ -93,7 +93,8 @@ def run(checkout: Path) -> dict[str, torch.Tensor]:
         tensors.update({f"client{i}/{k}": v for k, v in state.items()})
     for name, case in CASES.items():
         tensors.update({f"{name}/{k}": v for k, v in run_fedomg(checkout, case, base, clients).items()})
-        tensors.update({f"{name}64/{k}": v for k, v in run_fedomg(checkout, case, base, clients, torch.float64).items()})
+        in64 = run_fedomg(checkout, case, base, clients, torch.float64)
+        tensors.update({f"{name}64/{k}": v for k, v in in64.items()})
     tensors.update(weight_sums(base))
     return tensors
 

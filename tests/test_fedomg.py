@@ -123,8 +123,8 @@ def test_kappa_zero_is_the_methods_aggregation_and_no_movement_is_no_step():
     out = OMG({"kappa": "0"}).step(server, updates, aggregated, ["w"], uniform=False)
     torch.testing.assert_close(out["w"], aggregated["w"], rtol=0, atol=1e-12)
     still, same = _round([(0.0, 0.0), (0.0, 0.0)], [1, 1])
-    assert torch.equal(OMG({}).step(still, same, weighted_average(same), ["w"], False)["w"], torch.zeros(2,
-                                                                                                           dtype=torch.float64))
+    out = OMG({}).step(still, same, weighted_average(same), ["w"], False)
+    assert torch.equal(out["w"], torch.zeros(2, dtype=torch.float64))
 
 
 def test_reference_code_on_one_client_by_hand():

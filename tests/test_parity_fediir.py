@@ -35,9 +35,9 @@ def test_fixture_provenance_and_inputs():
 def test_two_rounds_match_the_authors_code(reference):
     """reference_code=true matches; the paper's plain mean over clients does not (the clients hold 2, 1, 3 batches)."""
     hp = generator.HPARAMS
-    algo = METHODS.get("fediir")({"reference_code": reference, "hidden": generator.SETTINGS["hidden"],
-                                  "penalty": hp["penalty"], "ema": hp["ema"]}, num_classes=generator.SETTINGS["classes"],
-                                 num_clients=generator.CLIENTS)
+    options = {"reference_code": reference, "hidden": generator.SETTINGS["hidden"], "penalty": hp["penalty"],
+               "ema": hp["ema"]}
+    algo = METHODS.get("fediir")(options, num_classes=generator.SETTINGS["classes"], num_clients=generator.CLIENTS)
     model = generator.build_model(algo)  # configured by the method, then the seeded weights
     settings = TrainSettings(lr=hp["lr"], batch_size=generator.BATCH, momentum=0.9, weight_decay=hp["weight_decay"])
     clients = [ClientData(FIXTURE[f"images{i}"], FIXTURE[f"labels{i}"],

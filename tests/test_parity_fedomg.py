@@ -50,7 +50,8 @@ def _step(case: dict, dtype=torch.float32, **changes) -> tuple[dict, dict]:
 
 
 @pytest.mark.parametrize("name", sorted(generator.CASES))
-@pytest.mark.parametrize("precision,tolerance", [("64", TOLERANCE), ("", TOLERANCE_FLOAT32)], ids=["float64", "float32"])
+@pytest.mark.parametrize("precision,tolerance", [("64", TOLERANCE), ("", TOLERANCE_FLOAT32)],
+                         ids=["float64", "float32"])
 def test_reference_step_matches_the_authors_code(name, precision, tolerance):
     base, out = _step(generator.CASES[name], torch.float64 if precision else torch.float32)
     theirs = FIXTURE.group(f"{name}{precision}/")
