@@ -13,9 +13,10 @@ rounds with an exponential moving average (the paper's App. C):
     g_hat^t = mean_{e in S_t} grad_w R_e(w^t o Phi^t)        query phase: each sampled client, downloaded model
     g_bar^t = beta g_bar^{t-1} + (1 - beta) g_hat^t,  g_bar^0 = 0          (server.state, checkpointed)
 
-One more exchange per round: each sampled client sends its classifier gradient up and receives g_bar
-(|w| numbers each way). The penalty's gradient is a second-order pass through the classifier
-(``create_graph``), which reaches Phi too.
+One more exchange per round (the query): each sampled client receives the model for it (fedstyle's star
+counts that download like the training one) and sends its classifier gradient up (|w| numbers); g_bar comes
+down beside the training download (|w| numbers). The penalty's gradient is a second-order pass through the
+classifier (``create_graph``), which reaches Phi too.
 
 What the paper leaves out (FedIIR#2: a reproduction 3.5 points short on PACS art, 79.4 against 82.9; the
 author named the classifier's hidden size and the EMA), from the authors' code (YamingGuo98/FedIIR):
