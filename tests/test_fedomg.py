@@ -172,6 +172,8 @@ def test_labels_name_the_server_step():
     assert METHODS.get("fedomg").display_name(METHODS.get("fedomg").resolve({})) == "FedOMG"
     fedavg = METHODS.get("fedavg")
     assert fedavg.display_name(fedavg.resolve({"server_opt": "omg"})) == "FedAvg + OMG"
+    fedomg = METHODS.get("fedomg")
+    assert fedomg.display_name(fedomg.resolve({"server_opt": "none"})) == "FedOMG + no server step"
 
 
 def test_peer_to_peer_has_no_server_to_step(tiny_config, tmp_path):

@@ -171,8 +171,9 @@ class Algorithm:
                 views = hp.get("augment_views", 0)
                 note = f" ({views} view{'s' if views > 1 else ''})" if views != defaults["augment_views"] else ""
                 parts.append(augmentation_label(augment) + note)
-        if hp.get("server_opt", "none") not in ("none", defaults["server_opt"]):
-            parts.append(SERVER_OPTS.get(hp["server_opt"]).label)
+        server_opt = hp.get("server_opt", "none")
+        if server_opt != defaults["server_opt"]:  # fedomg with server_opt=none is FedAvg: say so
+            parts.append(SERVER_OPTS.get(server_opt).label if server_opt != "none" else "no server step")
         return " + ".join(parts)
 
     # -- model --------------------------------------------------------------------------
