@@ -105,6 +105,13 @@ def test_batched_equals_sequential(method, hp, optimizer):
         assert int(state["local/backbone.layer1.1.num_batches_tracked"]) == 2 * 2  # 2 steps in each of 2 rounds
 
 
+def test_batched_steps_the_head_at_head_lr_scale_as_the_sequential_path():
+    scaled = FederationSettings(rounds=2, lr=0.05, batch_size=8, local_epochs=1, head_lr_scale=10.0)
+    seq, bat = simulate("fedavg", "off", None, scaled), simulate("fedavg", "on", None, scaled)
+    assert_same(seq, bat, EXACT)
+    assert max_difference(seq[0], simulate("fedavg", "off")[0]) > 1e-3  # the scale changed the run
+
+
 @pytest.mark.parametrize("method, hp", [("fedavg", None), ("ccst", {"style_backend": "fft", "k": 2})])
 def test_float32_within_the_stated_tolerance(method, hp, tmp_path, monkeypatch):
     runs = []

@@ -224,6 +224,26 @@ def test_p2p_mixing_with_zero_lr_averages_neighbours():
     assert sim.eval_weights()[key][0].item() == pytest.approx(3.0, abs=1e-5)  # the average is preserved
 
 
+def test_p2p_steps_the_linear_head_at_head_lr_scale():
+    """One DSGD step without momentum: theta = mix(theta) - lr * g; the head's step is head_lr_scale times
+    the plain one (same mix, same gradient), every other weight the same as without the scale."""
+    runs = {}
+    for name, lr, scale in (("mixed", 0.0, 1.0), ("plain", 0.05, 1.0), ("scaled", 0.05, 10.0)):
+        algo, model = make_model("dsgd")
+        settings = FederationSettings(rounds=1, lr=lr, batch_size=8, local_steps=1, momentum=0.0, weight_decay=0.0,
+                                      head_lr_scale=scale)
+        sim = P2PSimulator(algo, model, make_clients(3), settings, nx.path_graph(3), seed=0, device=torch.device("cpu"))
+        sim.run_round(0)
+        runs[name] = sim.stacked
+    for key, plain in runs["plain"].items():
+        if key.startswith("head."):
+            step = plain - runs["mixed"][key]
+            assert step.abs().max() > 1e-4
+            torch.testing.assert_close(runs["scaled"][key] - runs["mixed"][key], 10 * step, rtol=1e-4, atol=1e-6)
+        else:
+            assert torch.equal(runs["scaled"][key], plain), key
+
+
 def test_p2p_round_trains_counts_bytes_and_reduces_consensus_gap():
     algo, model = make_model("dsgd", {"style": "mixstyle"})
     graph = nx.complete_graph(3)

@@ -72,6 +72,80 @@ def test_eval_mode_normalises_a_training_batch_with_the_running_statistics():
     torch.testing.assert_close(seen["output"], expected)
 
 
+@pytest.mark.parametrize("backbone,own", [("convnet", 0.1), ("efficientnet_lite0", 0.01)])
+@pytest.mark.parametrize("momentum", [None, 0.3])
+def test_batchnorm_momentum_sets_how_far_a_training_batch_moves_the_running_statistics(backbone, own, momentum):
+    """running = (1 - m) running + m batch (PyTorch's convention; the variance unbiased), with m the
+    backbone's own (PyTorch's 0.1; Lite0's TensorFlow 0.01) unless set; eval mode never moves them."""
+    torch.manual_seed(0)
+    model = build_model(backbone, 4, 32)
+    model.set_batchnorm("train", momentum)
+    m = own if momentum is None else momentum
+    first = _bn_layers(model)[0]
+    assert all(b.momentum == m for b in _bn_layers(model))
+    first.running_mean.fill_(0.5)
+    first.running_var.fill_(4.0)
+    seen = {}
+    handle = first.register_forward_hook(lambda mod, i, o: seen.update(input=i[0].detach().clone()))
+    model.train()
+    model(torch.randn(6, 3, 32, 32) * 2 + 1)
+    handle.remove()
+    batch_mean = seen["input"].mean((0, 2, 3))
+    batch_var = seen["input"].var((0, 2, 3), unbiased=True)
+    torch.testing.assert_close(first.running_mean, (1 - m) * 0.5 + m * batch_mean)
+    torch.testing.assert_close(first.running_var, (1 - m) * 4.0 + m * batch_var)
+    model.set_batchnorm("eval", 0.5)
+    kept = first.running_mean.clone()
+    model.train()
+    model(torch.randn(6, 3, 32, 32))
+    assert torch.equal(first.running_mean, kept)
+
+
+def test_a_run_applies_its_batchnorm_momentum_and_refuses_one_outside_0_1(tiny_config, tmp_path):
+    from safetensors.torch import load_file
+
+    run_experiment(tiny_config.updated(batchnorm_momentum=1e-9), tmp_path / "still", quiet=True)
+    run_experiment(tiny_config.updated(batchnorm_momentum=1.0), tmp_path / "batch", quiet=True)
+    weights = {name: load_file(tmp_path / name / "checkpoint.safetensors") for name in ("still", "batch")}
+    key = next(k for k in weights["still"] if k.startswith("global/") and k.endswith("running_var"))
+    torch.testing.assert_close(weights["still"][key], torch.ones_like(weights["still"][key]))  # barely moved from 1
+    assert (weights["batch"][key] - 1).abs().max() > 1e-3  # the last batch's own variance
+    assert json.loads((tmp_path / "still" / "config.json").read_text())["batchnorm_momentum"] == 1e-9
+    for bad in (0.0, 1.5):
+        with pytest.raises(ConfigError, match=r"--batchnorm-momentum must be in \(0, 1\]"):
+            run_experiment(tiny_config.updated(batchnorm_momentum=bad), tmp_path / "bad", quiet=True)
+        assert not (tmp_path / "bad").exists()
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+def test_head_lr_scale_steps_the_linear_head_at_a_multiple_of_the_lr(optimizer):
+    """One step from zero momentum: SGD moves a weight by lr * grad, Adam by lr * sign(grad) (first step);
+    the head's by head_lr_scale times that, every other weight by the plain step."""
+    from fedstyle.algorithms.context import TrainSettings
+
+    torch.manual_seed(0)
+    model = build_model("convnet", 4, 32)
+    x, y = torch.randn(6, 3, 32, 32), torch.arange(6) % 4
+    settings = TrainSettings(lr=0.01, optimizer=optimizer, momentum=0.0, weight_decay=0.0, head_lr_scale=10.0)
+    opt = settings.make_optimizer(model.parameters(), model.head.parameters())
+    assert [g["lr"] for g in opt.param_groups] == [0.01, pytest.approx(0.1)]
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    nn.functional.cross_entropy(model(x), y).backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    opt.step()
+    for name, p in model.named_parameters():
+        lr = 0.1 if name.startswith("head.") else 0.01
+        step = grads[name] if optimizer == "sgd" else grads[name] / (grads[name].abs() + 1e-8)
+        torch.testing.assert_close(p.detach(), before[name] - lr * step, rtol=1e-4, atol=1e-6)
+    assert len(TrainSettings(lr=0.01).make_optimizer(model.parameters(), model.head.parameters()).param_groups) == 1
+
+
+def test_head_lr_scale_outside_the_positive_numbers_is_refused(tiny_config, tmp_path):
+    with pytest.raises(ConfigError, match="--head-lr-scale must be positive, got 0.0"):
+        run_experiment(tiny_config.updated(head_lr_scale=0.0), tmp_path / "a", quiet=True)
+    assert not (tmp_path / "a").exists()
+
+
 def test_an_unknown_batchnorm_mode_is_refused_naming_the_choices(tiny_config, tmp_path):
     with pytest.raises(ConfigError, match="train, eval, frozen"):
         run_experiment(tiny_config.updated(batchnorm="sometimes"), tmp_path / "a", quiet=True)

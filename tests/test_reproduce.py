@@ -294,6 +294,47 @@ def test_a_track_changes_settings_never_rows_or_claims():
         apply_track({"variant": []}, "t", "f")
 
 
+def test_a_track_extends_another_stating_only_what_it_changes():
+    from fedstyle.experiments.tracks import apply_track
+
+    data = {"base": {"lr": 0.05}, "variant": [{"name": "x", "method": "fedavg"}],
+            "tracks": {"p": {"base": {"lr": 0.001, "batchnorm": "eval", "hparams": {"a": 1}}, "seeds": [0, 1],
+                             "variant_hparams": {"x": {"k": 3}}, "note": "parent"},
+                       "c": {"extends": "p", "base": {"batchnorm": "train", "hparams": {"b": 2}},
+                             "variant_hparams": {"x": {"j": 4}}, "note": "child"},
+                       "g": {"extends": "c", "seeds": [5]}}}
+    child = apply_track(data, "c", "f")
+    assert child["base"] == {"lr": 0.001, "batchnorm": "train", "hparams": {"a": 1, "b": 2}}
+    assert child["seeds"] == [0, 1] and child["paper"]["note"] == "The c track: child"
+    assert child["variant"][0]["hparams"] == {"k": 3, "j": 4}
+    grand = apply_track(data, "g", "f")
+    assert grand["seeds"] == [5] and grand["base"]["batchnorm"] == "train"
+    assert data["tracks"]["c"]["extends"] == "p" and data["tracks"]["p"]["base"]["batchnorm"] == "eval"  # unchanged
+    with pytest.raises(ConfigError, match=r"\[tracks.c\] extends 'q', which is no track; tracks: p, c"):
+        apply_track({**data, "tracks": {"p": {}, "c": {"extends": "q"}}}, "c", "f")
+    with pytest.raises(ConfigError, match="extends itself through c -> p -> c"):
+        apply_track({**data, "tracks": {"p": {"extends": "c"}, "c": {"extends": "p"}}}, "c", "f")
+
+
+BATCHSTATS_PRESETS = ("ccst", "stablefdg", "styleddg")
+
+
+@pytest.mark.parametrize("name", BATCHSTATS_PRESETS)
+def test_the_batch_statistics_track_is_the_pretrained_one_with_the_batchnorm_recipe(name):
+    """--track pretrained-batchstats (issue 35): the papers' BatchNorm regime, the pretrained track's rows,
+    claims, scales and settings but BatchNorm with batch statistics, PyTorch's momentum 0.1 and SGD lr 1e-2."""
+    data = read_toml(preset_path(name))
+    for scale in data["tracks"]["pretrained"]["scales"]:
+        eval_mode = parse_grid(data, f"preset {name}", scale=scale, track="pretrained")
+        batch = parse_grid(data, f"preset {name}", scale=scale, track="pretrained-batchstats")
+        assert batch.all_variants == eval_mode.all_variants and batch.claims == eval_mode.claims
+        assert batch.seeds == eval_mode.seeds and batch.variants == eval_mode.variants
+        changed = {k: (eval_mode.base.get(k), v) for k, v in batch.base.items() if eval_mode.base.get(k) != v}
+        assert changed == {"batchnorm": ("eval", "train"), "batchnorm_momentum": (None, 0.1),
+                           "lr": (0.001, 0.01)}, changed
+        assert "The pretrained-batchstats track:" in batch.paper.note
+
+
 def test_reproduce_runs_the_pretrained_track(tiny_root, tmp_path, capsys):
     """The ccst preset's pretrained smoke scale end to end on the tiny folder dataset (EfficientNet-Lite0
     with the package's ImageNet weights at 16 px, BatchNorm in eval mode), and --list shows the track."""

@@ -296,7 +296,8 @@ class Algorithm:
         """
         if ctx.scratch.get(DEFER_TRAINING):
             return _read_batches_only(self, ctx)
-        optimizer = ctx.train.make_optimizer(model.parameters())
+        head = model.head.parameters() if isinstance(getattr(model, "head", None), nn.Module) else ()
+        optimizer = ctx.train.make_optimizer(model.parameters(), head)
         total = torch.zeros((), device=ctx.device)
         steps = 0
         for x, y in self.training_batches(ctx):

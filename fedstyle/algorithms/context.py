@@ -30,13 +30,22 @@ class TrainSettings:
     optimizer: str = "sgd"
     momentum: float = 0.9
     weight_decay: float = 5e-4
+    #: the linear head's learning rate as a multiple of ``lr`` (a fresh head on a pretrained backbone)
+    head_lr_scale: float = 1.0
 
     def steps_for(self, data: ClientData) -> int:
         if self.local_steps > 0:
             return self.local_steps
         return max(1, self.local_epochs * data.num_batches(self.batch_size))
 
-    def make_optimizer(self, params) -> torch.optim.Optimizer:
+    def make_optimizer(self, params, head=()) -> torch.optim.Optimizer:
+        """The client's optimiser over ``params``; those also in ``head`` (the classifier's linear head) learn
+        at ``lr * head_lr_scale``, the rest at ``lr`` (one parameter group when the scale is 1)."""
+        head_ids = {id(p) for p in head}
+        if self.head_lr_scale != 1.0 and head_ids:
+            params = list(params)
+            params = [{"params": [p for p in params if id(p) not in head_ids]},
+                      {"params": [p for p in params if id(p) in head_ids], "lr": self.lr * self.head_lr_scale}]
         if self.optimizer == "sgd":
             return torch.optim.SGD(params, lr=self.lr, momentum=self.momentum, weight_decay=self.weight_decay)
         if self.optimizer == "adam":

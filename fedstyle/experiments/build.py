@@ -159,7 +159,8 @@ def build_experiment(config: RunConfig, progress: bool = True) -> Experiment:
     model = build_model(config.backbone, dataset.num_classes, dataset.resolution, config.pretrained, config.weights)
     algorithm = method_cls(config.hparams, num_classes=dataset.num_classes, num_clients=len(specs))
     algorithm.configure_model(model)
-    model.set_batchnorm(config.batchnorm)  # after configure_model: a method's neck may add BatchNorm layers
+    # after configure_model: a method's neck may add BatchNorm layers
+    model.set_batchnorm(config.batchnorm, config.batchnorm_momentum)
     model.to(device=device, memory_format=torch.channels_last)  # matches BatchTransform's NHWC output
 
     clients = shared_clients(dataset, split, specs, transform)
@@ -182,7 +183,7 @@ def build_experiment(config: RunConfig, progress: bool = True) -> Experiment:
         rounds=config.rounds, lr=config.lr, lr_schedule=config.lr_schedule, batch_size=config.batch_size,
         local_epochs=config.local_epochs, local_steps=config.local_steps, optimizer=config.optimizer,
         momentum=config.momentum, weight_decay=config.weight_decay, fraction=config.fraction,
-        clients_per_round=config.clients_per_round,
+        clients_per_round=config.clients_per_round, head_lr_scale=config.head_lr_scale,
     )
     graph = None
     if config.topology == "star":

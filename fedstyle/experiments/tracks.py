@@ -17,6 +17,10 @@ CCST's table with an ImageNet-pretrained EfficientNet-Lite0 instead of a ConvNet
     [tracks.pretrained.scales.small]      # the track's own scales replace the file's
     ...
 
+A track may start from another: ``extends = "pretrained"`` takes that track's table and lays its own
+keys over it (``base`` and ``variant_hparams`` merged key by key, the rest replaced), so a variant of a
+recipe states only what it changes (``[tracks.pretrained-batchstats]``: BatchNorm with batch statistics).
+
 Without ``--track`` the file is read as it is and its ``[tracks]`` table is ignored.
 """
 
@@ -47,6 +51,41 @@ def track_names(data: Mapping[str, Any]) -> list[str]:
     return list(tracks) if isinstance(tracks, Mapping) else []
 
 
+def resolve_extends(tracks: Mapping[str, Any], track: str, where: str) -> dict[str, Any]:
+    """Track ``track``'s table (a copy) with ``extends = "PARENT"`` resolved: the parent's table (itself
+    resolved) with this one's keys laid over it, ``base`` and ``variant_hparams`` merged key by key (as
+    :func:`merge_settings`), every other key (``note``, ``scales``, ``targets`` ...) replaced."""
+    seen: list[str] = []
+    chain: list[dict] = []
+    name: Any = track
+    while name is not None:
+        if not isinstance(name, str) or name not in tracks:
+            raise ConfigError(f"{where}: [tracks.{seen[-1]}] extends {name!r}, which is no track; "
+                              f"tracks: {', '.join(tracks)}")
+        if name in seen:
+            raise ConfigError(f"{where}: [tracks.{track}] extends itself through {' -> '.join(seen + [name])}")
+        table = tracks[name]
+        if not isinstance(table, Mapping):
+            raise ConfigError(f"{where}: [tracks.{name}] must be a table")
+        seen.append(name)
+        chain.append(copy.deepcopy(dict(table)))
+        name = chain[-1].pop("extends", None)
+    resolved: dict[str, Any] = {}
+    for table in reversed(chain):  # the farthest parent first
+        for key, value in table.items():
+            if key == "base" and isinstance(value, Mapping) and isinstance(resolved.get(key), Mapping):
+                resolved[key] = merge_settings(resolved[key], value)
+            elif key == "variant_hparams" and isinstance(value, Mapping) and isinstance(resolved.get(key), Mapping):
+                rows = dict(resolved[key])
+                for row, hparams in value.items():
+                    both = isinstance(rows.get(row), Mapping) and isinstance(hparams, Mapping)
+                    rows[row] = {**rows[row], **hparams} if both else hparams
+                resolved[key] = rows
+            else:
+                resolved[key] = value
+    return resolved
+
+
 def apply_track(data: Mapping[str, Any], track: str | None, where: str) -> dict[str, Any]:
     """``data`` (a sweep file's TOML) with track ``track`` applied; without a track, ``[tracks]`` dropped."""
     rest = {k: copy.deepcopy(v) for k, v in data.items() if k != "tracks"}
@@ -57,10 +96,7 @@ def apply_track(data: Mapping[str, Any], track: str | None, where: str) -> dict[
         raise ConfigError(f"{where}: has no tracks; drop --track {track}")
     if track not in tracks:
         raise ConfigError(f"{where}: has no track {track!r}; choose one of: {', '.join(tracks)}")
-    chosen = tracks[track]
-    if not isinstance(chosen, Mapping):
-        raise ConfigError(f"{where}: [tracks.{track}] must be a table")
-    chosen = copy.deepcopy(dict(chosen))
+    chosen = resolve_extends(tracks, track, where)
     base = chosen.pop("base", {})
     if not isinstance(base, Mapping):
         raise ConfigError(f"{where}: [tracks.{track}.base] must be a table of run settings")

@@ -131,12 +131,13 @@ class _StackedOptimizer:
         for name, p in params.items():
             full = self.state[name]
             state = full if index is None else {s: v.index_select(0, index) for s, v in full.items()}
-            (self._sgd if self.train.optimizer == "sgd" else self._adam)(p, grads[name], state, t)
+            lr = self.train.lr * (self.train.head_lr_scale if name.startswith("head.") else 1.0)
+            (self._sgd if self.train.optimizer == "sgd" else self._adam)(p, grads[name], state, t, lr)
             if index is not None:
                 for s, v in state.items():
                     full[s].index_copy_(0, index, v)
 
-    def _sgd(self, p, grad, state, t):
+    def _sgd(self, p, grad, state, t, lr):
         train = self.train
         if train.weight_decay:
             grad = grad.add(p, alpha=train.weight_decay)
@@ -144,15 +145,15 @@ class _StackedOptimizer:
             buf = state["momentum_buffer"]
             buf.copy_(grad) if t == 0 else buf.mul_(train.momentum).add_(grad, alpha=1)
             grad = buf
-        p.add_(grad, alpha=-train.lr)
+        p.add_(grad, alpha=-lr)
 
-    def _adam(self, p, grad, state, t):
+    def _adam(self, p, grad, state, t, lr):
         (beta1, beta2), step = _ADAM_BETAS, float(t + 1)
         if self.train.weight_decay:
             grad = grad.add(p, alpha=self.train.weight_decay)
         state["exp_avg"].lerp_(grad, 1 - beta1)
         state["exp_avg_sq"].mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
-        step_size = self.train.lr / (1 - beta1**step)
+        step_size = lr / (1 - beta1**step)
         denom = (state["exp_avg_sq"].sqrt() / (1 - beta2**step) ** 0.5).add_(_ADAM_EPS)
         p.addcdiv_(state["exp_avg"], denom, value=-step_size)
 

@@ -192,7 +192,8 @@ class P2PSimulator:
             g = grads[k] + weight_decay * theta
             buf = self.momentum_buf[k]
             buf.mul_(momentum).add_(g)
-            self.stacked[k] = mixed - lr * buf
+            step = lr * self.settings.head_lr_scale if k.startswith("head.") else lr  # the linear head's own lr
+            self.stacked[k] = mixed - step * buf
         for k, value in new_buffers.items():
             if not value.is_floating_point():
                 self.stacked[k] = value

@@ -74,6 +74,7 @@ class FederationSettings:
     weight_decay: float = 5e-4
     fraction: float = 1.0
     clients_per_round: int = 0  # > 0 overrides fraction
+    head_lr_scale: float = 1.0  # the linear head's lr as a multiple of the scheduled lr
 
     def train_settings(self, round_index: int) -> TrainSettings:
         return TrainSettings(
@@ -84,6 +85,7 @@ class FederationSettings:
             optimizer=self.optimizer,
             momentum=self.momentum,
             weight_decay=self.weight_decay,
+            head_lr_scale=self.head_lr_scale,
         )
 
 
