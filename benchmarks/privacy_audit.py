@@ -45,6 +45,7 @@ from fedstyle.audit.run import SURFACES, _normalizer, audit_run
 from fedstyle.experiments.build import build_experiment
 from fedstyle.experiments.config import RunConfig
 from fedstyle.experiments.runner import DONE, resume_experiment, run_experiment
+from fedstyle.experiments.verdict import judge_paired
 from fedstyle.style.privacy import clip_from_public
 
 TARGETS = {"digits4": "mnistm", "fashion4": "sketch"}
@@ -163,7 +164,24 @@ def per_image_table(rows: list[dict]) -> str:
                      f"{np.mean([r['membership_auc'] for r in group]):.2f} | "
                      f"{np.mean([r['psnr_gain'] for r in group]):+.1f} | "
                      f"{np.mean([r['domain'] for r in group]):.2f} | {_eps(group[0]['epsilon'])} | {bounds} |")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + ["", *accuracy_cost(rows)]) + "\n"
+
+
+def accuracy_cost(rows: list[dict]) -> list[str]:
+    """The claim "undefended > defended at z" on target accuracy, read by fedstyle's rule (paired seeds per
+    dataset -> target cell, :func:`~fedstyle.experiments.verdict.judge_paired`), per dataset and over both."""
+    def accuracies(z: float, datasets: list[str]) -> dict[tuple[str, int], float]:
+        return {(f"{r['dataset']} -> {TARGETS[r['dataset']]}", r["seed"]): r["accuracy"] for r in rows
+                if r["noise"] == z and r["dataset"] in datasets}
+
+    lines = []
+    datasets = list(dict.fromkeys(r["dataset"] for r in rows))
+    for z in sorted({r["noise"] for r in rows} - {0.0}):
+        for scope in ([[d] for d in datasets] + ([datasets] if len(datasets) > 1 else [])):
+            verdict = judge_paired(accuracies(0.0, scope), accuracies(z, scope))
+            lines.append(f"- accuracy, undefended > z = {z:g} ({' + '.join(scope)}): {verdict.status}, "
+                         f"{verdict.text()}")
+    return lines
 
 
 def canary_sets(args: argparse.Namespace) -> None:
