@@ -48,3 +48,18 @@ def test_a_cache_that_is_a_file_is_refused_in_one_line(tmp_path, monkeypatch):
     monkeypatch.setenv("FEDSTYLE_CACHE", str(blocker))
     with pytest.raises(ConfigError, match="is a file, not a folder"):
         cache_dir()
+
+
+def test_audit_out_that_cannot_be_a_folder_is_refused_before_the_audit(tmp_path, monkeypatch):
+    """`audit --out FILE` was found only after the attacks had run (minutes); now before any run is read."""
+    from fedstyle.audit import run as audit_run_module
+
+    def never(*_args, **_kwargs):
+        raise AssertionError("the audit ran before its --out was checked")
+
+    monkeypatch.setattr(audit_run_module, "audit_run", never)
+    blocker = tmp_path / "report.md"
+    blocker.write_text("x")
+    for out in (blocker, blocker / "sub"):
+        with pytest.raises(ConfigError, match="is a file"):
+            audit_run_module.audit_privacy([tmp_path / "run"], out=out)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 from pathlib import Path
 from typing import Any, Callable
 
@@ -185,6 +186,20 @@ def defence_of(exp: Experiment) -> dict[str, float | str]:
     return {k: (v if isinstance(v, str) else float(v)) for k, v in exp.algorithm.hp.items() if k.startswith("dp_")}
 
 
+def check_report_folder(out: Path) -> None:
+    """Refuse, before any attack runs (minutes), a report folder that cannot be made: a path that is a file,
+    or one below a file or a folder this process may not write to."""
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {out} is a file, not a folder: name a folder for the report (it is made if missing)")
+    ancestor = out
+    while not ancestor.exists():
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise ConfigError(f"--out {out}: {ancestor} is a file, so the report folder cannot be made there")
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        raise ConfigError(f"--out {out}: {ancestor} is not writable; name a folder you can write to")
+
+
 def audit_privacy(run_dirs: list[str | Path], *, settings: AuditSettings | None = None, out: str | Path | None = None,
                   device: str | None = None, log: Callable[[str], None] = lambda _: None
                   ) -> tuple[list[Path], str]:
@@ -198,6 +213,8 @@ def audit_privacy(run_dirs: list[str | Path], *, settings: AuditSettings | None 
         raise ConfigError("give at least one run directory to audit")
     if out is None and len(run_dirs) > 1:
         raise ConfigError("several run directories need one output folder for their joint report (out=...)")
+    out = Path(out) if out is not None else Path(run_dirs[0]) / "audit"
+    check_report_folder(out)
     reports = [audit_run(run_dir, settings, device, log) for run_dir in run_dirs]
-    written = write_outputs(reports, Path(out) if out is not None else Path(run_dirs[0]) / "audit")
+    written = write_outputs(reports, out)
     return written, "".join(table(r) + "\n" for r in reports)
