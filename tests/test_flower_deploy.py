@@ -209,7 +209,7 @@ def test_ctrl_c_or_sigterm_stops_every_process(two_sites, tmp_path, sig):
         wait_for(lambda: (out / "flower" / "site-1.log").exists() and len(processes_of(out)) >= 5, 120,
                  "the SuperLink and both sites")
         proc.send_signal(sig)
-        _, err = proc.communicate(timeout=60)
+        _, err = proc.communicate(timeout=120)  # an orderly stop: 10 s grace + 5 s kill, far more on a loaded machine
         left = processes_of(out)  # gone when `fedstyle deploy` returns, not some time later
     finally:
         if proc.poll() is None:
