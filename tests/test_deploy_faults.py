@@ -21,6 +21,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from process_waits import kill_all, wait_for
 
 from fedstyle.cli.main import main
 from fedstyle.errors import ConfigError
@@ -31,23 +32,6 @@ from fedstyle.runtimes.flower.processes import MARKER_ENV, DeployError, marked_p
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="process death and discovery are Linux's")
 
 SLEEP = "import time; time.sleep(120)"
-
-
-def wait_for(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-
-
-def kill_all(pids) -> None:
-    for pid in pids:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except OSError:
-            pass
 
 
 @pytest.fixture

@@ -13,6 +13,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from process_waits import kill_all, wait_for
 
 from fedstyle.runtimes.flower.processes import MARKER_ENV, _alive, descendants, marked_processes, stop_processes
 
@@ -38,23 +39,6 @@ with Supervisor(Path(sys.argv[1])) as supervisor:
     print(supervisor.marker, flush=True)
     time.sleep(120)
 """
-
-
-def wait_for(predicate, timeout=20.0, what="it"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-
-
-def kill_all(pids) -> None:
-    for pid in pids:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except OSError:
-            pass
 
 
 def start(code: str, marker: str) -> subprocess.Popen:
