@@ -195,6 +195,11 @@ class Algorithm:
         """State keys that never leave a client's control (FedBN: BatchNorm layers)."""
         return batchnorm_keys(model) if self.hp["local_bn"] else set()
 
+    def private_keys(self, model: nn.Module) -> set[str]:
+        """Local keys that do not travel up either (default none: local layers go up for the evaluation model,
+        as FedBN's); the runtime drops them from the client's update and ``aggregate`` gives their server value."""
+        return set()
+
     @classmethod
     def batching_support(cls, hp: Mapping[str, Any]) -> str | None:
         """None when a round's clients of this method (with hyperparameters ``hp``) may train as one batched

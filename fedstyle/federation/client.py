@@ -154,6 +154,8 @@ def client_update(algo: Algorithm, model: nn.Module, ctx: ClientContext, result:
                   local_keys: set[str]) -> ClientUpdate:
     """The trained client's reply: its weights (local ones also kept in its state) and ``result``."""
     weights = leave_client(model, ctx, local_keys)
+    for key in algo.private_keys(model):  # kept in the client's state by leave_client, never sent
+        del weights[key]
     return ClientUpdate(
         client_id=ctx.client_id,
         weights=weights,
