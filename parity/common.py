@@ -144,9 +144,12 @@ def importable(*folders: Path) -> Iterator[None]:
     try:
         yield
     finally:
-        for name in set(sys.modules) - before:  # while sys.path still holds the folders a namespace's path is read from
-            if any(origin.startswith(f) for origin in _origins(sys.modules.get(name)) for f in folders):
-                del sys.modules[name]
+        # every origin read first, while sys.path holds the folders and every parent is still imported: a namespace
+        # package's path is recomputed from its parent's, which must not be forgotten before its children are read
+        gone = [name for name in set(sys.modules) - before
+                if any(origin.startswith(f) for origin in _origins(sys.modules.get(name)) for f in folders)]
+        for name in gone:
+            del sys.modules[name]
         for f in folders:
             sys.path.remove(f)
 

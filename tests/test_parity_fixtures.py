@@ -69,3 +69,22 @@ def test_seeded_weights_are_reproducible_and_scaled():
     assert all(torch.equal(a[k], b[k]) for k in shapes)
     assert abs(float(a["conv.weight"].std()) - (2 / 36) ** 0.5) < 0.05
     assert bool((a["bn.running_var"] >= 1).all()) and a["bn.num_batches_tracked"].dtype == torch.long
+
+
+def test_importable_forgets_nested_namespace_packages_whatever_the_order(tmp_path):
+    """A checkout whose packages have no __init__.py (FedCCRL's algorithm/client): a namespace package's path is
+    recomputed from its parent's, so forgetting the parent first raised KeyError on leaving the block (30 siblings:
+    the parent comes before one of them in almost every set order)."""
+    import sys
+
+    from parity.common import importable
+
+    for i in range(30):
+        (tmp_path / "nspkg" / f"sub{i}").mkdir(parents=True)
+        (tmp_path / "nspkg" / f"sub{i}" / "mod.py").write_text("VALUE = 1\n")
+    with importable(tmp_path):
+        import importlib
+
+        for i in range(30):
+            assert importlib.import_module(f"nspkg.sub{i}.mod").VALUE == 1
+    assert not any(name == "nspkg" or name.startswith("nspkg.") for name in sys.modules)
