@@ -17,7 +17,7 @@ from fedstyle.algorithms import fedadg  # noqa: E402,F401  (FedGCA's FedADG base
 from fedstyle.algorithms import fpl  # noqa: E402,F401  (cluster and unbiased prototypes, PARDON's baseline, issue 25)
 from fedstyle.algorithms import jigen  # noqa: E402,F401  (JiGen inside each client, issue 25)
 from fedstyle.algorithms import rsc  # noqa: E402,F401  (RSC inside each client, issue 25)
-from fedstyle.algorithms import fediir, fedomg  # noqa: E402,F401  (FedDG of 2023-2025, issue 38)
+from fedstyle.algorithms import fedccrl, fediir, fedomg  # noqa: E402,F401  (FedDG of 2023-2025, issue 38)
 from fedstyle.algorithms import gperxan  # noqa: E402,F401  (assembled, personalised normalization, issue 38)
 from fedstyle.algorithms.base import PEER_TO_PEER, STAR, Algorithm, ClientResult
 from fedstyle.algorithms.hparams import HParam

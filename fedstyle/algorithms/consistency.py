@@ -15,11 +15,14 @@ term is averaged over the batch. The means carry gradients (as in AugMix's JS lo
   ``js``: RandConv's / AugMix's Jensen-Shannon form Σ_j KL(p_j ‖ p̄) over classes.
 * :func:`cam_consistency` (L_CAM, Eq. 3): Σ_j KL(M_j ‖ M̄) of class-activation-map distributions over
   the h x w positions (:func:`cam_distribution`: a softmax of M / temperature).
+* :func:`supervised_contrastive`: the supervised contrastive loss (Khosla et al. NeurIPS'20) between the
+  representations of one view and of the originals (FedCCRL's representation alignment).
 """
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from fedstyle.errors import ConfigError
 
@@ -74,3 +77,23 @@ def cam_consistency(m_local: torch.Tensor, m_global: torch.Tensor | None = None,
     mean = _mean_of(m_local, m_global, detach_mean)
     per = (_xlogx(m_local) - m_local * mean.clamp_min(EPS).log()).sum(-1)
     return _combine(per, reduction)
+
+
+def supervised_contrastive(views: torch.Tensor, originals: torch.Tensor, labels: torch.Tensor, temperature: float,
+                           include_self: bool = False) -> torch.Tensor:
+    """SupCon (Khosla et al. NeurIPS'20, Eq. 2, L_out) over the 2B L2-normalised representations
+    z = [views; originals] (each (B, D)) with labels [labels; labels]:
+
+        L = mean_i [ log sum_{a != i} exp(z_i . z_a / tau) - mean_{p in P(i)} z_i . z_p / tau ],
+
+    P(i) the samples other than i with i's label (never empty: i's counterpart in the other half). ``include_self``:
+    P(i) also holds i itself (z_i . z_i / tau = 1 / tau), as FedCCRL's code computes it
+    (SanphouWang/FedCCRL algorithm/client/fedccrl.py:137-144: the same-label mask keeps the diagonal)."""
+    z = F.normalize(torch.cat([views, originals]), dim=1)
+    y = torch.cat([labels, labels])
+    sim = z @ z.T / temperature
+    diagonal = torch.eye(len(y), dtype=torch.bool, device=z.device)
+    positives = (y[:, None] == y[None, :]) & (~diagonal if not include_self else torch.ones_like(diagonal))
+    log_denominator = torch.logsumexp(sim.masked_fill(diagonal, float("-inf")), dim=1)
+    positive_mean = (sim * positives).sum(1) / positives.sum(1)
+    return (log_denominator - positive_mean).mean()

@@ -26,13 +26,16 @@ from typing import Any, Callable
 
 import torch
 
+from fedstyle.algorithms.fedccrl import EPS as FEDCCRL_EPS
+from fedstyle.algorithms.fedccrl import upload_count
 from fedstyle.algorithms.feddg_fft import BANK_FRACTION
 from fedstyle.algorithms.style_exchange import style_privacy
 from fedstyle.audit.accounting import public_clip_scores, receiver_epsilon, releases_per_sender
 from fedstyle.audit.baseline import gradient_baseline
 from fedstyle.audit.canary import audit_canary
 from fedstyle.audit.playbook import AuditSettings, Public, SurfaceResult, Victim, attack_surface
-from fedstyle.audit.surfaces import Surface, amplitude_surface, averaged_surface, classifier_surface, encoder_surface
+from fedstyle.audit.surfaces import (Surface, amplitude_surface, averaged_surface, classifier_surface, encoder_surface,
+                                     input_statistics_surface)
 from fedstyle.errors import ConfigError
 from fedstyle.experiments.build import Experiment, build_experiment
 from fedstyle.experiments.checkpoint import load_checkpoint
@@ -88,6 +91,13 @@ def _styleddg(exp: Experiment, normalize) -> list[Surface]:
     return [classifier_surface("styleddg", exp.model, list(alg.stages), normalize, exp.device, exp.config.resolution,
                                "each device, every iteration, to each neighbour", lambda n: exp.config.batch_size,
                                batch_stats=alg.hp["share_stats"] == "train")]
+
+
+@SURFACES.register("fedccrl")
+def _fedccrl(exp: Experiment, normalize) -> list[Surface]:
+    hp = exp.algorithm.hp
+    return [input_statistics_surface("fedccrl", normalize, lambda n: upload_count(n, hp["upload_ratio"]), FEDCCRL_EPS,
+                                     unbiased=hp["reference_code"])]
 
 
 @SURFACES.register("feddg_fft")

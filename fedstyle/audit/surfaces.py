@@ -21,6 +21,8 @@ classifier's features, the run's weights):
 - StyleDDG (Zehtabi et al. MobiHoc'25): psi_i, the same summary of one mini-batch at every stage in
   ``stages`` (Eq. 15), every iteration, to each neighbour.
 - FedDG (Liu et al. CVPR'21, a baseline): per-image amplitude spectra (the ``fft`` backend).
+- FedCCRL (Wang et al. arXiv 2410.11267): per-image channel mean and std of the normalised input image, for
+  r = 10 % of the client's images drawn afresh each round, to the server, which sends each client the others'.
 """
 
 from __future__ import annotations
@@ -247,3 +249,20 @@ def amplitude_surface(device: torch.device, set_size: Callable[[int], int]) -> S
     rows = torch.no_grad()(lambda im: spectrum(im.to(device).float().div(255.0)).double())
     return Surface("feddg_fft", "per-image amplitude spectrum", "each client, once at setup, to the server, which "
                    "sends the bank to every client", True, set_size, rows, rows, spectrum, lambda r: r.mean(0))
+
+
+def input_statistics_surface(method: str, normalize: Callable[[torch.Tensor], torch.Tensor],
+                             set_size: Callable[[int], int], eps: float, unbiased: bool = False) -> Surface:
+    """FedCCRL's rows: per image, the channel means and standard deviations sqrt(var + eps) of the normalised input
+    image over H x W ((N, 2C); ``unbiased``: 1/(HW - 1), its reference_code). One row per image, so membership is
+    an exact match; a sender sends a fresh draw of r n images each round it is sampled, so over rounds the
+    receiver collects rows of most of its images."""
+
+    def statistic(x01: torch.Tensor) -> torch.Tensor:
+        mu, sigma = channel_stats(normalize(x01).float(), eps=eps, unbiased=unbiased)
+        return torch.cat([mu.flatten(1), sigma.flatten(1)], 1)
+
+    rows = torch.no_grad()(lambda im: statistic(im.float().div(255.0)).double())
+    return Surface(method, "per-image input statistics", "each sampled client, every round, to the server, which "
+                   "sends each client the other clients' rows", True, set_size, rows, rows, statistic,
+                   lambda r: r.mean(0))

@@ -77,6 +77,15 @@ class MixStyle(nn.Module):
         mu, sigma = mu.detach(), sigma.detach()
         lam = self.sample_mix_weights(batch, x)
         perm = torch.randperm(batch, device=x.device)
-        mu_mix = lam * mu + (1 - lam) * mu[perm]
-        sigma_mix = lam * sigma + (1 - lam) * sigma[perm]
-        return restyle(x, mu, sigma, mu_mix, sigma_mix)
+        return mix_styles(x, mu, sigma, mu[perm], sigma[perm], lam)
+
+
+def mix_styles(x: torch.Tensor, mu: torch.Tensor, sigma: torch.Tensor, mu_other: torch.Tensor,
+               sigma_other: torch.Tensor, lam: torch.Tensor) -> torch.Tensor:
+    """MixStyle's transfer (Zhou et al. ICLR'21, Eq. 3-5) of ``x``, whose statistics are (``mu``, ``sigma``), towards
+    other statistics: ``mu_mix = lam * mu + (1 - lam) * mu_other`` (``sigma_mix`` likewise), then
+    ``sigma_mix * (x - mu) / sigma + mu_mix``. All statistics broadcast against (B, C, 1, 1): the batch's own,
+    permuted (:class:`MixStyle`), or ones shared by other clients (FedCCRL's cross-client domain transfer)."""
+    mu_mix = lam * mu + (1 - lam) * mu_other
+    sigma_mix = lam * sigma + (1 - lam) * sigma_other
+    return restyle(x, mu, sigma, mu_mix, sigma_mix)
