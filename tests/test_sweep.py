@@ -474,3 +474,30 @@ def _alive(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
     except OSError:
         return False
+
+
+def test_a_finished_run_of_a_method_with_a_style_defence_is_reused(tmp_path):
+    """The runner stores ``dp_noise_source=auto`` as the ``seeded`` stream a simulation uses; the sweep's
+    reuse check must resolve it the same way, or every finished CCST/PARDON/StableFDG run of a grid is
+    refused as "made with other settings" (found on 2026-11-26 re-reporting a FedOMG grid with StableFDG rows)."""
+    from fedstyle.algorithms import METHODS
+    from fedstyle.experiments.build import simulation_noise
+    from fedstyle.experiments.config import RunConfig
+    from fedstyle.experiments.grid.plan import run_status
+
+    planned = RunConfig(method="stablefdg", dataset="digits4", targets=["mnistm"])
+    stored = planned.to_dict()
+    stored["hparams"] = simulation_noise(METHODS.get("stablefdg").resolve(planned.hparams))
+    stored["selection"] = planned.resolved_selection()  # as resolve_config writes it
+    assert stored["hparams"]["dp_noise_source"] == "seeded"  # what a finished run's config.json holds
+    run_dir = tmp_path / "stablefdg" / "seed0" / "mnistm"
+    run_dir.mkdir(parents=True)
+    (run_dir / "config.json").write_text(json.dumps(stored))
+    assert run_status(run_dir, planned) == "resume"
+    (run_dir / "done").write_text("")
+    assert run_status(run_dir, planned) == "done"
+    other = json.loads((run_dir / "config.json").read_text())
+    other["hparams"]["dp_noise_source"] = "os"  # a deployment's noise is another run
+    (run_dir / "config.json").write_text(json.dumps(other))
+    with pytest.raises(ConfigError, match="hparams.dp_noise_source"):
+        run_status(run_dir, planned)

@@ -12,6 +12,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from fedstyle.algorithms import METHODS
 from fedstyle.errors import ConfigError, FedstyleError
+from fedstyle.experiments.build import simulation_noise
 from fedstyle.experiments.config import TRACKER_SETTINGS, RunConfig
 from fedstyle.experiments.grid.spec import Grid, VariantSpec, _check_folder_name, _fail
 from fedstyle.experiments.rundir import CONFIG, DONE
@@ -112,7 +113,8 @@ def _differences(stored: Mapping[str, Any], planned: RunConfig) -> list[str]:
     method = METHODS.get(planned.method)
     defaults = RunConfig().to_dict()
     want = planned.to_dict()
-    want["hparams"] = method.resolve(planned.hparams)
+    # as the runner writes them (resolve_config): dp_noise_source=auto is stored as the seeded stream it ran with
+    want["hparams"] = simulation_noise(method.resolve(planned.hparams))
     want["selection"] = planned.resolved_selection()
     out = []
     for key, value in want.items():
