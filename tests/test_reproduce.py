@@ -102,14 +102,14 @@ def test_row_stats_average_each_seed_over_its_targets(tmp_path):
     assert stats["v"].text() == "60.0 ± 0.0*"
 
 
-PRESETS = ["ccst", "fedccrl", "fedgca", "fediir", "fedomg", "pardon", "stablefdg", "styleddg"]
+PRESETS = ["ccst", "fedccrl", "fedgca", "fediir", "fedomg", "gperxan", "pardon", "stablefdg", "styleddg"]
 
 
 def test_presets_ship_as_data_and_are_listed(capsys):
     assert [name for name, _ in list_presets()] == PRESETS
     assert preset_path("ccst").suffix == ".toml"
     with pytest.raises(ConfigError,
-                       match="no preset 'nope'; presets: ccst, fedccrl, fedgca, fediir, fedomg, pardon, stablefdg, styleddg"):
+                       match="no preset 'nope'; presets: ccst, fedccrl, fedgca, fediir, fedomg, gperxan, pardon, stablefdg, styleddg"):
         preset_path("nope")
     assert main(["reproduce", "--list"]) == 0
     text = capsys.readouterr().out
