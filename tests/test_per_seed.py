@@ -1,0 +1,69 @@
+"""benchmarks/per_seed.py: the per-seed tables behind RESULTS.md's verdicts, and their re-reading by the rule."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+from fedstyle.errors import ConfigError
+from fedstyle.experiments.verdict import judge_paired
+
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "per_seed.py"
+
+
+@pytest.fixture(scope="module")
+def per_seed():
+    spec = importlib.util.spec_from_file_location("per_seed", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["per_seed"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _table(tmp_path: Path) -> Path:
+    rows = ["label,variant,dataset,target,seed,target_acc,source_val,device,seconds"]
+    acc = {"A": {0: 50.0, 1: 52.0, 2: 55.0}, "B, with a comma": {0: 48.0, 1: 47.5, 2: 50.0}}
+    for label, seeds in acc.items():
+        for seed, value in seeds.items():
+            rows.append(f'"{label}",v,digits4,mnistm,{seed},{value},70.0,cpu,1.0')
+            rows.append(f'"{label}",v,fashion4,sketch,{seed},{value - 10 + seed},60.0,cpu,1.0')
+    path = tmp_path / "t.csv"
+    path.write_text("\n".join(rows) + "\n")
+    return path
+
+
+def test_judge_pairs_cells_and_seeds_as_the_rule_does(per_seed, tmp_path):
+    rows = per_seed.load(_table(tmp_path))
+    a, b = per_seed.accuracies(rows, "A"), per_seed.accuracies(rows, "B, with a comma")
+    assert len(a) == 6 and ("fashion4 → sketch", 2) in a
+    expected = judge_paired(a, b)
+    (line,) = per_seed.judge(str(_table(tmp_path)), ["A > B, with a comma"])
+    assert line == f"claim A > B, with a comma: {expected.status} ({expected.text()})"
+    assert expected.status == "holds" and expected.n == 6  # A is ahead by 2-5 points in every pair
+    only = judge_paired(per_seed.accuracies(rows, "A", "digits4"), per_seed.accuracies(rows, "B, with a comma", "digits4"))
+    assert only.n == 3 and only.cells == ["digits4 → mnistm"]
+
+
+def test_bad_names_are_one_line_errors(per_seed, tmp_path):
+    rows = per_seed.load(_table(tmp_path))
+    with pytest.raises(ConfigError, match="no row 'C'; the rows: A, B, with a comma"):
+        per_seed.accuracies(rows, "C")
+    with pytest.raises(ConfigError, match="is not 'A > B'"):
+        per_seed.judge(str(_table(tmp_path)), ["A beats B"])
+    with pytest.raises(ConfigError, match="does not exist; the tables kept here"):
+        per_seed.load("no-such-table")
+
+
+def test_every_kept_table_reads_and_pairs(per_seed):
+    """Each committed CSV has the columns, accuracies in percent and one line per (row, cell, seed)."""
+    tables = sorted(per_seed.HERE.glob("*.csv"))
+    assert tables, "no per-seed table is kept"
+    for path in tables:
+        rows = per_seed.load(path)
+        assert rows and set(rows[0]) == set(per_seed.COLUMNS), path.name
+        keys = [(r["label"], r["dataset"], r["target"], r["seed"]) for r in rows]
+        assert len(keys) == len(set(keys)), f"{path.name}: a (row, cell, seed) twice"
+        assert all(0.0 <= float(r["target_acc"]) <= 100.0 for r in rows), path.name
