@@ -1,9 +1,11 @@
 """Privacy audit benchmark (issue 24): what each method's shared styles leak, and the defence's price.
 
 1. **Audit table**: FedAvg and the five style methods (CCST with per-image and with dataset styles,
-   PARDON, StableFDG, StyleDDG on a ring, FedGCA, which shares no style) trained on digits4 (target
-   mnistm) and fashion4 (target sketch), leave-one-domain-out, one client per source domain, then
-   ``fedstyle audit privacy`` on each run directory.
+   PARDON, StableFDG, StyleDDG on a ring, FedGCA, which shares no style), FedCCRL (per-image input
+   statistics every round) and gPerXAN (weights only; issue 38) trained on digits4 (target mnistm) and
+   fashion4 (target sketch), leave-one-domain-out, one client per source domain, then
+   ``fedstyle audit privacy`` on each run directory. A method that sends weights only (none of its
+   payloads in the audit's surfaces) gets the weight-update attack, the only thing it sends.
 2. **Trade-off**: CCST (dataset style) and StableFDG with the Gaussian defence (``--hp dp_clip=C
    --hp dp_noise=Z``) at several noise multipliers; target accuracy against membership AUC and
    reconstruction gain, with the (eps, delta) of one release (``OUT/<dataset>/tradeoff.png``).
@@ -58,6 +60,8 @@ ROWS = {
     "stablefdg": ("stablefdg", {}, {}),
     "styleddg": ("styleddg", {}, {"topology": "ring"}),
     "fedgca": ("fedgca", {}, {"momentum": 0.0}),
+    "fedccrl": ("fedccrl", {}, {}),
+    "gperxan": ("gperxan", {}, {}),
 }
 #: the defence's clip C per method: about the median L2 norm of one image's contribution on digits4 (measured
 #: 2026-11-25: StableFDG's [mu, mu^2, sigma, sigma^2] at layer1 after 2 rounds, 10/50/90 % quantiles 5-9 / 7-10 /
@@ -246,9 +250,10 @@ def main() -> None:
         for name in args.rows:
             method, hp, extra = ROWS[name]
             run_dir = train(base.updated(method=method, hparams=hp, **extra), args.out / dataset / name)
-            # the weight-update inversion once per dataset (the FedAvg and FedGCA rows): it is the same attack on
-            # every run, and the style rows' verdicts are read against the FedAvg row's
-            reports.append(audit(run_dir, replace(settings, baseline=name in ("fedavg", "fedgca"))))
+            # the weight-update inversion only for the rows that send weights alone (FedAvg, FedGCA, gPerXAN): it is
+            # the same attack on every run, all such a row's verdict can rest on, and the style rows' verdicts are
+            # read against the FedAvg row's
+            reports.append(audit(run_dir, replace(settings, baseline=method not in SURFACES)))
         write_outputs(reports, args.out / dataset / "audit")
         (args.out / dataset / "audit" / "table.md").write_text("".join(table(r) + "\n" for r in reports))
         if args.no_tradeoff:
