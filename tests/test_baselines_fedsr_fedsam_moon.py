@@ -24,6 +24,7 @@ from fedstyle.models.necks import gaussian_kl
 
 from tiny import SETTINGS, make_clients, make_model, interrupt_and_resume
 from run_records import evaluations
+from ray_cluster import shared_ray_address  # noqa: E402  (one Ray head per test process)
 
 CPU = torch.device("cpu")
 
@@ -353,7 +354,7 @@ def test_moon_on_flower_sim_equals_the_simulator(tiny_config, tmp_path):
         config = tiny_config.updated(method="moon", partition="per_domain", clients=6, clients_per_round=4,
                                      rounds=3, lr_schedule="constant")
         run_experiment(config, tmp_path / "sim", quiet=True)
-        run_experiment(config.updated(backend="flower-sim"), tmp_path / "flower", quiet=True)
+        run_experiment(config.updated(backend="flower-sim", ray_address=shared_ray_address()), tmp_path / "flower", quiet=True)
     finally:
         torch.set_num_threads(before)
     sim_lines = evaluations(tmp_path / "sim")

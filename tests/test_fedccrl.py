@@ -24,6 +24,7 @@ from fedstyle.experiments.runner import run_experiment
 
 from run_records import evaluations
 from tiny import SETTINGS, TRANSFORM, interrupt_and_resume, make_clients, make_model
+from ray_cluster import shared_ray_address  # noqa: E402  (one Ray head per test process)
 
 CPU = torch.device("cpu")
 
@@ -273,7 +274,7 @@ def test_flower_sim_equals_the_simulator(tiny_config, tmp_path):
     try:
         config = _config(tiny_config, rounds=2, lr_schedule="constant")
         run_experiment(config, tmp_path / "sim", quiet=True)
-        run_experiment(config.updated(backend="flower-sim"), tmp_path / "flower", quiet=True)
+        run_experiment(config.updated(backend="flower-sim", ray_address=shared_ray_address()), tmp_path / "flower", quiet=True)
     finally:
         torch.set_num_threads(before)
     sim_lines = evaluations(tmp_path / "sim")

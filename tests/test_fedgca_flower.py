@@ -14,6 +14,7 @@ from safetensors.torch import load_file  # noqa: E402
 from fedstyle.experiments.runner import run_experiment  # noqa: E402
 
 from test_flower_sim import evaluations  # noqa: E402
+from ray_cluster import shared_ray_address  # noqa: E402  (one Ray head per test process)
 
 pytestmark = pytest.mark.slow  # Ray starts in ~10 s
 
@@ -32,7 +33,7 @@ def test_fedgca_under_flower_sim_equals_the_simulator(tiny_config, tmp_path, one
     config = tiny_config.updated(method="fedgca", partition="per_domain", clients=6, clients_per_round=4,
                                  lr_schedule="constant", resolution=32, hparams={"augment_views": 2})
     sim = run_experiment(config, tmp_path / "sim", quiet=True)
-    flower = run_experiment(config.updated(backend="flower-sim"), tmp_path / "flower", quiet=True)
+    flower = run_experiment(config.updated(backend="flower-sim", ray_address=shared_ray_address()), tmp_path / "flower", quiet=True)
 
     records = evaluations(tmp_path / "sim")
     assert all(r["train_metrics"]["loss_cam"] > 0 and "loss_oc" in r["train_metrics"] for r in records)

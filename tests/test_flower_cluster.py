@@ -3,14 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import socket
-import subprocess
-import sys
-import tempfile
-import time
-from pathlib import Path
 
 import pytest
 import torch
@@ -21,6 +13,7 @@ pytest.importorskip("ray", reason="--backend flower-sim needs fedstyle[flower-si
 from safetensors.torch import load_file  # noqa: E402
 
 from fedstyle.experiments.runner import run_experiment  # noqa: E402
+from ray_cluster import free_port, start_head, stop_head  # noqa: E402
 
 pytestmark = pytest.mark.slow  # a Ray head node starts in ~10 s
 
@@ -28,50 +21,19 @@ pytestmark = pytest.mark.slow  # a Ray head node starts in ~10 s
 MARKER = "fedstyle_test_head"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture
 def ray_head(monkeypatch):
-    """A Ray head node with 2 CPUs, as `ray start --head` on a cluster's first node; stopped afterwards.
-
-    It runs with ``--block`` and is stopped by terminating that one process, which stops the
-    processes it started (``ray stop`` would stop every Ray instance on the machine, other
-    people's included). Its own ``--temp-dir`` keeps it from becoming this machine's "current"
-    cluster for anyone else; ``RAY_ADDRESS`` points ``--ray-address auto`` at it, as Ray resolves
-    ``auto`` from that variable first.
+    """A Ray head node with 2 CPUs, as `ray start --head` on a cluster's first node, of this test's own (its
+    marker resource proves a run joined it); stopped afterwards (tests/ray_cluster.py). Its own ``--temp-dir``
+    keeps it from becoming this machine's "current" cluster for anyone else; ``RAY_ADDRESS`` points
+    ``--ray-address auto`` at it, as Ray resolves ``auto`` from that variable first.
     """
-    ray_cli = Path(sys.executable).with_name("ray")
-    if not ray_cli.exists():
-        pytest.skip(f"no ray command beside {sys.executable}")
-    temp = Path(tempfile.mkdtemp(prefix="ray", dir="/tmp"))  # short: Ray's socket paths live under it
-    log = open(temp / "head.log", "w")
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "RAY_USAGE_STATS_ENABLED": "0"}
-    head = subprocess.Popen(
-        [str(ray_cli), "start", "--head", "--num-cpus", "2", "--num-gpus", "0", "--port", str(_free_port()),
-         "--temp-dir", str(temp), "--include-dashboard", "false", "--resources", json.dumps({MARKER: 1}), "--block"],
-        stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    head, address, temp = start_head(resources={MARKER: 1})
     try:
-        address_file = temp / "ray_current_cluster"
-        deadline = time.monotonic() + 180
-        while not (address_file.exists() and address_file.read_text().strip()):
-            if head.poll() is not None or time.monotonic() > deadline:
-                pytest.fail("the Ray head node did not start:\n" + (temp / "head.log").read_text()[-3000:])
-            time.sleep(0.5)
-        monkeypatch.setenv("RAY_ADDRESS", address_file.read_text().strip())
-        yield address_file.read_text().strip()
+        monkeypatch.setenv("RAY_ADDRESS", address)
+        yield address
     finally:
-        head.terminate()  # `ray start --block` stops the processes it started when it is terminated
-        try:
-            head.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            head.kill()
-            head.wait()
-        log.close()
-        shutil.rmtree(temp, ignore_errors=True)
+        stop_head(head, temp)
 
 
 def _evaluations(run_dir):
@@ -118,7 +80,7 @@ def test_an_unreachable_cluster_is_one_clear_error(tiny_config, tmp_path, monkey
     from fedstyle.errors import ConfigError
 
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
-    config = tiny_config.updated(backend="flower-sim", ray_address=f"127.0.0.1:{_free_port()}")
+    config = tiny_config.updated(backend="flower-sim", ray_address=f"127.0.0.1:{free_port()}")
     with pytest.raises(ConfigError, match="cannot join a Ray cluster"):
         run_experiment(config, tmp_path / "x", quiet=True)
     assert not (tmp_path / "x").exists()

@@ -24,6 +24,7 @@ from fedstyle.models.assembled_norm import AssembledNorm, assembled_norms
 
 from run_records import evaluations
 from tiny import SETTINGS, interrupt_and_resume, make_clients, make_model
+from ray_cluster import shared_ray_address  # noqa: E402  (one Ray head per test process)
 
 CPU = torch.device("cpu")
 EPS = 1e-5
@@ -260,7 +261,7 @@ def test_flower_sim_equals_the_simulator(tiny_config, tmp_path, eval_norm):
     try:
         config = _config(tiny_config, hparams={"eval_norm": eval_norm}, rounds=2, lr_schedule="constant")
         run_experiment(config, tmp_path / "sim", quiet=True)
-        run_experiment(config.updated(backend="flower-sim"), tmp_path / "flower", quiet=True)
+        run_experiment(config.updated(backend="flower-sim", ray_address=shared_ray_address()), tmp_path / "flower", quiet=True)
     finally:
         torch.set_num_threads(before)
     assert evaluations(tmp_path / "flower") == evaluations(tmp_path / "sim")

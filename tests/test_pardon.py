@@ -33,6 +33,7 @@ from fedstyle.style.transfer.interpolation import (
 )
 from tiny import interrupt_and_resume
 from run_records import evaluations
+from ray_cluster import shared_ray_address  # noqa: E402  (one Ray head per test process)
 
 EPS_STD = math.sqrt(ADAIN_EPS)
 
@@ -351,7 +352,7 @@ def test_pardon_under_flower_sim_equals_the_simulator(tiny_config, tmp_path):
         config = tiny_config.updated(method="pardon", hparams={"style_backend": "fft"}, partition="per_domain",
                                      clients=6, clients_per_round=4, lr_schedule="constant")
         run_experiment(config, tmp_path / "sim", quiet=True)
-        run_experiment(config.updated(backend="flower-sim"), tmp_path / "flower", quiet=True)
+        run_experiment(config.updated(backend="flower-sim", ray_address=shared_ray_address()), tmp_path / "flower", quiet=True)
     finally:
         torch.set_num_threads(threads)
     assert evaluations(tmp_path / "flower") == evaluations(tmp_path / "sim")  # accuracies, losses, loss terms, bytes

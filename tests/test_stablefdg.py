@@ -26,6 +26,7 @@ from fedstyle.style.selection import kmeans_pp_seeds, select_by_kmeans, selectiv
 from fedstyle.style.sharing import derangement
 
 from tiny import SETTINGS, TRANSFORM, make_clients, make_model, interrupt_and_resume
+from ray_cluster import shared_ray_address  # noqa: E402  (one Ray head per test process)
 
 CPU = torch.device("cpu")
 
@@ -680,7 +681,7 @@ def test_flower_sim_equals_simulator_with_a_query_phase(tiny_config, tmp_path):
         config = tiny_config.updated(method="stablefdg", partition="per_domain", clients=6, clients_per_round=4,
                                      lr_schedule="constant")
         run_experiment(config, tmp_path / "sim", quiet=True)
-        run_experiment(config.updated(backend="flower-sim"), tmp_path / "flower", quiet=True)
+        run_experiment(config.updated(backend="flower-sim", ray_address=shared_ray_address()), tmp_path / "flower", quiet=True)
     finally:
         torch.set_num_threads(before)
     sim, flower = _records(tmp_path / "sim"), _records(tmp_path / "flower")
