@@ -130,9 +130,18 @@ def time_rounds(args, runs: dict[str, dict]) -> None:
             run["seconds"].append(result.seconds)
             run["cpu"].append(cpu)
             run["steps"].append(steps)
-            for key, value in result.metrics.items():
-                if key.endswith("_seconds"):  # a mean over the round's clients: x clients = per round
-                    run["parts"].setdefault(key[: -len("_seconds")], []).append(value * len(result.clients))
+            for name, seconds in round_parts(result, run["sim"]).items():
+                run["parts"].setdefault(name, []).append(seconds)
+
+
+def round_parts(result, sim) -> dict[str, float]:
+    """Seconds per round of each ``*_seconds`` metric of a round. The clients' metrics arrive as means over the
+    round's clients, so x clients is the round's total; the server's own (``sim.server.metrics``, e.g. FedOMG's
+    ``server_opt_seconds``, taken once a round, and overriding a client key of the same name in
+    ``result.metrics``) are already per round."""
+    server = getattr(getattr(sim, "server", None), "metrics", None) or {}
+    return {key[: -len("_seconds")]: value * (1 if key in server else len(result.clients))
+            for key, value in result.metrics.items() if key.endswith("_seconds")}
 
 
 def summarise(run: dict) -> dict:
