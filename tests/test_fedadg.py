@@ -49,10 +49,10 @@ def test_one_adversarial_step_matches_the_losses_and_updates_by_hand():
     """ce_warmup = 0, one local step, plain SGD: D steps on L_advd (eval-mode features), then F and C on
     0.85 L_err + 0.15 L_advf through the updated D, then G on L_advg through it; every value recomputed here
     from the weights, the backbone's features and the same batch and noise."""
-    algo, model = make_model("fedadg", hp={**SMALL, "ce_warmup": 0.0})
+    lr, scale, lam, onehot = 0.5, 0.7, 0.15, 0.7  # scale: a D and G step large enough to see at float rounding
+    algo, model = make_model("fedadg", hp={**SMALL, "ce_warmup": 0.0, "adv_lr_scale": scale})
     reference = copy.deepcopy(model)
     data = make_clients(1)[0]
-    lr, scale, lam, onehot = 0.5, 0.7, 0.15, 0.7
     train = TrainSettings(lr=lr, batch_size=8, local_steps=1, momentum=0.0, weight_decay=0.0)
     ctx = ClientContext(client_id=0, data=data, state={}, train=train, round=0, num_clients=1, device=CPU, seed=3)
     model.train()

@@ -1,56 +1,121 @@
-"""The learning check: every registered method, with its defaults, fits its source domains.
+"""The learning check and the term check: every registered method, with its defaults, fits its source domains at
+the rate it was measured to, the known regressions do not, and every loss term a method logs is alive.
 
-A method whose training loss stays at a uniform guess's, or whose source-validation accuracy lags
-FedAvg's by far on the same budget, is broken for its users whatever its paper claims (StableFDG's
-compounding exploration and StyleDDG's Eq. 19 operand were such bugs, issue 21). Each method
-trains on ``digits3x`` (tests/learning.py: three source domains, one client each, all sampled
-every round; the fourth domain held out) with the same budget as FedAvg, and must
+Each method trains on ``digits3x`` (tests/learning.py: three source domains, one client each, all sampled every
+round; 6 rounds x 15 local steps of 32 images, lr 0.02 cosine, one torch thread) on seed 0 (StyleDDG: seeds 0
+and 1), once for both checks.
 
-* bring its training loss down: the last round's mean loss below ``LOSS_FALL`` times the first
-  round's that has every loss term of the last (the method's whole loss, regularisers included, so
-  no absolute ceiling: FedSR's starts near 5; FPL's prototype terms join in round 2, once the
-  server has prototypes, so FPL is compared from there);
-* reach a best source-validation accuracy within ``MARGIN`` of FedAvg's (peer-to-peer methods:
-  of DSGD's, their FedAvg).
+**Learning check.** The statistic is the *late loss*: the mean training loss of the last 3 rounds (the method's
+whole loss, each round's mean over its steps and clients), averaged over the method's seeds. It must be at or
+under the method's ceiling (tests/learning.py ``CEILINGS``), and the best source-validation accuracy must reach
+0.15 (chance 0.1: a floor for an evaluation path that breaks while the loss still falls).
 
-The budget is short (90 steps per client), so it measures how fast a method starts to fit, and
-methods that regularise or augment heavily are legitimately slower there: measured on seed 0
-(one torch thread), FedAvg 0.527 and DSGD 0.564, the slowest sound methods FedSR 0.350 (its
-KL/L2 terms), StyleDDG 0.409, StableFDG 0.380, MOON 0.394, MixStyle 0.409. The broken ones were
-far further behind: StableFDG before issue 21 at 0.12 (chance), StyleDDG with the old Eq. 19
-operand at 0.30. ``MARGIN`` sits between the two groups; the benchmark tables (benchmarks/RESULTS.md)
-give the full-budget source-validation accuracy beside the target's.
+Why not source-validation accuracy, as before (issue 35): after 270 steps it moves by 0.04-0.08 from seed to seed
+(90 validation images per domain, BatchNorm running statistics averaged over three very different domains), as
+much as the regressions cost (FedAvg's best: 0.46-0.56 over seeds 0-4). The late loss averages 405 batches and
+moves by 0.02-0.06. Why per-method ceilings and not one margin from FedAvg: the losses differ by design (FedSR's
+includes its KL and L2 terms; MixStyle's, StableFDG's and PARDON's restyled or transferred samples), and the
+slowest sound methods overlap other methods' regressions under any one threshold.
 
-Cost knobs only: CCST and PARDON restyle with the ``fft`` backend (the default ``lite`` decodes
-through a CNN, ~10x the setup time on a CPU), FedGCA trains on J = 1 augmented view instead of 3
-(every loss term still runs; four views cost 4x the steps); everything else runs with its
-defaults. One torch thread per run: the results do not depend on the machine's core count, and two
-pytest-xdist workers do not oversubscribe two cores.
+The rule (benchmarks/learning_check.py --propose), from seeds 0-4 of the methods with a regression, FedAvg, DSGD
+and FedSR, seeds 0-2 of the others, and seeds 0-4 of every regression, with
+*spread* the seed-to-seed std of the statistic the check uses (a run's std over the measured seeds, divided by
+sqrt(2) for StyleDDG, which the check trains on two seeds):
+
+* a method with a regression the statistic sees: its ceiling is the point between the sound mean and the
+  regression's mean that is the same number of each one's spreads from both;
+* every other method: its mean plus the larger of 4 spreads and 4 % of the mean (a spread measured on a few seeds
+  may be small by luck; another machine's float rounding moves a run like another seed).
+
+Measured (benchmarks/learning_check.py, benchmarks/learning_check_results.jsonl; 2-core CPU, one torch thread per
+run; spread: of the check's statistic, * = over 2 seeds; margin = distance to the ceiling in spreads, positive on
+the right side: sound methods under, regressions over; src-val: best source-validation accuracy, mean over seeds):
+
+    variant                                      late loss per seed        mean spread  ceil margin src-val
+    ccst                                         1.90 1.77 1.89           1.856  0.075 2.156   +4.0 0.51
+    dsgd                                         0.84 0.80 0.92 0.90 0.86 0.863  0.049 1.058   +4.0 0.59
+    dsu                                          1.40 1.37 1.42           1.397  0.021 1.482   +4.0 0.42
+    fedadg                                       1.17 1.15 1.23           1.183  0.042 1.351   +4.0 0.48
+    fedavg                                       1.17 1.12 1.22 1.22 1.19 1.186  0.041 1.351   +4.0 0.52
+    fedbn                                        1.16 1.11 1.21           1.160  0.054 1.376   +4.0 0.50
+    fedccrl                                      4.06 4.31 4.95           4.442  0.456 6.266   +4.0 0.67
+    feddg_fft                                    1.52 1.37 1.57           1.486  0.104 1.902   +4.0 0.59
+    feddg_ga                                     1.16 1.11 1.21           1.156  0.051 1.360   +4.0 0.48
+    feddyn                                       0.98 0.90 0.99           0.957  0.049 1.154   +4.0 0.57
+    fedgca                                       1.79 1.69 1.74           1.737  0.051 1.940   +4.0 0.69
+    fedgma                                       1.39 1.31 1.44           1.379  0.066 1.642   +4.0 0.43
+    fediir                                       1.09 1.02 1.06           1.056  0.034 1.191   +4.0 0.48
+    fedomg                                       1.07 0.97 1.12           1.054  0.078 1.367   +4.0 0.54
+    fedprox                                      1.17 1.13 1.22           1.174  0.048 1.364   +4.0 0.50
+    fedsam                                       1.31 1.28 1.39           1.327  0.057 1.554   +4.0 0.44
+    fedsr                                        2.92 2.91 2.95 2.95 2.94 2.934  0.019 3.051   +6.1 0.40
+    fpl                                          2.57 2.47 2.69           2.575  0.114 3.030   +4.0 0.59
+    gperxan                                      1.73 1.73 1.68           1.715  0.028 1.828   +4.0 0.72
+    jigen                                        1.67 1.63 1.67           1.660  0.024 1.758   +4.0 0.38
+    mixstyle                                     1.42 1.37 1.41           1.400  0.023 1.490   +4.0 0.45
+    moon                                         1.75 1.65 1.74 1.65 1.70 1.698  0.050 1.898   +4.0 0.48
+    pardon                                       1.62 1.59 1.70 1.69 1.64 1.648  0.044 1.825   +4.0 0.56
+    rsc                                          1.66 1.66 1.72           1.679  0.035 1.818   +4.0 0.39
+    stablefdg                                    1.79 1.74 1.82 1.86 1.81 1.804  0.043 1.947   +3.3 0.41
+    styleddg                                     1.90 1.88 1.96 2.00 1.94 1.934  0.034*2.057   +3.6 0.37
+    stablefdg:explore_repeat=every_firing_stage  2.04 1.98 2.03 2.02 2.03 2.024  0.023 1.947   +3.3 0.34
+    stablefdg:pooled_attention                   2.06 2.10 2.05 2.04 2.10 2.071  0.029 1.947   +4.2 0.24
+    styleddg:mix_from=explored                   2.08 2.10 2.10 2.10 2.07 2.088  0.009*2.057   +3.6 0.30
+    pardon:batchnorm_stats=joint                 1.71 1.60 1.80           1.702  0.096 1.825   -1.3 0.61  guard
+    pardon:ce_views=both                         2.01 1.94 2.04 1.99 1.99 1.994  0.037 1.825   +4.6 0.43
+    moon:pytorch_default_init                    2.26 2.31 2.36 2.23 2.24 2.281  0.054 1.898   +7.1 0.28
+
+StyleDDG trains on two seeds: on one, the equal-distance point is 2.5 single-run spreads from StyleDDG and from
+``mix_from=explored``, under the 3 asked for (StableFDG's regressions sit 3.3 and 4.2 of its single-run spreads
+away, so it trains on one). No other statistic of the same runs separates StyleDDG on one seed: the last round's
+loss 2.0 spreads, the last 2 rounds' 2.2, rounds 2-6 2.8, the late loss minus DSGD's on the same seed 2.1. Longer
+training does not either: with a constant lr over 12 rounds StyleDDG's seeds spread as fast as its regression
+falls behind (seed 0: 1.13 vs 1.45 at round 12, seeds 1-2 of the sound method 0.93 and 1.19).
+
+PARDON with ``batchnorm_stats=joint`` (BatchNorm statistics over [x; x'], CE on the originals) fits its sources
+as well as the default (late loss 1.70 vs 1.64, best source-val 0.61 vs 0.55): what it costs is the held-out
+target (issue 21: 31.0 % vs 50.2 % on mnistm), which this check does not read; tests/test_pardon.py pins the
+default's BatchNorm (the originals' features and running statistics do not depend on the transfers).
+
+FedADG's row is with ``adv_lr_scale`` = 0.02 (issue 35; fedstyle/algorithms/fedadg.py says why): at the former 0.7
+its discriminator's sigmoid saturated in round 1 and the late loss (1.17 1.17 1.26) was FedAvg's, which this
+check could not tell from a working FedADG; the term check below does.
+
+A deliberate change to a method's defaults can move its late loss: rerun
+``benchmarks/learning_check.py --variants METHOD [its regressions] --seeds 0 1 2 --rerun --propose --write-fixture``
+and copy its ceiling into CEILINGS.
+
+**Term check** (tests/loss_terms.py): in round 2 (the model trained for one round of 15 steps; FPL's server has
+prototypes and MOON's clients a previous model from then on) the last 4 steps of every client run through the
+method's own ``training_step`` / ``training_loss`` (a full forward pass of its real loss) with a probe on what it
+logs, which takes the gradient of each weighted loss term with respect to all the model's weights. Each term's
+median ratio ``|w_t| ||grad t|| / (|w_ce| ||grad ce||)`` must reach its floor; the weighted terms must add up to
+the loss the step returned (a term missing from the table or a wrong weight fails there); every logged name must
+be declared; a term said to start late must be absent before. The probe only reads, so it costs a few backward
+passes and no training. Measured ratios and floors are in tests/loss_terms.py.
+
+Cost knobs only: CCST and PARDON restyle with the ``fft`` backend (``lite`` decodes through a CNN, ~10x the setup
+time on a CPU), FedGCA trains on J = 1 augmented view instead of 3 (every loss term still runs); everything else
+runs with its defaults. One torch thread per run: the results do not depend on the machine's core count, and two
+pytest-xdist workers do not oversubscribe two cores. Under ``--dist loadgroup`` a method's two tests share a
+worker (``xdist_group``), so it trains once.
 """
 
 from __future__ import annotations
 
 import json
-import math
+from contextlib import nullcontext
 
 import pytest
-import torch
 
 from fedstyle.algorithms import METHODS
-from fedstyle.experiments.config import RunConfig
-from fedstyle.experiments.runner import run_experiment
 
-from learning import BUDGET, SIZE, TARGET, write_digits3x  # tests/learning.py
+# tests/learning.py (the data, budget, regressions, statistic and rule) and tests/loss_terms.py (the term check)
+from learning import (BUDGET, CEILINGS, FIXTURE, REGRESSIONS, Run, ceilings_by_rule, failures, margins, seeds, sound,
+                      train, write_digits3x)
+from loss_terms import TERMS, Probe, term_failures
 
-#: the last round's loss must be below this fraction of the first round's
-LOSS_FALL = 0.8
-#: best source-validation accuracy may lag the reference (FedAvg; DSGD peer-to-peer) by at most this
-MARGIN = 0.2
-#: the reference must itself have learned, or the check compares nothing
-REFERENCE_FLOOR = 0.4
-
-COST_KNOBS = {"ccst": {"style_backend": "fft"}, "pardon": {"style_backend": "fft"}, "fedgca": {"augment_views": 1}}
-REFERENCE = {"star": "fedavg", "complete": "dsgd"}
+METHOD_CASES = [pytest.param(m, marks=pytest.mark.xdist_group(f"learning-{m}")) for m in sorted(METHODS.names())]
 
 
 @pytest.fixture(scope="session")
@@ -58,71 +123,69 @@ def digits3x(tmp_path_factory):
     return write_digits3x(tmp_path_factory.mktemp("digits3x"))
 
 
-def _train(root, out, method: str, topology: str) -> dict:
-    config = RunConfig(dataset="folder", data_root=str(root), resolution=SIZE, targets=[TARGET], method=method,
-                       topology=topology, hparams=COST_KNOBS.get(method, {}), device="cpu", seed=0, **BUDGET)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        run_experiment(config, out, quiet=True)
-    finally:
-        torch.set_num_threads(threads)
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    rows = [r for r in rows if "train_loss" in r]
-    accuracies = [sum(r["source_val_acc"].values()) / len(r["source_val_acc"]) for r in rows]
-    return {"losses": [r["train_loss"] for r in rows], "best_source_val": max(accuracies),
-            "first_full_loss": _first_full_loss(rows)}
-
-
-def _first_full_loss(rows: list[dict]) -> float:
-    """The loss of the first round whose logged terms include every term of the last round's (a loss
-    that gains terms after round 1 is compared from where it is whole; the first round otherwise)."""
-    last_terms = set(rows[-1].get("train_metrics", {}))
-    for row in rows[:-1]:
-        if last_terms <= set(row.get("train_metrics", {})):
-            return row["train_loss"]
-    return rows[0]["train_loss"]
-
-
 @pytest.fixture(scope="session")
-def references(digits3x, tmp_path_factory):
-    cache: dict[str, dict] = {}
+def trained(digits3x, tmp_path_factory):
+    """method -> (its runs, one per seed; the probe that watched the first): each method trains once for both
+    checks. Session-scoped: pytest-xdist interleaves this module's tests with other modules', and a module-scoped
+    cache was torn down in between (each method trained twice: 1,290 CPU s instead of ~700)."""
+    cache: dict[str, tuple[list[Run], Probe]] = {}
 
-    def get(topology: str) -> dict:
-        method = REFERENCE[topology]
+    def get(method: str) -> tuple[list[Run], Probe]:
         if method not in cache:
-            cache[method] = _train(digits3x, tmp_path_factory.mktemp(method) / "run", method, topology)
-            assert cache[method]["best_source_val"] >= REFERENCE_FLOOR, (
-                f"the reference {method} reached only {cache[method]['best_source_val']:.3f}: the check's budget "
-                "is too small to compare methods")
+            probe, runs = Probe(method) if method in TERMS else None, []
+            for i, seed in enumerate(seeds(method)):
+                with probe.watching() if i == 0 and probe is not None else nullcontext():
+                    runs.append(train(digits3x, tmp_path_factory.mktemp(f"{method}-{seed}") / "run", sound(method),
+                                      seed))
+            cache[method] = (runs, probe)
         return cache[method]
 
     return get
 
 
-def _cases():
-    for name, cls in sorted(METHODS.items()):
-        yield name, ("star" if "star" in cls.topologies else "complete")
+@pytest.mark.parametrize("method", METHOD_CASES)
+def test_every_method_fits_its_sources(trained, method):
+    assert method in CEILINGS, (f"{method} has no ceiling in tests/learning.py CEILINGS: measure it with "
+                                f"benchmarks/learning_check.py --variants {method} --seeds 0 1 2 --propose "
+                                "--write-fixture")
+    runs, _ = trained(method)
+    problems = failures(method, runs)
+    assert not problems, "; ".join(problems) + (
+        " — if the change is intended, rerun benchmarks/learning_check.py for this method and update its ceiling")
 
 
-@pytest.mark.parametrize("method,topology", list(_cases()))
-def test_every_method_fits_its_sources(digits3x, references, tmp_path, method, topology):
-    reference = references(topology)
-    # the reference checks itself through the fixture (loss fall below, accuracy floor there)
-    run = reference if method == REFERENCE[topology] else _train(digits3x, tmp_path / "run", method, topology)
-    first, last = run["first_full_loss"], run["losses"][-1]
-    assert math.isfinite(last) and last < LOSS_FALL * first, (
-        f"{method}: training loss {first:.3f} -> {last:.3f} (per round {[round(v, 3) for v in run['losses']]}); "
-        f"a uniform guess has {math.log(10):.3f}")
-    assert run["best_source_val"] >= reference["best_source_val"] - MARGIN, (
-        f"{method}: best source-validation accuracy {run['best_source_val']:.3f} vs the reference's "
-        f"{reference['best_source_val']:.3f} on the same budget")
+@pytest.mark.parametrize("method", METHOD_CASES)
+def test_every_logged_loss_term_is_alive(trained, method):
+    assert method in TERMS, (f"{method} is not in tests/loss_terms.py TERMS: declare what it logs (its cross-"
+                             "entropy, its loss terms with their weights, its other logged values), then measure "
+                             f"its terms with benchmarks/learning_check.py --variants {method} --seeds 0 1 2")
+    runs, probe = trained(method)
+    problems = term_failures(probe, len(runs[0].losses))
+    assert not problems, "; ".join(problems)
+    for name, why in TERMS[method].dead.items():
+        pytest.xfail(f"{method}: {name} is {probe.median_ratios()[name]:.3g} of the cross-entropy's gradient: {why}")
 
 
-def test_the_loss_is_compared_from_the_first_round_with_every_term():
-    ce, both = {"ce": 1.0}, {"ce": 1.0, "cpcl": 1.0}
-    rows = [{"train_loss": 2.0, "train_metrics": ce}, {"train_loss": 4.0, "train_metrics": both},
-            {"train_loss": 3.0, "train_metrics": both}]
-    assert _first_full_loss(rows) == 4.0  # round 1 lacked a term: 3.0 is compared with 4.0
-    assert _first_full_loss([rows[0], {"train_loss": 1.0, "train_metrics": ce}]) == 2.0
-    assert _first_full_loss([{"train_loss": 2.0}, {"train_loss": 1.0}]) == 2.0  # nothing logged: round 1
+def test_every_method_has_a_ceiling_and_its_terms_declared_and_every_regression_a_method():
+    methods = set(METHODS.names())
+    assert not methods - set(CEILINGS), (
+        f"no ceiling in tests/learning.py CEILINGS for {sorted(methods - set(CEILINGS))}: declare its terms in "
+        "tests/loss_terms.py TERMS, then measure it with benchmarks/learning_check.py --variants METHOD --seeds 0 1 2 "
+        "--propose --write-fixture and copy its ceiling")
+    assert not methods - set(TERMS), f"not in tests/loss_terms.py TERMS: {sorted(methods - set(TERMS))}"
+    assert set(CEILINGS) <= methods and set(TERMS) <= methods, "a ceiling or TERMS entry for a method not registered"
+    assert {r.method for r in REGRESSIONS} <= methods
+
+
+def test_the_ceilings_are_the_rule_on_the_measured_seeds_and_decide_by_3_spreads():
+    """CEILINGS is the rule applied to the seeds in tests/fixtures/learning_check.json (the table above), and on
+    those seeds every sound method sits 3 or more spreads under its ceiling and every regression this check is for
+    3 or more over it."""
+    measured = json.loads(FIXTURE.read_text())
+    assert measured["budget"] == BUDGET, "the fixture was measured on another budget: rerun the benchmark"
+    late = {name: list(by_seed.values()) for name, by_seed in measured["late_loss"].items()}
+    assert set(METHODS.names()) <= set(late), f"not measured: {sorted(set(METHODS.names()) - set(late))}"
+    assert ceilings_by_rule(late) == CEILINGS
+    margin = margins(late, CEILINGS)
+    decided = [*METHODS.names(), *(r.name for r in REGRESSIONS if not r.guard)]
+    assert all(margin[name] >= 3 for name in decided), {name: round(margin[name], 1) for name in decided}

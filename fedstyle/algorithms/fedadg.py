@@ -35,8 +35,15 @@ Haoxiang-Wang/FedADG, ``pacs-ours/localTrain.py`` latest, ``Nets.py``, ``train.p
   Linear(rp + K, 1024) - LeakyReLU - Linear(1024, 1) - sigmoid, Kaiming-uniform weights; the projection is
   trained with D, as in the code).
 - ``onehot`` = 0.7 (the label code of pacs-ours; 0.6 in the VLCS code); noise uniform on [0, 1) (``torch.rand``).
-- ``adv_lr_scale`` = 0.7: G and D train with 0.7 x the (scheduled) learning rate of F, C (lr1 / lr0 = 0.007 / 0.01
-  on PACS, 0.0007 / 0.001 on VLCS); the run's optimiser type, momentum and weight decay (code: SGD, 0.9, 1e-5).
+- ``adv_lr_scale`` = 0.02: G and D train at 0.02 x the run's (scheduled) lr, the rate the code gives them against
+  its base lr0: lr1 / lr0 = 0.7 (0.007 / 0.01 on PACS, 0.0007 / 0.001 on VLCS) times the warm-up factor of a round,
+  3.1 % (its ``GradualWarmupScheduler``, made anew every round with 100 warm-up epochs, sets 1, 1, 2, ..., 6 % of
+  lr1 in the 7 adversarial epochs: ``utils/utilss.py``, ``localTrain.py:22-35,49-51``). At 0.7 x the run's lr
+  (fedstyle's default before issue 35) D's 1024-wide layers saturated its sigmoid within the first round on the
+  learning check's digits (logits +-40 to 80; two clients' D exactly right, one exactly inverted, none able to
+  move): every adversarial gradient fell to ~1e-20 of the cross-entropy's and FedADG trained as FedAvg on
+  0.85 L_err; 0.35 (the code's D : F rate within its warm-up) still left L_advf's at 4e-4. The run's optimiser
+  type, momentum and weight decay (code: SGD, 0.9, 1e-5).
 - One D step per local step; ``ce_warmup`` = 0.3 = E0 / (E0 + E1) = 3 / (3 + 7) (PACS command; VLCS code 5 / 15).
 - ``label_smoothing`` = 0: plain cross-entropy, as fedstyle's other baselines (the code: 0.01 on PACS, 0.2 on VLCS).
   The code's ``LabelSmoothingLoss(s)`` (``utils/utilss.py:6-21``) gives the true class 1 - s and every other class
@@ -51,7 +58,8 @@ Deviations: the classifier is fedstyle's linear head on the neck's output (the c
 fc7); a round is ``local_steps`` steps split by ``ce_warmup`` (not E0 + E1 epochs), with no local model selection on
 a client validation split and no warm-up / plateau lr schedulers (the run's lr schedule applies; the code's warm-up
 restarts with every round's new ``localTrain``, ``pacs-ours/train.py:87``, ``localTrain.py:22-35``, so with
-``--ite-warmup 100`` and 3 + 7 epochs a round it trains at 1-10 % of lr0 and lr1 throughout); the server's
+``--ite-warmup 100`` and 3 + 7 epochs a round it trains at 1-10 % of lr0 and lr1 throughout: F and C train at the
+run's lr here, G and D at its mean factor through ``adv_lr_scale``); the server's
 average weighs clients by sample count (``aggregation=uniform`` is the code's plain mean). Optimisers are made anew
 each round, as in the authors' PACS code (its VLCS version keeps D's SGD momentum across rounds); nothing but
 weights persists, so a resumed run equals an uninterrupted one. The runtime uploads the whole model state, D too
@@ -150,7 +158,8 @@ class FedADG(Algorithm):
         HParam("rp_size", 1024, "width of the discriminator's projection of a feature", low=1, high=MAX_WIDTH),
         HParam("disc_hidden", 1024, "hidden width of the discriminator", low=1, high=MAX_WIDTH),
         HParam("onehot", 0.7, "value of the label code's hot entry (generator and discriminator input)", low=0.0),
-        HParam("adv_lr_scale", 0.7, "learning rate of G and D as a multiple of the run's (scheduled) lr", low=0.0),
+        HParam("adv_lr_scale", 0.02, "learning rate of G and D as a multiple of the run's (scheduled) lr (the "
+               "code's lr1 / lr0 = 0.7 times its per-round warm-up, ~3 %)", low=0.0),
         HParam("ce_warmup", 0.3, "fraction of each round's local steps that train F and C on L_err alone",
                low=0.0, high=1.0),
         HParam("label_smoothing", 0.0, "label smoothing of L_err", low=0.0, high=1.0),
