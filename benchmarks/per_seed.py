@@ -6,6 +6,7 @@ benchmarks/RESULTS.md measured after 2026-11-26 keeps one small CSV here, one li
 
     python benchmarks/per_seed.py export RUN_DIR [RUN_DIR ...] --name NAME   # -> benchmarks/per_seed/NAME.csv
     python benchmarks/per_seed.py judge NAME --claim 'FedOMG > FedAvg' [--claim ...] [--dataset digits4]
+    python benchmarks/per_seed.py judge NAME+OTHER --claim ...                 # rows of two tables, paired
     python benchmarks/per_seed.py show NAME                                    # the rows and their cells
 
 A row is a table label (the report's row name: a variant's ``label``, else its method); a cell is
@@ -41,8 +42,10 @@ def _variant(record, roots: list[Path]) -> str:
     return record.path.parent.name
 
 
-def export(run_dirs: list[Path], name: str, which: str = "selected", out_dir: Path = HERE) -> Path:
-    """Write ``out_dir/NAME.csv`` from every finished run below ``run_dirs``; returns its path."""
+def export(run_dirs: list[Path], name: str, which: str = "selected", out_dir: Path = HERE,
+           label: str | None = None) -> Path:
+    """Write ``out_dir/NAME.csv`` from every finished run below ``run_dirs`` (every row named ``label`` when
+    given: a variant run apart, e.g. at another learning rate); returns its path."""
     from fedstyle.experiments.report.runs import collect
     from fedstyle.io import atomic_write_text
 
@@ -53,7 +56,7 @@ def export(run_dirs: list[Path], name: str, which: str = "selected", out_dir: Pa
     for record in records:
         source_val = record.source_val_accuracy(which)
         for target, acc in sorted(record.target_accuracy(which).items()):
-            lines.append({"label": record.label, "variant": _variant(record, run_dirs), "dataset": record.dataset,
+            lines.append({"label": label or record.label, "variant": _variant(record, run_dirs), "dataset": record.dataset,
                           "target": target, "seed": record.seed, "target_acc": f"{100 * acc:.2f}",
                           "source_val": "" if source_val is None else f"{100 * source_val:.2f}",
                           "device": record.config.get("device", ""),
@@ -89,8 +92,9 @@ def accuracies(rows: list[dict[str, str]], label: str, dataset: str | None = Non
 
 
 def judge(name: str, claims: list[str], dataset: str | None = None) -> list[str]:
-    """One line per claim 'A > B', read by the rule on the kept per-seed accuracies."""
-    rows = load(name)
+    """One line per claim 'A > B', read by the rule on the kept per-seed accuracies; ``name`` may join several
+    tables with '+' (rows run apart, paired by cell and seed)."""
+    rows = [row for part in str(name).split("+") for row in load(part)]
     lines = []
     for claim in claims:
         better, sep, worse = (p.strip() for p in claim.partition(" > "))
@@ -108,6 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     ex.add_argument("run_dirs", nargs="+", type=Path)
     ex.add_argument("--name", required=True)
     ex.add_argument("--which", choices=("selected", "last"), default="selected")
+    ex.add_argument("--label", help="name every run's row so (default: the run's own label)")
     ju = sub.add_parser("judge", help="re-read claims by the rule from a kept table")
     ju.add_argument("name")
     ju.add_argument("--claim", action="append", required=True)
@@ -117,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         if args.command == "export":
-            print(f"wrote {export(args.run_dirs, args.name, args.which)}")
+            print(f"wrote {export(args.run_dirs, args.name, args.which, label=args.label)}")
         elif args.command == "judge":
             print("\n".join(judge(args.name, args.claim, args.dataset)))
         else:

@@ -47,6 +47,15 @@ def test_judge_pairs_cells_and_seeds_as_the_rule_does(per_seed, tmp_path):
     assert only.n == 3 and only.cells == ["digits4 → mnistm"]
 
 
+def test_tables_run_apart_join_with_a_plus(per_seed, tmp_path):
+    whole = _table(tmp_path)
+    rows = whole.read_text().splitlines()
+    first, second = tmp_path / "a.csv", tmp_path / "b.csv"
+    first.write_text("\n".join([rows[0]] + [r for r in rows[1:] if r.startswith('"A"')]) + "\n")
+    second.write_text("\n".join([rows[0]] + [r for r in rows[1:] if not r.startswith('"A"')]) + "\n")
+    assert per_seed.judge(f"{first}+{second}", ["A > B, with a comma"]) == per_seed.judge(str(whole), ["A > B, with a comma"])
+
+
 def test_bad_names_are_one_line_errors(per_seed, tmp_path):
     rows = per_seed.load(_table(tmp_path))
     with pytest.raises(ConfigError, match="no row 'C'; the rows: A, B, with a comma"):

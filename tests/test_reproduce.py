@@ -286,6 +286,14 @@ def test_a_track_changes_settings_never_rows_or_claims():
     assert data["base"]["lr"] == 0.05 and "hparams" not in data["variant"][0]  # the file's data is not changed
     with pytest.raises(ConfigError, match="has no track 'u'; choose one of: t"):
         apply_track(data, "u", "f")
+    # a row's own setting is laid over by the track's variant_settings, not by its base
+    own = {**data, "variant": [{"name": "x", "method": "fedavg", "lr": 0.02}],
+           "tracks": {"t": {"base": {"lr": 0.001}, "variant_settings": {"x": {"lr": 0.0003}}}}}
+    assert apply_track(own, "t", "f")["variant"] == [{"name": "x", "method": "fedavg", "lr": 0.0003}]
+    with pytest.raises(ConfigError, match="a track never changes a row's method"):
+        apply_track({**own, "tracks": {"t": {"variant_settings": {"x": {"method": "moon"}}}}}, "t", "f")
+    with pytest.raises(ConfigError, match="names 'y', which is no variant"):
+        apply_track({**own, "tracks": {"t": {"variant_settings": {"y": {"lr": 0.1}}}}}, "t", "f")
     with pytest.raises(ConfigError, match="cannot change 'variant'"):
         apply_track({**data, "tracks": {"t": {"variant": []}}}, "t", "f")
     with pytest.raises(ConfigError, match="names 'y', which is no variant"):

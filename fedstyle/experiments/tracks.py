@@ -14,11 +14,13 @@ CCST's table with an ImageNet-pretrained EfficientNet-Lite0 instead of a ConvNet
     pretrained = true
     [tracks.pretrained.variant_hparams]   # per row: merged into that variant's hparams
     ccst = { style_backend = "lite" }
+    [tracks.pretrained.variant_settings]  # per row: run settings laid over that variant's own
+    fedccrl = { lr = 0.00083 }
     [tracks.pretrained.scales.small]      # the track's own scales replace the file's
     ...
 
 A track may start from another: ``extends = "pretrained"`` takes that track's table and lays its own
-keys over it (``base`` and ``variant_hparams`` merged key by key, the rest replaced), so a variant of a
+keys over it (``base``, ``variant_hparams`` and ``variant_settings`` merged key by key, the rest replaced), so a variant of a
 recipe states only what it changes (``[tracks.pretrained-batchstats]``: BatchNorm with batch statistics).
 
 Without ``--track`` the file is read as it is and its ``[tracks]`` table is ignored.
@@ -75,7 +77,8 @@ def resolve_extends(tracks: Mapping[str, Any], track: str, where: str) -> dict[s
         for key, value in table.items():
             if key == "base" and isinstance(value, Mapping) and isinstance(resolved.get(key), Mapping):
                 resolved[key] = merge_settings(resolved[key], value)
-            elif key == "variant_hparams" and isinstance(value, Mapping) and isinstance(resolved.get(key), Mapping):
+            elif (key in ("variant_hparams", "variant_settings") and isinstance(value, Mapping)
+                  and isinstance(resolved.get(key), Mapping)):
                 rows = dict(resolved[key])
                 for row, hparams in value.items():
                     both = isinstance(rows.get(row), Mapping) and isinstance(hparams, Mapping)
@@ -117,6 +120,19 @@ def apply_track(data: Mapping[str, Any], track: str | None, where: str) -> dict[
         if not isinstance(hparams, Mapping):
             raise ConfigError(f"{where}: [tracks.{track}.variant_hparams] {name} must be a table of NAME = VALUE")
         variants[name]["hparams"] = {**dict(variants[name].get("hparams", {})), **hparams}
+    # a row's own run settings (a variant's `lr = ...`) would otherwise win over the track's base: a track that
+    # changes the optimiser states the row's setting again here
+    per_row_settings = chosen.pop("variant_settings", {})
+    if not isinstance(per_row_settings, Mapping):
+        raise ConfigError(f"{where}: [tracks.{track}.variant_settings] must map a variant name to run settings")
+    for name, settings in per_row_settings.items():
+        if name not in variants:
+            raise ConfigError(f"{where}: [tracks.{track}.variant_settings] names {name!r}, which is no variant; "
+                              f"variants: {', '.join(map(str, variants))}")
+        if not isinstance(settings, Mapping) or "hparams" in settings or "name" in settings or "method" in settings:
+            raise ConfigError(f"{where}: [tracks.{track}.variant_settings] {name} must be a table of run settings "
+                              "(hyperparameters go in variant_hparams; a track never changes a row's method)")
+        variants[name].update(copy.deepcopy(dict(settings)))
     for key, value in chosen.items():
         if key in FIXED_KEYS:
             raise ConfigError(f"{where}: [tracks.{track}] cannot change {key!r}: a track keeps the rows, the "
