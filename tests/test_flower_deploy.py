@@ -13,6 +13,7 @@ import json
 import os
 import signal
 import time
+import warnings
 from pathlib import Path
 
 import pytest
@@ -236,9 +237,13 @@ def test_ctrl_c_or_sigterm_stops_every_process(two_sites, tmp_path, sig):
                 _, err = proc.communicate(timeout=30)
             except subprocess.TimeoutExpired:
                 err = "(no stack dump within 30 s of SIGABRT)"
-            raise AssertionError(f"deploy did not return within 120 s of signal {sig}; its signal masks when "
-                                 f"signalled {dispositions}, 120 s later {hung}, this test process's "
-                                 f"{_signal_dispositions(os.getpid())}; its stderr:\n{err[-6000:]}") from None
+            message = (f"deploy did not return within 120 s of signal {sig}; its signal masks when signalled "
+                       f"{dispositions}, 120 s later {hung}, this test process's {_signal_dispositions(os.getpid())}; "
+                       f"its stderr:\n{err[-6000:]}")
+            # also as a warning: the known-defect mark below reports an expected failure by its reason alone, and
+            # the suite's warnings summary is where this dump then shows (it names where deploy hung)
+            warnings.warn(message, RuntimeWarning, stacklevel=1)
+            raise AssertionError(message) from None
         left = processes_of(out)  # gone when `fedstyle deploy` returns, not some time later
     finally:
         if proc.poll() is None:
