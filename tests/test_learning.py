@@ -97,8 +97,7 @@ passes and no training. Measured ratios and floors are in tests/loss_terms.py.
 Cost knobs only: CCST and PARDON restyle with the ``fft`` backend (``lite`` decodes through a CNN, ~10x the setup
 time on a CPU), FedGCA trains on J = 1 augmented view instead of 3 (every loss term still runs); everything else
 runs with its defaults. One torch thread per run: the results do not depend on the machine's core count, and two
-pytest-xdist workers do not oversubscribe two cores. Under ``--dist loadgroup`` a method's two tests share a
-worker (``xdist_group``), so it trains once.
+pytest-xdist workers do not oversubscribe two cores. One test per method runs both checks on one training.
 """
 
 from __future__ import annotations
@@ -115,52 +114,37 @@ from learning import (BUDGET, CEILINGS, FIXTURE, REGRESSIONS, Run, ceilings_by_r
                       train, write_digits3x)
 from loss_terms import TERMS, Probe, term_failures
 
-METHOD_CASES = [pytest.param(m, marks=pytest.mark.xdist_group(f"learning-{m}")) for m in sorted(METHODS.names())]
-
-
 @pytest.fixture(scope="session")
 def digits3x(tmp_path_factory):
     return write_digits3x(tmp_path_factory.mktemp("digits3x"))
 
 
-@pytest.fixture(scope="session")
-def trained(digits3x, tmp_path_factory):
-    """method -> (its runs, one per seed; the probe that watched the first): each method trains once for both
-    checks. Session-scoped: pytest-xdist interleaves this module's tests with other modules', and a module-scoped
-    cache was torn down in between (each method trained twice: 1,290 CPU s instead of ~700)."""
-    cache: dict[str, tuple[list[Run], Probe]] = {}
-
-    def get(method: str) -> tuple[list[Run], Probe]:
-        if method not in cache:
-            probe, runs = Probe(method) if method in TERMS else None, []
-            for i, seed in enumerate(seeds(method)):
-                with probe.watching() if i == 0 and probe is not None else nullcontext():
-                    runs.append(train(digits3x, tmp_path_factory.mktemp(f"{method}-{seed}") / "run", sound(method),
-                                      seed))
-            cache[method] = (runs, probe)
-        return cache[method]
-
-    return get
+def _train_once(root, tmp_path, method: str) -> tuple[list[Run], Probe]:
+    """The method's runs, one per seed, and the probe that watched the first."""
+    probe, runs = Probe(method), []
+    for i, seed in enumerate(seeds(method)):
+        with probe.watching() if i == 0 else nullcontext():
+            runs.append(train(root, tmp_path / f"run-{seed}", sound(method), seed))
+    return runs, probe
 
 
-@pytest.mark.parametrize("method", METHOD_CASES)
-def test_every_method_fits_its_sources(trained, method):
+@pytest.mark.parametrize("method", sorted(METHODS.names()))
+def test_every_method_fits_its_sources_and_every_logged_loss_term_is_alive(digits3x, tmp_path, method):
+    """Both checks on one training per method, in one test: as two tests sharing a cached run, pytest-xdist's
+    --dist loadgroup did not keep a method's two tests on one worker here (xdist_group marks on parameters), so
+    about half the methods trained twice (1,000 CPU s instead of ~650)."""
     assert method in CEILINGS, (f"{method} has no ceiling in tests/learning.py CEILINGS: measure it with "
                                 f"benchmarks/learning_check.py --variants {method} --seeds 0 1 2 --propose "
                                 "--write-fixture")
-    runs, _ = trained(method)
-    problems = failures(method, runs)
-    assert not problems, "; ".join(problems) + (
-        " — if the change is intended, rerun benchmarks/learning_check.py for this method and update its ceiling")
-
-
-@pytest.mark.parametrize("method", METHOD_CASES)
-def test_every_logged_loss_term_is_alive(trained, method):
     assert method in TERMS, (f"{method} is not in tests/loss_terms.py TERMS: declare what it logs (its cross-"
                              "entropy, its loss terms with their weights, its other logged values), then measure "
                              f"its terms with benchmarks/learning_check.py --variants {method} --seeds 0 1 2")
-    runs, probe = trained(method)
-    problems = term_failures(probe, len(runs[0].losses))
+    runs, probe = _train_once(digits3x, tmp_path, method)
+    problems = failures(method, runs)
+    if problems:
+        problems[-1] += (" — if the change is intended, rerun benchmarks/learning_check.py for this method and update "
+                         "its ceiling")
+    problems += term_failures(probe, len(runs[0].losses))
     assert not problems, "; ".join(problems)
     for name, why in TERMS[method].dead.items():
         pytest.xfail(f"{method}: {name} is {probe.median_ratios()[name]:.3g} of the cross-entropy's gradient: {why}")
