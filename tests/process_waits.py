@@ -1,5 +1,5 @@
-"""Waiting for and killing processes in the deployment tests (shared by test_deploy_faults and
-test_deploy_processes)."""
+"""Waiting for and killing processes in the deployment tests (shared by test_deploy_faults,
+test_deploy_processes and test_flower_deploy)."""
 
 from __future__ import annotations
 
@@ -8,13 +8,13 @@ import signal
 import time
 
 
-def wait_for(predicate, timeout: float = 20.0, what: str = "it") -> None:
-    """Poll ``predicate`` every 50 ms until it is true; fail the test after ``timeout`` s."""
+def wait_for(predicate, timeout: float = 20.0, what: str = "it", poll: float = 0.05) -> None:
+    """Poll ``predicate`` every ``poll`` s until it is true; fail the test after ``timeout`` s."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if predicate():
             return
-        time.sleep(0.05)
+        time.sleep(poll)
     raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 

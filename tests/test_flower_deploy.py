@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import time
 import warnings
 from pathlib import Path
 
@@ -32,6 +31,7 @@ from fedstyle.runtimes.flower.deployment import (  # noqa: E402
     load_settings,
 )
 from run_records import evaluations  # noqa: E402
+from process_waits import wait_for as shared_wait_for  # noqa: E402
 
 # each message starts a ClientApp process (Flower's design): ~10-60 s per run; on pytest-xdist workers the
 # deployments run one after another on one worker while the other worker runs the rest
@@ -110,12 +110,8 @@ def snapshots(run_dir, step_name: str) -> int:
 
 
 def wait_for(predicate, timeout, what):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.5)
-    raise AssertionError(f"timed out waiting for {what}")
+    """process_waits.wait_for, polling every 0.5 s (the predicates here read logs and scan /proc)."""
+    shared_wait_for(predicate, timeout, what, poll=0.5)
 
 
 def test_deploy_matches_simulator_with_tls_and_resumes(two_sites, tmp_path, one_thread):
