@@ -1,10 +1,11 @@
-"""One Ray head node per test process, shared by the tests that check a method under Flower's simulation engine.
+"""One Ray head node per test process, for the tests that run a method on Flower's simulation engine.
 
-A private Ray instance takes 10-15 s to start on the 2-core CPU, and every ``flower-sim`` equality test started
-its own: about a third of the suite's Ray-group time. Tests that are about a *method* under Flower (its queries,
-payloads and state, bitwise equal to the in-process simulator) join this shared head instead, through the same
-``--ray-address HOST:PORT`` path a cluster user takes (tested against the simulator in test_flower_cluster.py);
-the default private instance keeps its own test (test_flower_sim.py). The head runs with ``--block`` in a session
+A private Ray instance takes 10-15 s to start on the 2-core CPU. The method test on Ray (StableFDG's query phase,
+test_stablefdg.py) joins this head through the same ``--ray-address HOST:PORT`` path a cluster user takes (tested
+against the simulator in test_flower_cluster.py); the default private instance keeps its own test
+(test_flower_sim.py). The other methods' "under Flower" tests run Flower's ServerApp and ClientApp on an
+in-process grid (tests/flower_grid.py: every message over Flower's wire format), which checks the same queries,
+payloads and state in seconds where Ray's actors took 15-25 s each. The head runs with ``--block`` in a session
 of its own and is stopped by terminating that one process (``ray stop`` would stop every Ray on the machine).
 """
 

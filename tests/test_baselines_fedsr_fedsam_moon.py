@@ -24,7 +24,7 @@ from fedstyle.models.necks import gaussian_kl
 
 from tiny import SETTINGS, make_clients, make_model, interrupt_and_resume
 from run_records import evaluations
-from ray_cluster import shared_ray_address  # noqa: E402  (one Ray head per test process)
+from flower_grid import run_under_flower  # noqa: E402  (Flower's apps, messages over the wire, in process)
 
 CPU = torch.device("cpu")
 
@@ -340,21 +340,18 @@ def test_moon_resume_equals_uninterrupted(tiny_config, tmp_path, monkeypatch):
     assert any("moon_con" in m.get("train_metrics", {}) for m in evaluations(tmp_path / "full"))
 
 
-@pytest.mark.xdist_group("ray")  # one Ray cluster at a time when the suite runs on workers
-@pytest.mark.slow
-def test_moon_on_flower_sim_equals_the_simulator(tiny_config, tmp_path):
+def test_moon_under_flower_equals_the_simulator(tiny_config, tmp_path):
     """MOON's per-client state (the previous model) lives on the Flower sites: same metrics, bitwise."""
     pytest.importorskip("flwr")
-    pytest.importorskip("ray")
     from safetensors.torch import load_file
 
     before = torch.get_num_threads()
-    torch.set_num_threads(1)  # Ray's actors train with one thread
+    torch.set_num_threads(1)  # as a site trains (one thread per ClientApp)
     try:
         config = tiny_config.updated(method="moon", partition="per_domain", clients=6, clients_per_round=4,
                                      rounds=3, lr_schedule="constant")
         run_experiment(config, tmp_path / "sim", quiet=True)
-        run_experiment(config.updated(backend="flower-sim", ray_address=shared_ray_address()), tmp_path / "flower", quiet=True)
+        run_under_flower(config, tmp_path / "flower")
     finally:
         torch.set_num_threads(before)
     sim_lines = evaluations(tmp_path / "sim")

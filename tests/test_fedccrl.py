@@ -1,6 +1,6 @@
 """FedCCRL (issue 38): the uploaded statistics, the server's pool, MixStyle towards it and the whole loss by hand
 through a full forward pass (float64; the supervised contrastive and Jensen-Shannon terms written out as loops), the
-privacy audit's surface against what the query sends, and runs: logs, resume, and Flower's simulation engine against
+privacy audit's surface against what the query sends, and runs: logs, resume, and Flower's ServerApp and ClientApp against
 the simulator. The method x topology matrix runs it end to end (it is registered).
 """
 
@@ -24,7 +24,7 @@ from fedstyle.experiments.runner import run_experiment
 
 from run_records import evaluations
 from tiny import SETTINGS, TRANSFORM, interrupt_and_resume, make_clients, make_model
-from ray_cluster import shared_ray_address  # noqa: E402  (one Ray head per test process)
+from flower_grid import run_under_flower  # noqa: E402  (Flower's apps, messages over the wire, in process)
 
 CPU = torch.device("cpu")
 
@@ -260,21 +260,18 @@ def test_fedccrl_logs_its_terms_and_resumes(tiny_config, tmp_path, monkeypatch):
     assert evaluations(tmp_path / "cut") == evaluations(tmp_path / "full")
 
 
-@pytest.mark.xdist_group("ray")  # one Ray cluster at a time when the suite runs on workers
-@pytest.mark.slow
-def test_flower_sim_equals_the_simulator(tiny_config, tmp_path):
-    """The statistics query, the server's pool and the restyled training under Flower's simulation engine: the same
+def test_under_flower_equals_the_simulator(tiny_config, tmp_path):
+    """The statistics query, the server's pool and the restyled training under Flower's apps (tests/flower_grid.py): the same
     metrics, bytes and weights as in process, bitwise."""
     pytest.importorskip("flwr")
-    pytest.importorskip("ray")
     from safetensors.torch import load_file
 
     before = torch.get_num_threads()
-    torch.set_num_threads(1)  # Ray's actors train with one thread
+    torch.set_num_threads(1)  # as a site trains (one thread per ClientApp)
     try:
         config = _config(tiny_config, rounds=2, lr_schedule="constant")
         run_experiment(config, tmp_path / "sim", quiet=True)
-        run_experiment(config.updated(backend="flower-sim", ray_address=shared_ray_address()), tmp_path / "flower", quiet=True)
+        run_under_flower(config, tmp_path / "flower")
     finally:
         torch.set_num_threads(before)
     sim_lines = evaluations(tmp_path / "sim")

@@ -1,6 +1,6 @@
 """FedIIR (issue 38): the classifier the authors' code builds, the penalised loss and the query's mean gradient by
 hand through a full forward pass (float64, the classifier's gradient written out, not autograd), the server's
-moving average by hand, and runs: logs, bytes, resume, and Flower's simulation engine against the simulator.
+moving average by hand, and runs: logs, bytes, resume, and Flower's ServerApp and ClientApp against the simulator.
 
 The method x topology matrix and the learning check run it end to end (it is registered).
 """
@@ -21,7 +21,7 @@ from fedstyle.experiments.runner import run_experiment
 
 from run_records import evaluations
 from tiny import SETTINGS, TRANSFORM, interrupt_and_resume, make_clients, make_model
-from ray_cluster import shared_ray_address  # noqa: E402  (one Ray head per test process)
+from flower_grid import run_under_flower  # noqa: E402  (Flower's apps, messages over the wire, in process)
 
 CPU = torch.device("cpu")
 KEYS = ["neck.hidden.weight", "neck.hidden.bias", "head.weight", "head.bias"]
@@ -172,23 +172,19 @@ def test_fediir_logs_counts_its_exchange_and_resumes(tiny_config, tmp_path, monk
     assert evaluations(tmp_path / "cut") == evaluations(tmp_path / "full")
 
 
-@pytest.mark.xdist_group("ray")  # one Ray cluster at a time when the suite runs on workers
-@pytest.mark.slow
 @pytest.mark.parametrize("method,hp", [("fediir", {}), ("stablefdg", {"server_opt": "omg"})], ids=["fediir", "omg"])
-def test_flower_sim_equals_the_simulator(tiny_config, tmp_path, method, hp):
+def test_under_flower_equals_the_simulator(tiny_config, tmp_path, method, hp):
     """FedIIR's query and payload and the server step of ``server_opt=omg`` (here on StableFDG's own query phase)
-    under Flower's simulation engine: the same metrics, bytes and weights as in process, bitwise."""
+    through Flower's apps (tests/flower_grid.py): the same metrics, bytes and weights as in process, bitwise."""
     pytest.importorskip("flwr")
-    pytest.importorskip("ray")
     from safetensors.torch import load_file
 
     before = torch.get_num_threads()
-    torch.set_num_threads(1)  # Ray's actors train with one thread
+    torch.set_num_threads(1)  # as a site trains (one thread per ClientApp)
     try:
         config = _config(tiny_config, method=method, hparams=hp, rounds=2, lr_schedule="constant")
         run_experiment(config, tmp_path / "sim", quiet=True)
-        run_experiment(config.updated(backend="flower-sim", ray_address=shared_ray_address()), tmp_path / "flower",
-                       quiet=True)
+        run_under_flower(config, tmp_path / "flower")
     finally:
         torch.set_num_threads(before)
     sim_lines = evaluations(tmp_path / "sim")

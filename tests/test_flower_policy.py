@@ -1,5 +1,6 @@
-"""The ServerApp's round logic and fault policy, in-process: a fake Flower grid that hands every message
-to the real ClientApp (no processes, a few seconds). The process-level tests are in test_flower_deploy.py."""
+"""The ServerApp's round logic and fault policy, in-process: a fake Flower grid (tests/flower_grid.py) that
+hands every message, serialised to Flower's wire format and back, to the real ClientApp (no processes, a few
+seconds). The process-level tests are in test_flower_deploy.py."""
 
 from __future__ import annotations
 
@@ -10,63 +11,12 @@ import torch
 
 pytest.importorskip("flwr", reason="the Flower bridge needs fedstyle[flower] (flwr not installed)")
 
-from flwr.app import Context, Error, Message, RecordDict  # noqa: E402
-
 from fedstyle.algorithms import METHODS  # noqa: E402
 from probes import ExchangeProbe as SharedExchangeProbe  # noqa: E402
 from fedstyle.experiments.runner import run_experiment, start_run_dir  # noqa: E402
-from fedstyle.runtimes.flower.clientapp import app as client_app  # noqa: E402
 from fedstyle.runtimes.flower.serverapp import FaultPolicy, SiteError, serve  # noqa: E402
 from run_records import evaluations  # noqa: E402
-
-CLIENT_APP_RAISED_EXCEPTION, NODE_UNAVAILABLE = 2, 5  # flwr.common.constant.ErrorCode
-
-
-class FakeGrid:
-    """Nodes by id with their partition id; ``before_round`` hooks change the federation between rounds."""
-
-    def __init__(self, partitions: dict[int, int]):
-        self.partitions = dict(partitions)
-        self.contexts = {n: self._context(n) for n in self.partitions}
-        self.dead: set[int] = set()
-        self.replies: dict[str, Message] = {}
-        self.trains = 0
-        self.on_train = None  # called with the number of train messages seen so far
-
-    def _context(self, node: int) -> Context:
-        return Context(run_id=1, node_id=node, node_config={"partition-id": self.partitions[node]},
-                       state=RecordDict(), run_config={})
-
-    def add_node(self, node: int, partition: int) -> None:
-        self.partitions[node] = partition
-        self.contexts[node] = self._context(node)
-
-    def get_node_ids(self):
-        return [n for n in self.partitions if n not in self.dead]
-
-    def push_messages(self, messages):
-        ids = []
-        for message in messages:
-            message.metadata.__dict__["_message_id"] = message.object_id
-            node = message.metadata.dst_node_id
-            if message.metadata.message_type == "train":
-                self.trains += 1
-                if self.on_train:
-                    self.on_train(self)
-            if node in self.dead:
-                reply = Message(Error(code=NODE_UNAVAILABLE, reason="node unavailable"), reply_to=message)
-            else:
-                try:
-                    reply = client_app(message=message, context=self.contexts[node])
-                except Exception as ex:  # what flwr-clientapp does with an exception
-                    reply = Message(Error(code=CLIENT_APP_RAISED_EXCEPTION, reason=f"{type(ex)}:<'{ex}'>"),
-                                    reply_to=message)
-            self.replies[message.object_id] = reply
-            ids.append(message.object_id)
-        return ids
-
-    def pull_messages(self, ids):
-        return [self.replies.pop(i) for i in list(ids) if i in self.replies]
+from flower_grid import FakeGrid, server_task_identity  # noqa: E402  (every message over Flower's wire format)
 
 
 def events(run_dir):
@@ -77,12 +27,8 @@ def events(run_dir):
 @pytest.fixture(autouse=True)
 def task_identity():
     """Flower stamps messages with the process's task identity, which a real ServerApp process has set."""
-    from flwr.supercore.task_identity import TaskIdentity
-
-    saved = (TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id)
-    TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 1, 0
-    yield
-    TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id = saved
+    with server_task_identity():
+        yield
 
 
 @pytest.fixture(autouse=True)

@@ -1,7 +1,7 @@
 """gPerXAN (issue 38): the assembled normalization and the guided loss by hand through a full forward pass (float64,
 every normalization written out), PerXAN's split of the state (the BatchNorm branch never comes down and, with
 ``eval_norm=instance``, never goes up; the InstanceNorm branch is averaged), the evaluation model of each mode,
-refusals, logs, resume, the privacy audit's reading, and Flower's simulation engine against the simulator.
+refusals, logs, resume, the privacy audit's reading, and Flower's ServerApp and ClientApp against the simulator.
 
 The method x topology matrix runs it end to end (it is registered).
 """
@@ -24,7 +24,7 @@ from fedstyle.models.assembled_norm import AssembledNorm, assembled_norms
 
 from run_records import evaluations
 from tiny import SETTINGS, interrupt_and_resume, make_clients, make_model
-from ray_cluster import shared_ray_address  # noqa: E402  (one Ray head per test process)
+from flower_grid import run_under_flower  # noqa: E402  (Flower's apps, messages over the wire, in process)
 
 CPU = torch.device("cpu")
 EPS = 1e-5
@@ -247,21 +247,18 @@ def test_gperxan_logs_resumes_and_the_audit_reads_weights_only(tiny_config, tmp_
     assert "gperxan sends weights only" in text
 
 
-@pytest.mark.xdist_group("ray")  # one Ray cluster at a time when the suite runs on workers
-@pytest.mark.slow
 @pytest.mark.parametrize("eval_norm", ["average", "instance"], ids=["gperxan-average", "gperxan-instance"])
-def test_flower_sim_equals_the_simulator(tiny_config, tmp_path, eval_norm):
+def test_under_flower_equals_the_simulator(tiny_config, tmp_path, eval_norm):
     """The personalised branch kept on Flower's sites, and (instance) kept off the update, as in process: bitwise."""
     pytest.importorskip("flwr")
-    pytest.importorskip("ray")
     from safetensors.torch import load_file
 
     before = torch.get_num_threads()
-    torch.set_num_threads(1)  # Ray's actors train with one thread
+    torch.set_num_threads(1)  # as a site trains (one thread per ClientApp)
     try:
         config = _config(tiny_config, hparams={"eval_norm": eval_norm}, rounds=2, lr_schedule="constant")
         run_experiment(config, tmp_path / "sim", quiet=True)
-        run_experiment(config.updated(backend="flower-sim", ray_address=shared_ray_address()), tmp_path / "flower", quiet=True)
+        run_under_flower(config, tmp_path / "flower")
     finally:
         torch.set_num_threads(before)
     assert evaluations(tmp_path / "flower") == evaluations(tmp_path / "sim")

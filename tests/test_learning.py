@@ -81,6 +81,11 @@ FedADG's row is with ``adv_lr_scale`` = 0.02 (issue 35; fedstyle/algorithms/feda
 its discriminator's sigmoid saturated in round 1 and the late loss (1.17 1.17 1.26) was FedAvg's, which this
 check could not tell from a working FedADG; the term check below does.
 
+A cheaper budget does not decide: at 4 rounds instead of 6 (rows with ``rounds: 4`` in
+benchmarks/learning_check_results.jsonl, seeds 0-4) StableFDG's late loss (2.062, sd 0.033) and
+``explore_repeat=every_firing_stage``'s (2.186, sd 0.027) sit 2.1 single-run spreads from their equal-distance
+point, against 3.3 at 6 rounds: the regression falls behind over the later rounds, so the budget stays.
+
 A deliberate change to a method's defaults can move its late loss: rerun
 ``benchmarks/learning_check.py --variants METHOD [its regressions] --seeds 0 1 2 --rerun --propose --write-fixture``
 and copy its ceiling into CEILINGS.

@@ -33,7 +33,7 @@ from fedstyle.style.transfer.interpolation import (
 )
 from tiny import interrupt_and_resume
 from run_records import evaluations
-from ray_cluster import shared_ray_address  # noqa: E402  (one Ray head per test process)
+from flower_grid import run_under_flower  # noqa: E402  (Flower's apps, messages over the wire, in process)
 
 EPS_STD = math.sqrt(ADAIN_EPS)
 
@@ -329,13 +329,10 @@ def test_bad_input_fails_before_the_run_directory_is_written(tiny_config, tmp_pa
 
 
 # -- runtimes --------------------------------------------------------------------------------------------------------
-@pytest.mark.xdist_group("ray")  # one Ray cluster at a time when the suite runs on workers
-@pytest.mark.slow
-def test_pardon_under_flower_sim_equals_the_simulator(tiny_config, tmp_path):
-    """The setup exchange (style up, S_g down, local transfer) and the paired training over Flower's
-    simulation engine give the in-process simulator's metrics and weights bitwise."""
-    pytest.importorskip("flwr", reason="--backend flower-sim needs fedstyle[flower-sim]")
-    pytest.importorskip("ray", reason="--backend flower-sim needs fedstyle[flower-sim]")
+def test_pardon_under_flower_equals_the_simulator(tiny_config, tmp_path):
+    """The setup exchange (style up, S_g down, local transfer) and the paired training through Flower's
+    ServerApp and ClientApp (tests/flower_grid.py) give the in-process simulator's metrics and weights bitwise."""
+    pytest.importorskip("flwr", reason="Flower's apps need fedstyle[flower]")
     import json
 
     from safetensors.torch import load_file
@@ -347,12 +344,12 @@ def test_pardon_under_flower_sim_equals_the_simulator(tiny_config, tmp_path):
         return setup["setup_bytes_up"], setup["setup_bytes_down"], setup["style_images"]
 
     threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # Ray actors train with one thread; bitwise equality needs the same here
+    torch.set_num_threads(1)  # as a site trains (one thread per ClientApp)
     try:
         config = tiny_config.updated(method="pardon", hparams={"style_backend": "fft"}, partition="per_domain",
                                      clients=6, clients_per_round=4, lr_schedule="constant")
         run_experiment(config, tmp_path / "sim", quiet=True)
-        run_experiment(config.updated(backend="flower-sim", ray_address=shared_ray_address()), tmp_path / "flower", quiet=True)
+        run_under_flower(config, tmp_path / "flower")
     finally:
         torch.set_num_threads(threads)
     assert evaluations(tmp_path / "flower") == evaluations(tmp_path / "sim")  # accuracies, losses, loss terms, bytes
