@@ -13,8 +13,8 @@ cannot drift apart silently.
 
 A claim is judged per cell, each cell on its own seeds, and, where it spans several cells, over all of them
 together ("all cells"): a verdict names the cells it was read on and says nothing for others. Verdicts whose
-rows have only mean ± std in RESULTS.md are not here (no pairs can be formed from a mean); RESULTS.md marks
-them "(old rule: means; per-seed values not recorded — not re-read)".
+rows have only mean ± std in RESULTS.md are not here (no pairs can be formed from a mean): by the rule they are
+not judged, and RESULTS.md marks each with "not judged by the rule: per-seed values not recorded (means only)".
 
 Checked against the run directories where they survive (/work/bench34, 2026-11-26): every recorded figure
 equals its run's ``summary.json`` to the printed 0.1.
