@@ -1,17 +1,15 @@
-"""One Ray head node per test process, for the tests that run a method on Flower's simulation engine.
+"""A Ray head node for the tests that run Flower's simulation engine on a running cluster (test_flower_cluster.py).
 
-A private Ray instance takes 10-15 s to start on the 2-core CPU. The method test on Ray (StableFDG's query phase,
-test_stablefdg.py) joins this head through the same ``--ray-address HOST:PORT`` path a cluster user takes (tested
-against the simulator in test_flower_cluster.py); the default private instance keeps its own test
-(test_flower_sim.py). The other methods' "under Flower" tests run Flower's ServerApp and ClientApp on an
-in-process grid (tests/flower_grid.py: every message over Flower's wire format), which checks the same queries,
-payloads and state in seconds where Ray's actors took 15-25 s each. The head runs with ``--block`` in a session
-of its own and is stopped by terminating that one process (``ray stop`` would stop every Ray on the machine).
+Started with ``ray start --head --block`` in a session of its own, with its own ``--temp-dir``, and stopped by
+terminating that one process (``ray stop`` would stop every Ray on the machine). The methods' "under Flower"
+tests do not use Ray: they run Flower's ServerApp and ClientApp on an in-process grid (tests/flower_grid.py, every
+message over Flower's wire format), which checks the same queries, payloads and state in seconds where Ray's
+actors took 15-25 s each on the 2-core CPU; Ray's engine is tested method-independently (test_flower_sim.py on
+a private instance, test_flower_cluster.py on this head, test_sweep.py's Ray workers).
 """
 
 from __future__ import annotations
 
-import atexit
 import json
 import os
 import shutil
@@ -23,8 +21,6 @@ import time
 from pathlib import Path
 
 import pytest
-
-_HEAD: dict[str, object] = {}
 
 
 def free_port() -> int:
@@ -64,12 +60,3 @@ def stop_head(head: subprocess.Popen, temp: Path) -> None:
         head.kill()
         head.wait()
     shutil.rmtree(temp, ignore_errors=True)
-
-
-def shared_ray_address() -> str:
-    """The address of this test process's shared head node, started on first use, stopped at exit."""
-    if "address" not in _HEAD:
-        head, address, temp = start_head()
-        _HEAD.update(head=head, address=address, temp=temp)
-        atexit.register(stop_head, head, temp)
-    return str(_HEAD["address"])

@@ -1,5 +1,5 @@
 """StableFDG (issue 10): the equations against hand-computed values, the fallbacks, the flags, bad
-input, and the runtimes (resume, flower-sim)."""
+input, and the runtimes (resume, Flower's apps)."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ from fedstyle.style.selection import kmeans_pp_seeds, select_by_kmeans, selectiv
 from fedstyle.style.sharing import derangement
 
 from tiny import SETTINGS, TRANSFORM, make_clients, make_model, interrupt_and_resume
-from ray_cluster import shared_ray_address  # noqa: E402  (one Ray head per test process)
+from flower_grid import run_under_flower  # noqa: E402  (Flower's apps, messages over the wire, in process)
 
 CPU = torch.device("cpu")
 
@@ -635,7 +635,7 @@ def test_a_backbone_without_the_stage_is_refused_before_anything_is_written(tiny
     assert model.head.in_features == 1024  # ResNets have a stem
 
 
-# -- runs: bytes, metrics, resume, flower-sim -----------------------------------------------------
+# -- runs: bytes, metrics, resume, Flower ---------------------------------------------------------
 def _records(run_dir):
     lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     return [r for r in lines if "event" not in r]
@@ -668,20 +668,19 @@ def test_resumed_run_equals_uninterrupted(tiny_config, tmp_path, monkeypatch):
     assert _without_timings(_records(tmp_path / "cut")) == _without_timings(_records(tmp_path / "full"))
 
 
-@pytest.mark.xdist_group("ray")  # one Ray cluster at a time when the suite runs on workers
-@pytest.mark.slow
-def test_flower_sim_equals_simulator_with_a_query_phase(tiny_config, tmp_path):
+def test_under_flower_equals_simulator_with_a_query_phase(tiny_config, tmp_path):
+    """The query phase (each round's style statistics up, the shifted styles down) and the training through
+    Flower's ServerApp and ClientApp (tests/flower_grid.py): the simulator's records and weights, bitwise."""
     pytest.importorskip("flwr")
-    pytest.importorskip("ray")
     from safetensors.torch import load_file
 
     before = torch.get_num_threads()
-    torch.set_num_threads(1)  # Ray actors train with one thread; bitwise equality needs the same here
+    torch.set_num_threads(1)  # as a site trains (one thread per ClientApp)
     try:
         config = tiny_config.updated(method="stablefdg", partition="per_domain", clients=6, clients_per_round=4,
                                      lr_schedule="constant")
         run_experiment(config, tmp_path / "sim", quiet=True)
-        run_experiment(config.updated(backend="flower-sim", ray_address=shared_ray_address()), tmp_path / "flower", quiet=True)
+        run_under_flower(config, tmp_path / "flower")
     finally:
         torch.set_num_threads(before)
     sim, flower = _records(tmp_path / "sim"), _records(tmp_path / "flower")
