@@ -36,7 +36,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 import learning  # noqa: E402  (tests/learning.py: the check's data, budget, variants and statistic)
-from learning import BUDGET, REGRESSIONS, Run, Variant, seeds, sound  # noqa: E402
+from learning import BUDGET, REGRESSIONS, SHORT_BUDGET, Run, Variant, budget_of, seeds, sound  # noqa: E402
 from loss_terms import FLOOR, TERMS, Probe  # noqa: E402  (tests/loss_terms.py: the term check)
 
 
@@ -86,12 +86,12 @@ def load(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def collect(rows: list[dict], budget: dict) -> dict[str, dict[int, dict]]:
-    """variant -> seed -> row, for the runs made with ``budget`` (the last row of a repeated run wins)."""
-    key = _budget_key(budget)
+def collect(rows: list[dict], budget_for) -> dict[str, dict[int, dict]]:
+    """variant -> seed -> row, for the runs made with their variant's budget ``budget_for(variant name)`` (the
+    last row of a repeated run wins)."""
     runs: dict[str, dict[int, dict]] = {}
     for row in rows:
-        if _budget_key(row["budget"]) == key:
+        if _budget_key(row["budget"]) == _budget_key(budget_for(row["variant"])):
             runs.setdefault(row["variant"], {})[row["seed"]] = row
     return runs
 
@@ -149,10 +149,12 @@ def term_table(runs: dict[str, dict[int, dict]]) -> str:
     return "\n".join(lines)
 
 
-def write_fixture(runs: dict[str, dict[int, dict]], budget: dict) -> None:
+def write_fixture(runs: dict[str, dict[int, dict]], budget: dict, short_budget: dict) -> None:
     """The measured numbers the checks' thresholds rest on, per variant and seed (the late loss, the best
-    source-validation accuracy) and per probed method and seed (its terms' ratios)."""
-    fixture = {"budget": budget, "late_loss": {}, "best_source_val": {}, "term_ratios": {}}
+    source-validation accuracy) and per probed method and seed (its terms' ratios), with the two budgets they
+    were measured on (the methods with a regression on ``budget``, the others on ``short_budget``)."""
+    fixture = {"budget": budget, "short_budget": short_budget, "late_loss": {}, "best_source_val": {},
+               "term_ratios": {}}
     for name, by_seed in sorted(runs.items()):
         if len(by_seed) < 2:
             continue
@@ -172,7 +174,8 @@ def main() -> None:
     parser.add_argument("--variants", nargs="*", help="variant names (default: every method and every regression)")
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2, 3, 4])
     parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--budget", default="", help="overrides of the check's budget, NAME=VALUE,... (e.g. rounds=8)")
+    parser.add_argument("--budget", default="", help="overrides of the check's budgets (tests/learning.py BUDGET "
+                        "and SHORT_BUDGET), NAME=VALUE,... (e.g. local_steps=10)")
     parser.add_argument("--propose", action="store_true", help="print the ceilings the rule gives (for CEILINGS)")
     parser.add_argument("--table-only", action="store_true")
     parser.add_argument("--write-fixture", action="store_true", help=f"write the late losses and term ratios per "
@@ -181,20 +184,27 @@ def main() -> None:
     parser.add_argument("--rerun", action="store_true", help="train the runs asked for even where --out has them "
                         "(the new row replaces the old one in the tables)")
     args = parser.parse_args()
-    budget = dict(BUDGET)
+    overrides = {}
     for item in filter(None, args.budget.split(",")):
         name, value = item.split("=", 1)
-        budget[name] = type(BUDGET[name])(value) if name in BUDGET else value
+        overrides[name] = type(BUDGET[name])(value) if name in BUDGET else value
+    budget, short_budget = {**BUDGET, **overrides}, {**SHORT_BUDGET, **overrides}
+    method_of = {v.name: v.method for v in variants(None)}
+
+    def budget_for(variant_name: str) -> dict:
+        """The variant's method's budget (tests/learning.py budget_of) with the --budget overrides."""
+        return {**budget_of(method_of[variant_name]), **overrides}
+
     args.out.parent.mkdir(parents=True, exist_ok=True)
     if not args.table_only:
         done = set() if args.rerun else {(r["variant"], r["seed"], _budget_key(r["budget"])) for r in load(args.out)}
         todo = [(v.name, s) for v in variants(args.variants) for s in args.seeds
-                if (v.name, s, _budget_key(budget)) not in done]
+                if (v.name, s, _budget_key(budget_for(v.name))) not in done]
         os.environ["OMP_NUM_THREADS"] = "1"  # the spawned workers' torch reads it at import
         with tempfile.TemporaryDirectory() as tmp:
             root = learning.write_digits3x(Path(tmp) / "digits3x")
             with ProcessPoolExecutor(args.workers, mp_context=multiprocessing.get_context("spawn")) as pool:
-                futures = [pool.submit(_one, str(root), name, seed, budget) for name, seed in todo]
+                futures = [pool.submit(_one, str(root), name, seed, budget_for(name)) for name, seed in todo]
                 for future in as_completed(futures):
                     try:
                         row = future.result()
@@ -205,7 +215,7 @@ def main() -> None:
                         f.write(json.dumps(row) + "\n")
                     print(f"{row['variant']} seed {row['seed']}: late loss {Run.from_json(row).late_loss:.3f}, best "
                           f"source-val {max(row['source_val']):.3f} ({row['cpu_seconds']:.0f} cpu s)", flush=True)
-    runs = collect(load(args.out), budget)
+    runs = collect(load(args.out), budget_for)
     ceilings = learning.ceilings_by_rule(late_losses(runs)) if args.propose else learning.CEILINGS
     print(table(runs, ceilings))
     print()
@@ -213,7 +223,7 @@ def main() -> None:
     if args.propose:
         print("CEILINGS = " + json.dumps(ceilings, indent=4))
     if args.write_fixture:
-        write_fixture(runs, budget)
+        write_fixture(runs, budget, short_budget)
         print(f"wrote {learning.FIXTURE}")
 
 
