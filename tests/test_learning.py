@@ -108,8 +108,8 @@ passes and no training. Measured ratios and floors are in tests/loss_terms.py.
 
 Cost knobs only: CCST and PARDON restyle with the ``fft`` backend (``lite`` decodes through a CNN, ~10x the setup
 time on a CPU), FedGCA trains on J = 1 augmented view instead of 3 (every loss term still runs); everything else
-runs with its defaults. One torch thread per run: the results do not depend on the machine's core count, and two
-pytest-xdist workers do not oversubscribe two cores. One test per method runs both checks on one training.
+runs with its defaults. One torch thread per run: the results do not depend on the machine's core count or on how many pytest-xdist
+workers share it. One test per method runs both checks on one training.
 """
 
 from __future__ import annotations
