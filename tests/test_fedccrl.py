@@ -1,7 +1,7 @@
 """FedCCRL (issue 38): the uploaded statistics, the server's pool, MixStyle towards it and the whole loss by hand
 through a full forward pass (float64; the supervised contrastive and Jensen-Shannon terms written out as loops), the
-privacy audit's surface against what the query sends, and runs: logs, resume, and Flower's ServerApp and ClientApp against
-the simulator. The method x topology matrix runs it end to end (it is registered).
+privacy audit's surface against what the query sends, and runs: logs, resume, and Flower's ServerApp and ClientApp
+against the simulator. The method x topology matrix runs it end to end (it is registered).
 """
 
 from __future__ import annotations
@@ -261,8 +261,8 @@ def test_fedccrl_logs_its_terms_and_resumes(tiny_config, tmp_path, monkeypatch):
 
 
 def test_under_flower_equals_the_simulator(tiny_config, tmp_path):
-    """The statistics query, the server's pool and the restyled training under Flower's apps (tests/flower_grid.py): the same
-    metrics, bytes and weights as in process, bitwise."""
+    """The statistics query, the server's pool and the restyled training under Flower's apps (tests/flower_grid.py): the
+    same metrics, bytes and weights as in process, bitwise."""
     pytest.importorskip("flwr")
     from safetensors.torch import load_file
 

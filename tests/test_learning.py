@@ -11,8 +11,8 @@ whole loss, each round's mean over its steps and clients), averaged over the met
 under the method's ceiling (tests/learning.py ``CEILINGS``), and the best source-validation accuracy must reach
 0.15 (chance 0.1: a floor for an evaluation path that breaks while the loss still falls).
 
-Why not source-validation accuracy, as before (issue 35): after 270 steps (6 rounds) it moves by 0.04-0.08 from seed to seed
-(90 validation images per domain, BatchNorm running statistics averaged over three very different domains), as
+Why not source-validation accuracy, as before (issue 35): after 270 steps (6 rounds) it moves by 0.04-0.08 from seed
+to seed (90 validation images per domain, BatchNorm running statistics averaged over three very different domains), as
 much as the regressions cost (FedAvg's best: 0.46-0.56 over seeds 0-4). The late loss averages 405 batches and
 moves by 0.02-0.06. Why per-method ceilings and not one margin from FedAvg: the losses differ by design (FedSR's
 includes its KL and L2 terms; MixStyle's, StableFDG's and PARDON's restyled or transferred samples), and the
@@ -108,8 +108,8 @@ passes and no training. Measured ratios and floors are in tests/loss_terms.py.
 
 Cost knobs only: CCST and PARDON restyle with the ``fft`` backend (``lite`` decodes through a CNN, ~10x the setup
 time on a CPU), FedGCA trains on J = 1 augmented view instead of 3 (every loss term still runs); everything else
-runs with its defaults. One torch thread per run: the results do not depend on the machine's core count or on how many pytest-xdist
-workers share it. One test per method runs both checks on one training.
+runs with its defaults. One torch thread per run: the results do not depend on the machine's core count or on
+how many pytest-xdist workers share it. One test per method runs both checks on one training.
 """
 
 from __future__ import annotations
