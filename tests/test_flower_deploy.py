@@ -93,26 +93,25 @@ def processes_of(run_dir) -> list[str]:
     return [cmd for _, cmd in pids_of(run_dir)]
 
 
-def received_trains(run_dir) -> list[int]:
-    """Per site: training messages its SuperNode received in full (Flower's log)."""
+def _train_messages(run_dir, step: str, done: str) -> list[int]:
+    """Per site: training messages its SuperNode logged at ``step`` ("Receiving: ", "Sending: ") and completed
+    (``done`` later in the same entry of Flower's log)."""
     counts = []
     for site in (0, 1):
         log = run_dir / "flower" / f"site-{site}.log"
         text = log.read_text(errors="replace") if log.exists() else ""
-        counts.append(sum(1 for part in text.split("Receiving: ")[1:]
-                          if part.startswith("train") and "Received successfully" in part))
+        counts.append(sum(1 for part in text.split(step)[1:] if part.startswith("train") and done in part))
     return counts
+
+
+def received_trains(run_dir) -> list[int]:
+    """Per site: training messages its SuperNode received in full (Flower's log)."""
+    return _train_messages(run_dir, "Receiving: ", "Received successfully")
 
 
 def sent_trains(run_dir) -> list[int]:
     """Per site: training replies its SuperNode sent to the SuperLink (Flower's log)."""
-    counts = []
-    for site in (0, 1):
-        log = run_dir / "flower" / f"site-{site}.log"
-        text = log.read_text(errors="replace") if log.exists() else ""
-        counts.append(sum(1 for part in text.split("Sending: ")[1:]
-                          if part.startswith("train") and "Sent successfully" in part))
-    return counts
+    return _train_messages(run_dir, "Sending: ", "Sent successfully")
 
 
 def wait_for(predicate, timeout, what):
