@@ -60,11 +60,20 @@ class ConvNet(Backbone):
         return int(self.layer4[0].out_channels)
 
     def run_stage(self, name: str, x: torch.Tensor) -> torch.Tensor:
-        if name == "layer1" and x.shape[-2:] != (self.input_size, self.input_size):
-            raise ConfigError(
-                f"ConvNet was built for {self.input_size}x{self.input_size} inputs but got "
-                f"{x.shape[-2]}x{x.shape[-1]}; resize the images or build it with input_size={x.shape[-1]}"
-            )
+        if name == "layer1":
+            if x.shape[-2:] != (self.input_size, self.input_size):
+                raise ConfigError(
+                    f"ConvNet was built for {self.input_size}x{self.input_size} inputs but got "
+                    f"{x.shape[-2]}x{x.shape[-1]}; resize the images or build it with input_size={x.shape[-1]}"
+                )
+            # channels-last activations (NHWC): every later map inherits the layout from its input, and
+            # oneDNN's convolutions, BatchNorm and max-pooling skip their NCHW reorders (one CPU thread:
+            # benchmarks/convnet_layout.py). The values are the same: the learning check's runs gave its
+            # fixture's late losses to the last digit. The weights keep their layout (checkpoints,
+            # averaging and Flower's arrays see plain contiguous tensors). Not under torch.func.vmap (batched
+            # clients), which cannot query a memory format.
+            if not torch._C._functorch.is_functorch_wrapped_tensor(x):
+                x = x.contiguous(memory_format=torch.channels_last)
         return getattr(self, name)(x)
 
     def pool(self, x: torch.Tensor) -> torch.Tensor:
