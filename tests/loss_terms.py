@@ -19,9 +19,9 @@ Measured (benchmarks/learning_check.py; seeds 0-2, one torch thread, each method
 MOON and PARDON 6 rounds, the others 4; the test reads seed 0):
 
     method   term            ratio, seeds 0-2        floor min/floor
-    fedadg   fedadg_adv_f    0.0893 0.0707 0.0145      0.004       3.6
-    fedadg   fedadg_adv_d    1.01 0.366 0.354           0.02      17.7
-    fedadg   fedadg_adv_g    0.342 0.256 0.309          0.02      12.8
+    fedadg   fedadg_adv_f    0.0676 0.0594 0.0354      0.004       8.8
+    fedadg   fedadg_adv_d    0.274 0.267 0.280          0.02      13.3
+    fedadg   fedadg_adv_g    0.309 0.220 0.253          0.02      11.0
     fedccrl  fedccrl_ce_views 1.67 1.71 1.64             0.02      82.0
     fedccrl  fedccrl_supcon  0.0327 0.0501 0.0474       0.01       3.3
     fedccrl  fedccrl_js      0.00808 0.00812 0.0074    0.002       3.7
