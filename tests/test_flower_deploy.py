@@ -168,15 +168,11 @@ def test_killed_site_drops_out_and_rejoins(two_sites, tmp_path, one_thread):
     out = tmp_path / "dep"
     start_run_dir(config, out, quiet=True)
     settings = DeploySettings(sites=2, insecure=True, wait_timeout=120, round_timeout=300)
-    site_log = out / "flower" / "site-1.log"
-
-    def received_trains() -> int:
-        return site_log.read_text(errors="replace").count("Receiving: train message") if site_log.exists() else 0
 
     with Federation(out, settings, quiet=True) as federation:
         federation.start()
         submitted = federation.submit()
-        wait_for(lambda: received_trains() >= 1, 300, "site 1 to receive round 1")
+        wait_for(lambda: received_trains(out)[1] >= 1, 300, "site 1 to receive round 1")
         federation.stop("site-1", signal.SIGKILL)  # a crash in the middle of round 1: no reply, no goodbye
         federation.start_site(1)  # restarted at once: a new Flower node while the old one is not yet declared dead
         # Flower declares the old node unavailable after two missed heartbeats (<= 60 s): round 1 goes on without it
