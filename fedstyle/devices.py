@@ -30,3 +30,21 @@ def resolve_device(name: str | torch.device) -> torch.device:
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ConfigError(f"--device {name} asked for CUDA but this torch sees no GPU; use --device cpu or auto")
     return device
+
+
+#: images per gradient-free forward pass (evaluation) on the CPU. Small batches keep a pass's maps in the
+#: caches: 512 images' first ConvNet maps (64 x 32 x 32 floats) are 134 MB, past glibc's 32 MB mmap threshold
+#: too (fresh pages that fault on every touch). Measured (``python benchmarks/eval_batch.py``, eval mode, the
+#: 2-core CPU, ms per image at batch 32 / the largest): ConvNet 32 px 0.54 / 1.13 (512) on one thread,
+#: 0.44 / 0.74 on two; EfficientNet-Lite0 64 px 3.1 / 7.2 (256) and 2.0 / 5.4; ResNet-18 64 px 6.1 / 7.7 and
+#: 3.4 / 3.4. The logits were the same to the bit at every batch size.
+CPU_INFERENCE_BATCH = 32
+
+
+def inference_batch(device: str | torch.device, accelerator_batch: int) -> int:
+    """Images per gradient-free forward pass on ``device``: ``accelerator_batch`` on a GPU (or MPS), where a
+    small model's pass is launch-bound; at most :data:`CPU_INFERENCE_BATCH` on the CPU, where it is
+    compute- and cache-bound from a few dozen images on."""
+    if torch.device(device).type == "cpu":
+        return min(accelerator_batch, CPU_INFERENCE_BATCH)
+    return accelerator_batch

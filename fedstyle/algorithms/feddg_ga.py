@@ -75,21 +75,23 @@ import torch.nn.functional as F
 from fedstyle.algorithms.base import Algorithm, apply_reference_code, weighted_average
 from fedstyle.algorithms.hparams import HParam
 from fedstyle.algorithms.registry import register_method
+from fedstyle.devices import inference_batch
 from fedstyle.errors import ConfigError
 
 WEIGHTS = "feddg_ga/weights"  # server.state: a (N,), a probability vector
 _SIZE_ROUND = "feddg_ga/size_round"  # server.state: 1 when this round aggregates by size (reference code)
 _BEFORE = "feddg_ga/local_loss"  # ctx.state: loss of the client's model after its last local training
 _BEFORE_ACC = "feddg_ga/local_acc"
-_EVAL_BATCH = 256
+_EVAL_BATCH = 256  # images per pass on a GPU (on the CPU: fedstyle.devices.inference_batch)
 
 #: reference_code=true: PARDON's fork, for the options not given explicitly
 REFERENCE = {"step": 1.0, "step_divisor": 3, "local_loss": "train"}
 
 
 @torch.no_grad()
-def local_loss_and_accuracy(model, data, device: torch.device, batch_size: int = _EVAL_BATCH) -> tuple[float, float]:
+def local_loss_and_accuracy(model, data, device: torch.device, batch_size: int | None = None) -> tuple[float, float]:
     """Mean cross-entropy and accuracy of ``model`` on a client's data, eval mode, no augmentation."""
+    batch_size = batch_size or inference_batch(device, _EVAL_BATCH)
     was_training = model.training
     model.eval()
     loss = torch.zeros((), dtype=torch.float64, device=device)

@@ -75,6 +75,7 @@ import torch.nn.functional as F
 from fedstyle.algorithms.base import Algorithm, apply_reference_code
 from fedstyle.algorithms.hparams import HParam
 from fedstyle.algorithms.registry import register_method
+from fedstyle.devices import inference_batch
 from fedstyle.errors import ConfigError
 from fedstyle.style.transfer.interpolation import check_partition, finch_partition
 
@@ -82,7 +83,7 @@ PROTOS, CLASSES = "fpl/protos", "fpl/classes"  # payload keys (up: local prototy
 SERVER_PROTOS, SERVER_CLASSES = "fpl/cluster_protos", "fpl/cluster_classes"  # server.state
 _RECEIVED, _SUMS, _STEP = "fpl/received", "fpl/sums", "fpl/step"  # ctx.scratch
 REFERENCE = {"tau": 0.02, "prototypes": "batches"}  # RethinkFL's choices (reference_code=true; main.py:55)
-_BATCH = 256  # images per forward of the prototype pass
+_BATCH = 256  # images per forward of the prototype pass on a GPU (on the CPU: fedstyle.devices.inference_batch)
 
 
 def class_sums(z: torch.Tensor, y: torch.Tensor, num_classes: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -240,9 +241,10 @@ class FPL(Algorithm):
         model.eval()
         images, labels = ctx.data.images, ctx.data.labels
         sums = counts = None
-        for s in range(0, len(images), _BATCH):
-            x = ctx.data.transform(images[s : s + _BATCH].to(ctx.device, non_blocking=True), train=False)
-            part = class_sums(model.features(x), labels[s : s + _BATCH].to(ctx.device), self.num_classes)
+        batch = inference_batch(ctx.device, _BATCH)
+        for s in range(0, len(images), batch):
+            x = ctx.data.transform(images[s : s + batch].to(ctx.device, non_blocking=True), train=False)
+            part = class_sums(model.features(x), labels[s : s + batch].to(ctx.device), self.num_classes)
             sums, counts = part if sums is None else (sums + part[0], counts + part[1])
         model.train(was_training)
         return sums, counts

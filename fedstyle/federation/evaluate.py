@@ -7,7 +7,11 @@ from typing import Callable, Mapping
 import torch
 from torch import nn
 
+from fedstyle.devices import inference_batch
 from fedstyle.federation.client import load_weights
+
+#: images per evaluation forward pass on a GPU (on the CPU: fedstyle.devices.CPU_INFERENCE_BATCH)
+EVAL_BATCH = 512
 
 
 class EvalSet:
@@ -21,7 +25,11 @@ class EvalSet:
 
 
 @torch.no_grad()
-def accuracy(model: nn.Module, data: EvalSet, transform: Callable, device: torch.device, batch_size: int = 512) -> float:
+def accuracy(model: nn.Module, data: EvalSet, transform: Callable, device: torch.device,
+             batch_size: int | None = None) -> float:
+    """Top-1 accuracy of ``model`` in eval mode on ``data``, in passes of ``batch_size`` images (default: by
+    device, :func:`fedstyle.devices.inference_batch`)."""
+    batch_size = batch_size or inference_batch(device, EVAL_BATCH)
     if len(data) == 0:
         return float("nan")
     model.eval()
