@@ -32,6 +32,11 @@ class Registry(Generic[T]):
     def add(self, name: str, obj: T) -> T:
         return self.register(name)(obj)
 
+    def unregister(self, name: str) -> T:
+        """Remove ``name`` and return its component (for a component registered for a while, e.g. by a test)."""
+        self.get(name)  # an unknown name: the error that lists the valid ones
+        return self._items.pop(name)
+
     def get(self, name: str) -> T:
         try:
             return self._items[name]

@@ -131,6 +131,19 @@ def test_registry_names():
         build_backbone("vgg16", 224)
 
 
+def test_a_backbone_registered_for_a_while_builds_and_is_gone_after():
+    """The learning check's narrow ConvNet (tests/learning.py check_backbone) through Registry.unregister."""
+    from learning import WIDTH, check_backbone
+
+    with check_backbone():
+        model = build_model(f"convnet_{WIDTH}ch", num_classes=10, input_size=32)
+        assert model.backbone.out_channels == WIDTH and model.backbone.feature_dim == WIDTH * 2 * 2
+    assert f"convnet_{WIDTH}ch" not in BACKBONES
+    assert BACKBONES.names() == ["cnn_digitsdg", "convnet", "efficientnet_lite0", "resnet18", "resnet50"]
+    with pytest.raises(UnknownNameError, match="convnet"):
+        BACKBONES.unregister("vgg16")
+
+
 @pytest.mark.parametrize("name, size, dim", [("convnet", 32, 256), ("cnn_digitsdg", 32, 256), ("resnet18", 32, 512)])
 def test_build_model(name, size, dim):
     torch.manual_seed(0)
