@@ -158,6 +158,9 @@ def test_deploy_matches_simulator_with_tls_and_resumes(two_sites, tmp_path, one_
         assert (out / name).exists(), name
     for log in ("superlink.log", "site-0.log", "site-1.log", "serverapp.log"):
         assert (out / "flower" / log).stat().st_size > 0
+    for log in ("site-0.log", "site-1.log"):  # warm sites (runtimes/flower/warm_site.py): each message a forked process
+        text = (out / "flower" / log).read_text(errors="replace")
+        assert text.count("fedstyle site: ClientApp task") == text.count("Receiving:") > 0, text[-3000:]
     assert_same_run(out, tmp_path / "sim-ccst")
     setup = [r for r in records(out) if r.get("event") == "setup"]
     assert len(setup) == 1 and setup[0]["setup_bytes_up"] > 0  # the resume did not redo the exchange

@@ -245,6 +245,7 @@ def test_deploy_site_passes_its_state_folder(tmp_path, monkeypatch, site_state):
     """`fedstyle deploy site` starts the SuperNode with the partition, the state folder (--state-dir, else
     $FEDSTYLE_SITE_STATE / the per-user one) and the data root in its node config, running this fedstyle."""
     import os
+    import sys
     from pathlib import Path
 
     import fedstyle
@@ -257,6 +258,9 @@ def test_deploy_site_passes_its_state_folder(tmp_path, monkeypatch, site_state):
                  "--state-dir", str(tmp_path / "st"), "--data-root", str(tmp_path / "data")]) == 0
     assert main(["deploy", "site", "--superlink", "coord:9093", "--insecure", "--partition-id", "0"]) == 0
     (first, pythonpath), (second, _) = started
+    if sys.platform.startswith("linux"):  # a warm site around the SuperNode (runtimes/flower/warm_site.py)
+        assert first[:3] == [sys.executable, "-m", "fedstyle.runtimes.flower.warm_site"]
+    assert "flower-supernode" in first[3 if sys.platform.startswith("linux") else 0]
     config = first[first.index("--node-config") + 1]
     assert config == f'partition-id=2 state-dir="{tmp_path / "st"}" data-root="{tmp_path / "data"}"'
     assert second[second.index("--node-config") + 1] == f'partition-id=0 state-dir="{site_state}"'

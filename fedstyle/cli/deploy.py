@@ -102,7 +102,9 @@ def add_deploy_command(sub) -> None:
 
     site = actions.add_parser("site", help="one site: a SuperNode holding one client, in the foreground",
                               description="Start this site's SuperNode (flower-supernode) connected to the coordinator's "
-                              "SuperLink; it runs the ClientApp for every message until stopped (Ctrl-C).")
+                              "SuperLink; it runs the ClientApp for every message, each in a process forked from the site's own, "
+                              "which imported torch and fedstyle once (FEDSTYLE_COLD_SITES=1: a fresh flwr-clientapp "
+                              "process each, Flower's default), until stopped (Ctrl-C).")
     site.add_argument("--superlink", required=True, metavar="HOST:PORT", help="the coordinator's SuperLink address")
     site.add_argument("--partition-id", type=int, required=True, metavar="K", help="which client of the partition this site holds")
     site.add_argument("--root-certificates", metavar="CA.crt", help="the coordinator's CA certificate (TLS)")
@@ -312,6 +314,7 @@ def _cmd_site(args: argparse.Namespace) -> int:
     from fedstyle.runtimes.flower import require_flower
     from fedstyle.runtimes.flower.deployment import fedstyle_path, flower_bin, free_port
     from fedstyle.runtimes.flower.node_config import node_config as make_node_config
+    from fedstyle.runtimes.flower.warm_site import site_command
     from fedstyle.runtimes.site_state import default_state_root
 
     require_flower("fedstyle deploy site")
@@ -328,5 +331,8 @@ def _cmd_site(args: argparse.Namespace) -> int:
     sys.stdout.flush()
     sys.stderr.flush()
     os.environ["PYTHONPATH"] = fedstyle_path(os.environ.get("PYTHONPATH"))  # its ClientApps run this fedstyle
-    os.execv(argv[0], argv)  # the SuperNode replaces this process: Ctrl-C and signals reach it directly
+    # the site (a warm one: runtimes/flower/warm_site.py, around the SuperNode) replaces this process, in the
+    # foreground: Ctrl-C and signals reach it, its SuperNode and its ClientApps directly
+    argv = site_command(argv)
+    os.execv(argv[0], argv)
     return 0  # not reached

@@ -54,6 +54,7 @@ from fedstyle.runtimes.flower.processes import (
     tail,
     wait_for_port,
 )
+from fedstyle.runtimes.flower.warm_site import site_command
 
 CONNECTION = "fedstyle"
 
@@ -304,7 +305,8 @@ class Federation(Supervisor):
         return argv
 
     def start_site(self, site: int) -> subprocess.Popen:
-        return self._start(f"site-{site}", self.site_argv(site), site=True)
+        # a warm site (.warm_site): its ClientApp processes fork from one that imported torch and fedstyle
+        return self._start(f"site-{site}", site_command(self.site_argv(site)), site=True)
 
     def start(self) -> None:
         self.prepare()
