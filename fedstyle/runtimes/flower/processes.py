@@ -15,8 +15,8 @@ none of that code runs. Three layers stop the federation then (Linux), each for 
   which sets ``PR_SET_PDEATHSIG`` (SIGKILL) and execs the real program. An exec shim rather than
   ``preexec_fn``: no Python runs in the forked child of a process with threads (torch's pools, tqdm's
   monitor), where ``preexec_fn`` can deadlock;
-- the processes Flower starts below them (SuperExec, ServerApp, ClientApp) are in sessions of their own
-  and are not the owner's children: a :mod:`.watchdog` process, started first, SIGKILLs every process
+- the processes below them (Flower's SuperExec and ServerApp, in sessions of their own; the ClientApps
+  a warm site, :mod:`.warm_site`, forks) are not the owner's children: a :mod:`.watchdog` process, started first, SIGKILLs every process
   carrying the marker once the owner is gone. Flower's own parent monitors do not suffice: measured
   here, a ServerApp wrote another metrics.jsonl row after its SuperLink and SuperExec had been killed,
   and was still alive a minute later;
