@@ -94,7 +94,7 @@ def claim_lines(table, dataset: str) -> list[str]:
         return ["claim: not all of StableFDG, DSU, MixStyle, FedAvg have results"]
     lines = []
     for better, worse, verdict in judge_chain(list(CLAIM), rows):
-        lines.append(f"claim {better} > {worse}: **{verdict.status}** ({verdict.text})")
+        lines.append(f"claim {better} > {worse}: **{verdict.status}** ({verdict.text()})")
     return lines
 
 
