@@ -23,7 +23,8 @@ Processes, for the deployment's supervision (:mod:`.processes`): the SuperNode a
 stay in this process's process group, which the Supervisor stops together; the SuperNode gets the kernel's
 parent-death signal (it dies with this process, as Flower's SuperExec dies with its SuperNode); each
 ClientApp watches this process (Flower's parent monitor, the task's ``parent_pid``) and the deployment's
-owner (:func:`~.processes.die_with_owner`); this process exits when its SuperNode has exited. Nothing here
+owner (:func:`~.processes.die_with_owner`); this process exits when its SuperNode has exited (a thread waits
+for it). Nothing here
 runs a torch operation before a fork (no intra-op thread pool to inherit half-made).
 
 What it relies on in Flower 1.41 (pinned in pyproject.toml): ``run_superexec`` takes its executor from the
@@ -38,6 +39,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import traceback
 
 #: environment variable: ``1`` runs sites as plain ``flower-supernode`` processes (Flower's own per-message
@@ -165,6 +167,13 @@ def _run_clientapp_and_exit(spec) -> None:
         os._exit(code)
 
 
+def _exit_with(supernode: subprocess.Popen) -> None:
+    """Wait for the SuperNode and end this process with it (its forked ClientApps watch this process and stop)."""
+    code = supernode.wait()
+    print(f"fedstyle site: the SuperNode exited (code {code}); stopping", file=sys.stderr, flush=True)
+    os._exit(code if code > 0 else int(code != 0))  # killed by a signal: 1
+
+
 def _warm_up() -> None:
     """Import what every ClientApp process imports (no torch operation runs: nothing to inherit half-made)."""
     import torch  # noqa: F401
@@ -186,6 +195,9 @@ def main(argv: list[str] | None = None) -> None:
     # the SuperNode, our child, dies with us (the kernel's parent-death signal, set by the exec shim)
     supernode = subprocess.Popen([sys.executable, "-S", "-c", _DIE_WITH_PARENT, str(os.getpid()), *supernode_argv,
                                   "--isolation", "process"], stdin=subprocess.DEVNULL)
+    # this process ends when its SuperNode does, whatever its main thread is doing then (the SuperExec loop can
+    # sit in its Runtime API client's retries once the SuperNode is gone, never reaching ForkExecutor.reconcile)
+    threading.Thread(target=_exit_with, args=(supernode,), name="fedstyle-supernode-watch", daemon=True).start()
     _warm_up()  # while the SuperNode starts
     try:
         wait_for_port(host, port, 120.0, supernode)
