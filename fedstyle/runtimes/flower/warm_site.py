@@ -81,11 +81,10 @@ def runtime_host(supernode_argv: list[str]) -> str:
 
 class ForkExecutor:
     """Flower's SuperExec executor protocol (``flwr.supercore.superexec.executor.types.Executor``) with a
-    forked child per ClientApp task; :meth:`reconcile` reaps the children and ends this process once the
-    SuperNode has exited."""
+    forked child per ClientApp task; :meth:`reconcile` reaps the children (the SuperNode's end is watched by
+    a thread of :func:`main`'s, :func:`_exit_with`)."""
 
-    def __init__(self, supernode: subprocess.Popen):
-        self.supernode = supernode
+    def __init__(self):
         self.children: set[int] = set()
 
     def get_eligible_capacity(self, supported_task_types, *, insecure: bool = False,
@@ -121,10 +120,6 @@ class ForkExecutor:
                 done = pid
             if done:
                 self.children.discard(pid)
-        code = self.supernode.poll()
-        if code is not None:
-            print(f"fedstyle site: the SuperNode exited (code {code}); stopping", file=sys.stderr, flush=True)
-            raise SystemExit(code if code > 0 else int(code != 0))  # killed by a signal: 1
 
     def close(self) -> None:
         return None
@@ -210,7 +205,7 @@ def main(argv: list[str] | None = None) -> None:
           file=sys.stderr, flush=True)
     from flwr.supercore.superexec import run_superexec as flower_superexec
 
-    executor = ForkExecutor(supernode)
+    executor = ForkExecutor()
     # Flower 1.41 builds the executor from a type name; this process's loop takes ours
     flower_superexec.get_executor = lambda *args, **kwargs: executor
     try:
