@@ -109,7 +109,8 @@ def test_the_noise_has_std_z_times_2c():
     privacy = StylePrivacy(clip=0.3, noise=1.7)
     assert privacy.sensitivity == 0.6 and privacy.std == pytest.approx(1.02)
     draws = privacy.perturb(torch.zeros(40_000, dtype=torch.float64), privacy.generator(0))
-    assert float(draws.std()) == pytest.approx(1.02, rel=0.02) and abs(float(draws.mean())) < 0.02
+    # OS noise: both bounds sit >= 5.8 standard errors out (sd of the mean 0.0051, of the std 0.0036 rel.)
+    assert float(draws.std()) == pytest.approx(1.02, rel=0.021) and abs(float(draws.mean())) < 0.03
     # through the released sums: the overall style's mean is S_1 / N, noised by z 2C / N per channel
     backend, batch = PixelAdaIN(), images(n=10)
     clean = backend.dataset_style([batch], privacy=StylePrivacy(clip=10.0)).tensors["mean"]
@@ -308,7 +309,9 @@ def styles(uploads, key):
 
 @pytest.mark.parametrize("style_type,z,predicted", [("overall", 0.01, 0.01 * 2 * 10 / 20), ("single", 1e-3, 0.02)])
 def test_ccst_upload_under_the_defence_differs_by_the_predicted_noise(style_type, z, predicted):
-    hp = {"style_type": style_type, "j": 20}
+    # seeded noise: one fixed draw, so the check cannot fail by chance (with the OS's noise the 9 numbers of
+    # "overall" fell outside rel=0.6 about once in 100 runs: a CI run on 2026-11-26 saw 0.0037)
+    hp = {"style_type": style_type, "j": 20, "dp_noise_source": "seeded"}
     _, clean, _ = ccst(hp)
     _, zeros, contexts = ccst({**hp, "dp_clip": 0.0, "dp_noise": 0.0})  # = defaults: the same cache entry
     assert torch.equal(styles(clean, "mean"), styles(zeros, "mean"))
