@@ -185,3 +185,72 @@ def test_per_class_below_one_is_refused(tiny_config, tmp_path):
     with pytest.raises(ConfigError, match="--per-class must be at least 1"):
         run_experiment(tiny_config.updated(per_class=0), tmp_path / "a", quiet=True)
     assert not (tmp_path / "a").exists()
+
+
+def test_fixbn_normalises_by_batch_statistics_before_its_round_and_by_the_frozen_running_ones_from_it():
+    """FixBN (Classifier.set_batchnorm's fix_round R): rounds before R train BatchNorm on batch statistics and
+    move the running ones; from round R the running statistics normalise the batch, as in evaluation, and
+    stay put, while the affine weights still get gradients."""
+    torch.manual_seed(0)
+    model = build_model("convnet", 4, 32)
+    model.set_batchnorm("train", 0.5, fix_round=3)
+    first = _bn_layers(model)[0]
+    first.running_mean.fill_(0.5)
+    first.running_var.fill_(4.0)
+    seen = {}
+    handle = first.register_forward_hook(lambda m, i, o: seen.update(input=i[0].detach().clone(), output=o.clone()))
+    x = torch.randn(6, 3, 32, 32) * 2 + 1
+    model.enter_round(2)
+    model.train()
+    assert model.uses_batch_statistics and first.training
+    model(x)
+    batch_mean = seen["input"].mean((0, 2, 3))
+    torch.testing.assert_close(first.running_mean, 0.5 * 0.5 + 0.5 * batch_mean)  # exploration: statistics move
+    normalised = (seen["input"] - batch_mean.view(1, -1, 1, 1)) / torch.sqrt(
+        seen["input"].var((0, 2, 3), unbiased=False).view(1, -1, 1, 1) + first.eps)
+    torch.testing.assert_close(seen["output"], normalised * first.weight.view(1, -1, 1, 1) + first.bias.view(1, -1, 1, 1))
+    mean, var = first.running_mean.clone(), first.running_var.clone()
+    model.enter_round(3)
+    model.train()
+    assert not model.uses_batch_statistics and not first.training and model.training
+    y = torch.tensor([0, 1, 2, 3, 0, 1])
+    nn.functional.cross_entropy(model(x), y).backward()
+    expected = (seen["input"] - mean.view(1, -1, 1, 1)) / torch.sqrt(var.view(1, -1, 1, 1) + first.eps)
+    torch.testing.assert_close(seen["output"], expected * first.weight.view(1, -1, 1, 1) + first.bias.view(1, -1, 1, 1))
+    assert torch.equal(first.running_mean, mean) and torch.equal(first.running_var, var)  # calibration: frozen
+    assert float(first.weight.grad.abs().sum()) > 0 and float(first.bias.grad.abs().sum()) > 0
+    model.enter_round(7)
+    model.train()
+    assert not first.training  # every later round too
+    for bad in ({"mode": "eval", "fix_round": 2}, {"mode": "train", "fix_round": -1}):
+        with pytest.raises(ConfigError, match="fix round"):
+            model.set_batchnorm(bad["mode"], fix_round=bad["fix_round"])
+
+
+def test_a_fixbn_run_freezes_the_global_running_statistics_from_its_round(tiny_config, tmp_path):
+    """Through the federation: with --batchnorm-fix-round 2 the running statistics after 3 rounds are the
+    global ones of round 1 (no client moves them after the switch; the average of equal copies to float32
+    rounding; without FixBN they move by 0.2-1.1), while the weights go on
+    training; without it they keep moving. A constant lr, so round 1 is the same in every run."""
+    from safetensors.torch import load_file
+
+    base = tiny_config.updated(lr_schedule="constant", batchnorm_momentum=0.5)
+    runs = {"one": base.updated(rounds=1), "fixed": base.updated(rounds=3, batchnorm_fix_round=2),
+            "batch": base.updated(rounds=3)}
+    weights = {}
+    for name, config in runs.items():
+        run_experiment(config, tmp_path / name, quiet=True)
+        weights[name] = load_file(tmp_path / name / "checkpoint.safetensors")
+    stats = [k for k in weights["one"] if k.startswith("global/") and (k.endswith("running_mean") or k.endswith("running_var"))]
+    conv = next(k for k in weights["one"] if k.startswith("global/") and k.endswith(".weight") and weights["one"][k].dim() == 4)
+    assert stats
+    for k in stats:  # the server's weighted average of the clients' equal copies rounds in the last bit
+        torch.testing.assert_close(weights["fixed"][k], weights["one"][k], rtol=1e-6, atol=1e-6)
+    assert not all(torch.equal(weights["batch"][k], weights["one"][k]) for k in stats)
+    assert not torch.equal(weights["fixed"][conv], weights["one"][conv])
+    assert json.loads((tmp_path / "fixed" / "config.json").read_text())["batchnorm_fix_round"] == 2
+    for bad, message in ((base.updated(batchnorm_fix_round=-1), "must be >= 0"),
+                         (base.updated(batchnorm="eval", batchnorm_fix_round=2), "needs --batchnorm train")):
+        with pytest.raises(ConfigError, match=message):
+            run_experiment(bad, tmp_path / "bad", quiet=True)
+        assert not (tmp_path / "bad").exists()

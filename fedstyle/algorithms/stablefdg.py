@@ -265,7 +265,7 @@ class StableFDG(Algorithm):
         phi = dataset_style(model.backbone, ctx.data, self.hp["share_stage"], ctx.device, self.hp["style_images"],
                             ctx.generator, privacy, privacy.generator(ctx.seed, "stablefdg"),
                             mode=self.hp["style_stats"], batch_size=ctx.train.batch_size,
-                            batch_stats=getattr(model, "batchnorm", "train") == "train",
+                            batch_stats=getattr(model, "uses_batch_statistics", True),
                             unbiased=reference, spread_eps=1e-6 if reference else 0.0).as_tensor()
         count_release(ctx.state, privacy)
         if ctx.device.type == "cuda":

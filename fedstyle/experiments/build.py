@@ -160,7 +160,7 @@ def build_experiment(config: RunConfig, progress: bool = True) -> Experiment:
     algorithm = method_cls(config.hparams, num_classes=dataset.num_classes, num_clients=len(specs))
     algorithm.configure_model(model)
     # after configure_model: a method's neck may add BatchNorm layers
-    model.set_batchnorm(config.batchnorm, config.batchnorm_momentum)
+    model.set_batchnorm(config.batchnorm, config.batchnorm_momentum, config.batchnorm_fix_round)
     model.to(device=device, memory_format=torch.channels_last)  # matches BatchTransform's NHWC output
 
     clients = shared_clients(dataset, split, specs, transform)

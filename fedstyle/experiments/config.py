@@ -99,6 +99,11 @@ class RunConfig:
                                             "the ResNets and the ConvNet, 0.01 (TensorFlow's decay 0.99) for "
                                             "efficientnet_lite0; 0.1 lets the running statistics follow a short "
                                             "fine-tuning with --batchnorm train")
+    batchnorm_fix_round: int = _opt(0, "FixBN (Zhong et al., ICML 2024): with --batchnorm train, from this round on "
+                                    "(1 = the first) every client normalises with the global model's running "
+                                    "statistics, frozen, as evaluation does; 0 = never. Half the rounds is the "
+                                    "paper's choice; it closes the gap batch statistics leave when each client "
+                                    "holds one domain (benchmarks/RESULTS.md 'Fine-tuning with batch statistics')")
     rounds: int = _opt(20, "communication rounds (peer-to-peer: epochs of iterations)")
     local_epochs: int = _opt(1, "local epochs per round")
     local_steps: int = _opt(0, "local steps per round (overrides --local-epochs when > 0)")
@@ -242,6 +247,11 @@ class RunConfig:
             (self.lr > 0, "--lr must be positive"),
             (self.batchnorm_momentum is None or 0 < self.batchnorm_momentum <= 1,
              f"--batchnorm-momentum must be in (0, 1], got {self.batchnorm_momentum}"),
+            (self.batchnorm_fix_round >= 0, f"--batchnorm-fix-round must be >= 0 (0 = never), got "
+                                            f"{self.batchnorm_fix_round}"),
+            (self.batchnorm_fix_round == 0 or self.batchnorm == "train",
+             f"--batchnorm-fix-round {self.batchnorm_fix_round} needs --batchnorm train (FixBN ends a phase of "
+             f"batch statistics; with --batchnorm {self.batchnorm} there is none): drop one of them"),
             (0 < self.fraction <= 1, "--fraction must be in (0, 1]"),
             (self.clients_per_round >= 0, "--clients-per-round must be >= 0"),
             (self.alpha > 0, "--alpha must be positive"),

@@ -22,6 +22,7 @@ from torch import nn
 from fedstyle.algorithms.base import Algorithm, ClientResult
 from fedstyle.algorithms.context import PHASE_MODES, ClientContext, ClientUpdate
 from fedstyle.errors import ConfigError
+from fedstyle.models.base import Classifier
 from fedstyle.payload import Payload, check_payload
 
 _LOCAL = "local/"
@@ -121,6 +122,8 @@ def enter_client(
     if _INITIALISED not in ctx.state:
         algo.init_client_state(ctx, model)
         ctx.state[_INITIALISED] = torch.ones(())
+    if isinstance(model, Classifier):
+        model.enter_round(ctx.round + 1)  # FixBN's switch (Classifier.set_batchnorm), before the mode is set
     model.train(PHASE_MODES[ctx.phase] == "train")
     # style ops draw from torch's global generator: seed it per client and round for reproducibility
     torch.manual_seed(ctx.seed)

@@ -169,8 +169,11 @@ class Classifier(nn.Module):
         self.neck: Neck = PooledNeck(backbone)
         self.head = nn.Linear(backbone.feature_dim, num_classes)
         self.batchnorm = "train"
+        #: FixBN's switch round (1-based; 0 = never) and whether the round being trained is past it
+        self.batchnorm_fix_round = 0
+        self._batchnorm_fixed = False
 
-    def set_batchnorm(self, mode: str, momentum: float | None = None) -> None:
+    def set_batchnorm(self, mode: str, momentum: float | None = None, fix_round: int = 0) -> None:
         """How BatchNorm layers behave in training, for fine-tuning a pretrained backbone.
 
         ``train`` (default): batch statistics, running statistics updated. ``eval``: BatchNorm
@@ -185,12 +188,26 @@ class Classifier(nn.Module):
         0.01 the running statistics that evaluation uses still hold 74 % of ImageNet's after 30 steps
         (0.99^30) while the weights have adapted to the batch statistics (benchmarks/RESULTS.md "The
         pretrained track", 'Fine-tuning with batch statistics').
+
+        ``fix_round`` R > 0 (``train`` mode only) is FixBN (Zhong, Chen & Chao, "Making Batch Normalization
+        Great in Federated Deep Learning", ICML 2024, arXiv:2303.06530): batch statistics in rounds 1 .. R-1
+        (their exploration phase), then, from round R on, every client normalises with the global model's
+        running statistics, which stop updating (their calibration phase; the affine weights still train).
+        Training then normalises as evaluation does; with one domain per client, plain ``train`` mode
+        normalises each client's batch by its own domain's statistics while evaluation uses the clients'
+        average, which no client trained with. The federation calls :meth:`enter_round` before a client
+        trains.
         """
         if mode not in BATCHNORM_MODES:
             raise ConfigError(f"batchnorm must be one of {', '.join(BATCHNORM_MODES)}, got {mode!r}")
         if momentum is not None and not 0.0 < momentum <= 1.0:
             raise ConfigError(f"batchnorm momentum must be in (0, 1], got {momentum}")
+        if fix_round < 0 or (fix_round > 0 and mode != "train"):
+            raise ConfigError(f"batchnorm fix round must be >= 0 (0 = never) and needs batchnorm=train (it ends "
+                              f"a phase of batch statistics), got {fix_round} with batchnorm={mode}")
         self.batchnorm = mode
+        self.batchnorm_fix_round = int(fix_round)
+        self._batchnorm_fixed = False
         for module in self.modules():
             if isinstance(module, nn.modules.batchnorm._BatchNorm):
                 module.requires_grad_(mode != "frozen")
@@ -198,9 +215,20 @@ class Classifier(nn.Module):
                     module.momentum = float(momentum)
         self.train(self.training)
 
+    def enter_round(self, round_number: int) -> None:
+        """Tell the model which round (1-based, as metrics.jsonl counts) a client trains: FixBN's switch
+        (:meth:`set_batchnorm`'s ``fix_round``); takes effect at the next :meth:`train`."""
+        self._batchnorm_fixed = 0 < self.batchnorm_fix_round <= round_number
+
+    @property
+    def uses_batch_statistics(self) -> bool:
+        """Whether BatchNorm normalises a training batch by its own statistics (``train`` mode before any
+        FixBN switch), or by the running ones (``eval``, ``frozen``, FixBN's calibration phase)."""
+        return self.batchnorm == "train" and not self._batchnorm_fixed
+
     def train(self, mode: bool = True) -> "Classifier":
         super().train(mode)
-        if mode and self.batchnorm != "train":
+        if mode and not self.uses_batch_statistics:
             for module in self.modules():
                 if isinstance(module, nn.modules.batchnorm._BatchNorm):
                     module.eval()
