@@ -255,7 +255,10 @@ def test_a_killed_extraction_leaves_nothing_that_looks_complete(tmp_path, monkey
         dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
         from fedstyle.io import temp_prefix
 
-        stale = tmp_path / temp_prefix("PACS").replace(str(os.getpid()), dead.stdout.strip())
+        # the pid swapped in its own field (a str.replace could also hit the pid's digits in the host name)
+        prefix = temp_prefix("PACS")
+        assert prefix.endswith(f"-{os.getpid()}.")
+        stale = tmp_path / (prefix[: -len(f"{os.getpid()}.")] + f"{dead.stdout.strip()}.")
         (Path(str(stale) + "x.tmp") / "result" / "photo").mkdir(parents=True)
         monkeypatch.undo()
         download_dataset("pacs", tmp_path, sources=sources, progress=False)

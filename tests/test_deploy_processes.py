@@ -64,11 +64,22 @@ def test_orphans_outside_the_process_tree_are_stopped_too():
     assert time.monotonic() - started < 5  # SIGTERM suffices: no grace period waited out
 
 
+def _status_field(pid: int, name: str) -> str:
+    """A field of /proc/PID/status ("0" when the process is gone)."""
+    try:
+        lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    except OSError:
+        return "0"
+    return next((line.split(":", 1)[1].strip() for line in lines if line.startswith(name + ":")), "0")
+
+
 def test_a_process_that_ignores_sigterm_is_killed_after_the_grace_period():
     marker = uuid.uuid4().hex
     stubborn = start(f"import signal; signal.signal(signal.SIGTERM, signal.SIG_IGN); {SLEEP}", marker)
     wait_for(lambda: marked_processes(marker) == [stubborn.pid])
-    time.sleep(0.5)  # let it install its handler
+    # until its SIGTERM handler is installed (a fixed sleep could lose that race on a loaded machine)
+    sigterm = 1 << (signal.SIGTERM - 1)
+    wait_for(lambda: int(_status_field(stubborn.pid, "SigIgn"), 16) & sigterm)
     started = time.monotonic()
     assert stop_processes([stubborn], signal.SIGTERM, grace=1.0, marker=marker) == []
     assert 1.0 <= time.monotonic() - started < 6

@@ -193,7 +193,9 @@ def test_stablefdg_phi_under_the_defence_differs_by_the_predicted_noise():
     system = {**seeded, "dp_noise_source": "os"}
     first, second = query(system)[2], query(system)[2]
     assert not torch.equal(first, second) and not torch.equal(first, noisy)
-    assert float((first[:2] - clean[:2]).square().mean().sqrt()) == pytest.approx(expected, rel=0.25)
+    # its size on the mean row alone (64 values, never floored; sigma_mean's row is floored at sqrt(1e-6),
+    # which biases its RMS low): rel=0.45 is 5.1 standard errors (1/sqrt(128)), so a chance failure is ~6e-7
+    assert float((first[0] - clean[0]).square().mean().sqrt()) == pytest.approx(expected, rel=0.45)
     # the releases are counted in the client state, whose count the round's metrics report with their eps
     query(seeded, state=ctx.state)
     metrics = release_metrics(ctx.state, StylePrivacy(clip, z))
@@ -205,7 +207,8 @@ def test_stablefdg_phi_under_the_defence_differs_by_the_predicted_noise():
 def test_system_noise_is_standard_normal_and_never_repeats():
     draws = SystemNormal().randn((200_000,))
     assert draws.dtype == torch.float64 and draws.shape == (200_000,)
-    assert abs(float(draws.mean())) < 0.01 and float(draws.std()) == pytest.approx(1.0, rel=0.01)
+    # the mean bound 5.8 standard errors (1 / sqrt(200,000)) out, like the tolerances beside it
+    assert abs(float(draws.mean())) < 0.013 and float(draws.std()) == pytest.approx(1.0, rel=0.01)
     assert float((draws.abs() > 3).double().mean()) == pytest.approx(0.0027, rel=0.25)  # Gaussian tails
     assert not torch.equal(SystemNormal().randn((8,)), SystemNormal().randn((8,)))
     privacy = StylePrivacy(clip=1.0, noise=1.0)  # the default source: os, whatever seed is given
