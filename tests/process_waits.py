@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from pathlib import Path
 
 
 def wait_for(predicate, timeout: float = 20.0, what: str = "it", poll: float = 0.05) -> None:
@@ -25,3 +26,13 @@ def kill_all(pids) -> None:
             os.kill(pid, signal.SIGKILL)
         except OSError:
             pass
+
+
+def signal_dispositions(pid: int) -> dict[str, str]:
+    """The blocked / ignored / caught signal masks of ``pid`` (/proc/PID/status; hex strings), empty when it is
+    gone."""
+    try:
+        lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    except OSError:
+        return {}
+    return {k: v.strip() for k, _, v in (line.partition(":") for line in lines) if k in ("SigBlk", "SigIgn", "SigCgt")}

@@ -13,7 +13,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from process_waits import kill_all, wait_for
+from process_waits import kill_all, signal_dispositions, wait_for
 
 from fedstyle.runtimes.flower.processes import MARKER_ENV, _alive, descendants, marked_processes, stop_processes
 
@@ -64,22 +64,13 @@ def test_orphans_outside_the_process_tree_are_stopped_too():
     assert time.monotonic() - started < 5  # SIGTERM suffices: no grace period waited out
 
 
-def _status_field(pid: int, name: str) -> str:
-    """A field of /proc/PID/status ("0" when the process is gone)."""
-    try:
-        lines = Path(f"/proc/{pid}/status").read_text().splitlines()
-    except OSError:
-        return "0"
-    return next((line.split(":", 1)[1].strip() for line in lines if line.startswith(name + ":")), "0")
-
-
 def test_a_process_that_ignores_sigterm_is_killed_after_the_grace_period():
     marker = uuid.uuid4().hex
     stubborn = start(f"import signal; signal.signal(signal.SIGTERM, signal.SIG_IGN); {SLEEP}", marker)
     wait_for(lambda: marked_processes(marker) == [stubborn.pid])
     # until its SIGTERM handler is installed (a fixed sleep could lose that race on a loaded machine)
     sigterm = 1 << (signal.SIGTERM - 1)
-    wait_for(lambda: int(_status_field(stubborn.pid, "SigIgn"), 16) & sigterm)
+    wait_for(lambda: int(signal_dispositions(stubborn.pid).get("SigIgn", "0"), 16) & sigterm)
     started = time.monotonic()
     assert stop_processes([stubborn], signal.SIGTERM, grace=1.0, marker=marker) == []
     assert 1.0 <= time.monotonic() - started < 6

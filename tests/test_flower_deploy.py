@@ -31,7 +31,7 @@ from fedstyle.runtimes.flower.deployment import (  # noqa: E402
     load_settings,
 )
 from run_records import evaluations  # noqa: E402
-from process_waits import wait_for as shared_wait_for  # noqa: E402
+from process_waits import signal_dispositions, wait_for as shared_wait_for  # noqa: E402
 
 # each message starts a ClientApp process (Flower's design): ~10-60 s per run; on pytest-xdist workers the
 # deployments run one after another on one worker while the other worker runs the rest
@@ -189,15 +189,6 @@ def test_killed_site_drops_out_and_rejoins(two_sites, tmp_path, one_thread):
     assert json.loads((out / "summary.json").read_text())["rounds"] == 2
 
 
-def _signal_dispositions(pid: int) -> dict[str, str]:
-    """The blocked / ignored / caught signal masks of ``pid`` (/proc/PID/status), for failure messages."""
-    try:
-        lines = Path(f"/proc/{pid}/status").read_text().splitlines()
-    except OSError:
-        return {}
-    return {k: v.strip() for k, _, v in (line.partition(":") for line in lines) if k in ("SigBlk", "SigIgn", "SigCgt")}
-
-
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_ctrl_c_or_sigterm_stops_every_process(two_sites, tmp_path, sig):
     import subprocess
@@ -220,19 +211,19 @@ def test_ctrl_c_or_sigterm_stops_every_process(two_sites, tmp_path, sig):
     try:
         wait_for(lambda: (out / "flower" / "site-1.log").exists() and len(processes_of(out)) >= 5, 120,
                  "the SuperLink and both sites")
-        dispositions = _signal_dispositions(proc.pid)
+        dispositions = signal_dispositions(proc.pid)
         proc.send_signal(sig)
         try:
             _, err = proc.communicate(timeout=120)  # an orderly stop: 10 s grace + 5 s kill, more when loaded
         except subprocess.TimeoutExpired:
-            hung = _signal_dispositions(proc.pid)
+            hung = signal_dispositions(proc.pid)
             proc.send_signal(signal.SIGABRT)  # faulthandler's dump of every thread's stack, then exit
             try:
                 _, err = proc.communicate(timeout=30)
             except subprocess.TimeoutExpired:
                 err = "(no stack dump within 30 s of SIGABRT)"
             message = (f"deploy did not return within 120 s of signal {sig}; its signal masks when signalled "
-                       f"{dispositions}, 120 s later {hung}, this test process's {_signal_dispositions(os.getpid())}; "
+                       f"{dispositions}, 120 s later {hung}, this test process's {signal_dispositions(os.getpid())}; "
                        f"its stderr:\n{err[-6000:]}")
             # also as a warning: the known-defect mark below reports an expected failure by its reason alone, and
             # the suite's warnings summary is where this dump then shows (it names where deploy hung)
