@@ -250,7 +250,8 @@ def test_a_fixbn_run_freezes_the_global_running_statistics_from_its_round(tiny_c
     assert not torch.equal(weights["fixed"][conv], weights["one"][conv])
     assert json.loads((tmp_path / "fixed" / "config.json").read_text())["batchnorm_fix_round"] == 2
     for bad, message in ((base.updated(batchnorm_fix_round=-1), "must be >= 0"),
-                         (base.updated(batchnorm="eval", batchnorm_fix_round=2), "needs --batchnorm train")):
+                         (base.updated(batchnorm="eval", batchnorm_fix_round=2), "needs --batchnorm train"),
+                         (base.updated(rounds=2, batchnorm_fix_round=3), "after the last of --rounds 2")):
         with pytest.raises(ConfigError, match=message):
             run_experiment(bad, tmp_path / "bad", quiet=True)
         assert not (tmp_path / "bad").exists()

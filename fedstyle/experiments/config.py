@@ -252,6 +252,9 @@ class RunConfig:
             (self.batchnorm_fix_round == 0 or self.batchnorm == "train",
              f"--batchnorm-fix-round {self.batchnorm_fix_round} needs --batchnorm train (FixBN ends a phase of "
              f"batch statistics; with --batchnorm {self.batchnorm} there is none): drop one of them"),
+            (self.batchnorm_fix_round <= self.rounds,
+             f"--batchnorm-fix-round {self.batchnorm_fix_round} is after the last of --rounds {self.rounds}, so "
+             f"BatchNorm would never switch: give a round from 1 to {self.rounds} (half is FixBN's choice) or 0"),
             (0 < self.fraction <= 1, "--fraction must be in (0, 1]"),
             (self.clients_per_round >= 0, "--clients-per-round must be >= 0"),
             (self.alpha > 0, "--alpha must be positive"),
