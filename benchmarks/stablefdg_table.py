@@ -53,6 +53,8 @@ SCALES = {
     "full": {"clients": 30, "per_round": 10, "rounds": 8, "local_steps": 5, "eval_every": 4, "seeds": [0, 1, 2],
              "all_targets": True, "ccst": {"k": 3}, "datasets": DATASETS},
 }
+#: rows that are no table of the paper: run only when ``--rows`` names them
+ON_REQUEST = ("stablefdg_no_explore",)
 #: the claim's rows, in the order StableFDG > DSU >= MixStyle > FedAvg
 CLAIM = ("stablefdg", "dsu", "mixstyle", "fedavg")
 
@@ -69,6 +71,8 @@ def variants(ccst: dict, reference: bool = False) -> list[Variant]:
         Variant("stablefdg", "stablefdg"),
         Variant("stablefdg_style_only", "stablefdg", {"attention": False}),
         Variant("stablefdg_attention_only", "stablefdg", {"share": False, "oversample": False, "mixstyle": False}),
+        # Eq. 4-5 off, everything else on: what the exploration itself costs (issue 35 section 2)
+        Variant("stablefdg_no_explore", "stablefdg", {"explore": False}),
     ] + extra
 
 
@@ -116,7 +120,8 @@ def main() -> None:
                         "exploration is once per forward in both rows")
     parser.add_argument("--rows", nargs="+", default=None,
                         help="run only these rows (folder names: fedavg fedbn mixstyle dsu ccst feddg_fft stablefdg "
-                        "stablefdg_style_only stablefdg_attention_only; default: all)")
+                        "stablefdg_style_only stablefdg_attention_only, and on request stablefdg_no_explore: Eq. 4-5 "
+                        "off; default: all but the on-request ones)")
     parser.add_argument("--targets", nargs="+", default=None, help="run only these target domains (default: the scale's)")
     parser.add_argument("--rounds-factor", type=int, default=1,
                         help="train K times the scale's rounds (same steps per round; a budget check; give another --out)")
@@ -132,7 +137,8 @@ def main() -> None:
         keep = select([v.name for v in all_rows], args.rows, "row")
     except ValueError as err:
         parser.error(str(err))
-    rows = [v for v in all_rows if v.name in keep]
+    # a row outside the paper's tables runs only when named
+    rows = [v for v in all_rows if v.name in keep and (args.rows is not None or v.name not in ON_REQUEST)]
     out = Path(args.out)
     jobs, tables = [], []
     for dataset in datasets:

@@ -307,14 +307,20 @@ def test_a_track_extends_another_stating_only_what_it_changes():
 
     data = {"base": {"lr": 0.05}, "variant": [{"name": "x", "method": "fedavg"}],
             "tracks": {"p": {"base": {"lr": 0.001, "batchnorm": "eval", "hparams": {"a": 1}}, "seeds": [0, 1],
-                             "variant_hparams": {"x": {"k": 3}}, "note": "parent"},
+                             "variant_hparams": {"x": {"k": 3}}, "note": "parent",
+                             "scales": {"smoke": {"seeds": [0], "base": {"rounds": 1, "eval_every": 1}},
+                                        "small": {"seeds": [0, 1, 2]}}},
                        "c": {"extends": "p", "base": {"batchnorm": "train", "hparams": {"b": 2}},
-                             "variant_hparams": {"x": {"j": 4}}, "note": "child"},
+                             "variant_hparams": {"x": {"j": 4}}, "note": "child",
+                             "scales": {"smoke": {"base": {"rounds": 2}}, "full": {"seeds": [0]}}},
                        "g": {"extends": "c", "seeds": [5]}}}
     child = apply_track(data, "c", "f")
     assert child["base"] == {"lr": 0.001, "batchnorm": "train", "hparams": {"a": 1, "b": 2}}
     assert child["seeds"] == [0, 1] and child["paper"]["note"] == "The c track: child"
     assert child["variant"][0]["hparams"] == {"k": 3, "j": 4}
+    # scales scale by scale: one setting of one scale changed, the parent's other scales kept, new ones added
+    assert child["scales"] == {"smoke": {"seeds": [0], "base": {"rounds": 2, "eval_every": 1}},
+                               "small": {"seeds": [0, 1, 2]}, "full": {"seeds": [0]}}
     grand = apply_track(data, "g", "f")
     assert grand["seeds"] == [5] and grand["base"]["batchnorm"] == "train"
     assert data["tracks"]["c"]["extends"] == "p" and data["tracks"]["p"]["base"]["batchnorm"] == "eval"  # unchanged
@@ -341,6 +347,26 @@ def test_the_batch_statistics_track_is_the_pretrained_one_with_the_batchnorm_rec
         assert changed == {"batchnorm": ("eval", "train"), "batchnorm_momentum": (None, 0.1),
                            "lr": (0.001, 0.01)}, changed
         assert "The pretrained-batchstats track:" in batch.paper.note
+
+
+@pytest.mark.parametrize("name", BATCHSTATS_PRESETS)
+def test_the_fixbn_track_is_the_batch_statistics_one_switched_after_round_1_at_half_the_step(name):
+    """--track pretrained-fixbn (issue 35): FixBN on the batch-statistics track, the running statistics frozen
+    from round 2 and SGD lr 5e-3 (the recipe measured in benchmarks/RESULTS.md "FixBN"); nothing else changes
+    but the smoke scale's rounds, so its runs are those of `--track pretrained-batchstats --set
+    batchnorm_fix_round=2 --set lr=0.005`."""
+    data = read_toml(preset_path(name))
+    for scale in data["tracks"]["pretrained"]["scales"]:
+        batch = parse_grid(data, f"preset {name}", scale=scale, track="pretrained-batchstats")
+        fixbn = parse_grid(data, f"preset {name}", scale=scale, track="pretrained-fixbn")
+        assert fixbn.all_variants == batch.all_variants and fixbn.claims == batch.claims
+        assert fixbn.seeds == batch.seeds and fixbn.variants == batch.variants
+        changed = {k: (batch.base.get(k), v) for k, v in fixbn.base.items() if batch.base.get(k) != v}
+        # the smoke scale's one round becomes two, so the switch happens inside the run at every scale
+        smoke = {"rounds": (1, 2)} if scale == "smoke" else {}
+        assert changed == {"batchnorm_fix_round": (None, 2), "lr": (0.01, 0.005), **smoke}, changed
+        assert "The pretrained-fixbn track:" in fixbn.paper.note and "FixBN" in fixbn.paper.note
+        assert fixbn.base["rounds"] >= 2, scale
 
 
 def test_reproduce_runs_the_pretrained_track(tiny_root, tmp_path, capsys):

@@ -20,8 +20,9 @@ CCST's table with an ImageNet-pretrained EfficientNet-Lite0 instead of a ConvNet
     ...
 
 A track may start from another: ``extends = "pretrained"`` takes that track's table and lays its own
-keys over it (``base``, ``variant_hparams`` and ``variant_settings`` merged key by key, the rest replaced), so a variant of a
-recipe states only what it changes (``[tracks.pretrained-batchstats]``: BatchNorm with batch statistics).
+keys over it (``base``, ``variant_hparams`` and ``variant_settings`` merged key by key, ``scales`` scale by scale
+(:func:`merge_scales`), the rest replaced), so a variant of a recipe states only what it changes
+(``[tracks.pretrained-batchstats]``: BatchNorm with batch statistics).
 
 Without ``--track`` the file is read as it is and its ``[tracks]`` table is ignored.
 """
@@ -55,8 +56,9 @@ def track_names(data: Mapping[str, Any]) -> list[str]:
 
 def resolve_extends(tracks: Mapping[str, Any], track: str, where: str) -> dict[str, Any]:
     """Track ``track``'s table (a copy) with ``extends = "PARENT"`` resolved: the parent's table (itself
-    resolved) with this one's keys laid over it, ``base`` and ``variant_hparams`` merged key by key (as
-    :func:`merge_settings`), every other key (``note``, ``scales``, ``targets`` ...) replaced."""
+    resolved) with this one's keys laid over it, ``base``, ``variant_hparams`` and ``variant_settings`` merged
+    key by key (as :func:`merge_settings`), ``scales`` scale by scale (:func:`merge_scales`), every other key
+    (``note``, ``targets``, ``seeds`` ...) replaced."""
     seen: list[str] = []
     chain: list[dict] = []
     name: Any = track
@@ -84,9 +86,28 @@ def resolve_extends(tracks: Mapping[str, Any], track: str, where: str) -> dict[s
                     both = isinstance(rows.get(row), Mapping) and isinstance(hparams, Mapping)
                     rows[row] = {**rows[row], **hparams} if both else hparams
                 resolved[key] = rows
+            elif key == "scales" and isinstance(value, Mapping) and isinstance(resolved.get(key), Mapping):
+                resolved[key] = merge_scales(resolved[key], value)
             else:
                 resolved[key] = value
     return resolved
+
+
+def merge_scales(parent: Mapping[str, Any], child: Mapping[str, Any]) -> dict[str, Any]:
+    """A child track's ``scales`` over its parent's, scale by scale: a scale both name is the parent's with
+    the child's keys laid over it (its ``base`` merged key by key, the rest replaced); the others are kept or
+    added as they are. So ``[tracks.child.scales.smoke.base] rounds = 2`` changes one setting of one scale."""
+    merged = copy.deepcopy(dict(parent))
+    for name, table in child.items():
+        if isinstance(table, Mapping) and isinstance(merged.get(name), Mapping):
+            scale = dict(merged[name])
+            for key, value in table.items():
+                both = key == "base" and isinstance(value, Mapping) and isinstance(scale.get(key), Mapping)
+                scale[key] = merge_settings(scale[key], value) if both else copy.deepcopy(value)
+            merged[name] = scale
+        else:
+            merged[name] = copy.deepcopy(table)
+    return merged
 
 
 def apply_track(data: Mapping[str, Any], track: str | None, where: str) -> dict[str, Any]:
