@@ -18,7 +18,8 @@ the firing stage (:func:`fedstyle.style.fused.explore_and_mix`, as the pipeline 
   mean sigma (near-constant maps), excluding exactly constant ones (variance under 1e-10: AdaIN maps those
   to the constant mu_e whatever the scale);
 * over the explored (oversampled) sample-channels: the share whose AdaIN scale |sigma_e| / sigma exceeds
-  10x and 100x, the largest scale, and the share with sigma_e < 0 (contrast inverted);
+  10x and 100x, the largest scale, and the share with sigma_e < 0 (contrast inverted); over the explored
+  samples: the share with at least one channel scaled over 10x / 100x;
 * the mean training loss of the round (metrics.jsonl).
 
 The statistics are those the method itself uses (biased per-sample variance + 1e-6, the batch mean as the
@@ -69,7 +70,9 @@ class FiringStageRecorder:
         varying = variance > 1e-10  # exactly constant maps: AdaIN returns the constant mu_e, no scale applies
         relative = sigma / centre.clamp_min(1e-12)
         sigma_e = sigma[start:] + alpha * (sigma[start:] - centre)
-        scale = (sigma_e.abs() / sigma[start:])[varying[start:]]
+        scales = torch.where(varying[start:], sigma_e.abs() / sigma[start:], torch.zeros_like(sigma_e))
+        scale = scales[varying[start:]]
+        largest_per_sample = scales.flatten(1).amax(1)
         row = self.sums[_current_round[0]]
         row["calls"] += 1
         row["channels"] += sigma.numel()
@@ -81,6 +84,9 @@ class FiringStageRecorder:
         row["scale_over_10"] += (scale > 10).sum().item()
         row["scale_over_100"] += (scale > 100).sum().item()
         row["negative"] += (sigma_e < 0).sum().item()
+        row["explored_samples"] += largest_per_sample.numel()
+        row["samples_over_10"] += (largest_per_sample > 10).sum().item()
+        row["samples_over_100"] += (largest_per_sample > 100).sum().item()
         if scale.numel():
             self.largest[_current_round[0]] = max(self.largest[_current_round[0]], scale.max().item())
 
@@ -134,8 +140,9 @@ def main() -> None:
     print(f"StableFDG's firing stage, {config.dataset} -> {', '.join(config.targets)}, {config.backbone}, alpha "
           f"{config.hparams.get('alpha', 3.0)}, seed {config.seed}: sample-channels per round")
     print("| round | batches | constant % | sigma < 10 % of the batch mean, % | < 1 %, % | explored: scale > 10x, % "
-          "| > 100x, % | largest scale | sigma_e < 0, % | train loss |")
-    print("|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|")
+          "| > 100x, % | largest scale | sigma_e < 0, % | explored samples with a channel > 10x, % | > 100x, % "
+          "| train loss |")
+    print("|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|")
     for round_number in sorted(recorder.sums):
         row = recorder.sums[round_number]
         loss = losses.get(round_number)
@@ -144,6 +151,8 @@ def main() -> None:
               f"| {_percent(row['scale_over_10'], row['explored_varying'])} "
               f"| {_percent(row['scale_over_100'], row['explored_varying'])} | {recorder.largest[round_number]:.0f} "
               f"| {_percent(row['negative'], row['explored'])} "
+              f"| {_percent(row['samples_over_10'], row['explored_samples'])} "
+              f"| {_percent(row['samples_over_100'], row['explored_samples'])} "
               f"| {'-' if loss is None or not math.isfinite(loss) else f'{loss:.2f}'} |")
 
 

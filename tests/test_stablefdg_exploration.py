@@ -39,6 +39,7 @@ def test_a_near_constant_explored_map_is_scaled_over_a_thousand_times_and_invert
     assert (row["below_10pct"], row["below_1pct"]) == (1, 1)
     assert (row["explored"], row["explored_varying"]) == (2, 2)
     assert (row["scale_over_10"], row["scale_over_100"], row["negative"]) == (1, 1, 1)
+    assert (row["explored_samples"], row["samples_over_10"], row["samples_over_100"]) == (2, 1, 1)
     sigma_last = math.sqrt(2e-6)
     centre = (3 * math.sqrt(1 + 1e-6) + sigma_last) / 4
     assert recorder.largest[0] == pytest.approx(abs(4 * sigma_last - 3 * centre) / sigma_last, rel=1e-4)
@@ -51,5 +52,6 @@ def test_a_constant_map_counts_as_constant_not_as_scaled(script):
     row = recorder.sums[0]
     assert (row["constant"], row["below_10pct"], row["explored"], row["explored_varying"]) == (1, 0, 2, 1)
     assert (row["scale_over_10"], row["negative"]) == (0, 1)  # sigma_e = 0.001 + 3 (0.001 - 0.75025) < 0
+    assert (row["explored_samples"], row["samples_over_10"]) == (2, 0)
     recorder(_batch([0.0] * 4), None, 3.0)  # no exploration this call (MixStyle only): nothing counted
     assert recorder.sums[0]["calls"] == 1
