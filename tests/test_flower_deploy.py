@@ -114,9 +114,10 @@ def sent_trains(run_dir) -> list[int]:
     return _train_messages(run_dir, "Sending: ", "Sent successfully")
 
 
-def wait_for(predicate, timeout, what):
-    """process_waits.wait_for, polling every 0.5 s (the predicates here read logs and scan /proc)."""
-    shared_wait_for(predicate, timeout, what, poll=0.5)
+def wait_for(predicate, timeout, what, poll=0.5):
+    """process_waits.wait_for, polling every 0.5 s (the predicates here read logs and scan /proc); a wait that a
+    kill follows polls every 0.05 s, so the kill lands within 0.05 s of the logged step, not 0.5 s."""
+    shared_wait_for(predicate, timeout, what, poll=poll)
 
 
 def test_deploy_matches_simulator_with_tls_and_resumes(two_sites, tmp_path, one_thread):
@@ -142,7 +143,7 @@ def test_deploy_matches_simulator_with_tls_and_resumes(two_sites, tmp_path, one_
     with Federation(out, settings, quiet=True) as federation:
         federation.start()
         federation.submit()
-        wait_for(lambda: received_trains(out) == [2, 2], 300, "both sites to receive round 2")
+        wait_for(lambda: received_trains(out) == [2, 2], 300, "both sites to receive round 2", poll=0.05)
         server = [pid for pid, cmd in pids_of(out) if "flwr-serverapp" in cmd]
         assert server, "no ServerApp process"
         for pid in server:  # it cannot take the sites' replies: no checkpoint of round 2
@@ -175,7 +176,7 @@ def test_killed_site_drops_out_and_rejoins(two_sites, tmp_path, one_thread):
     with Federation(out, settings, quiet=True) as federation:
         federation.start()
         submitted = federation.submit()
-        wait_for(lambda: received_trains(out)[1] >= 1, 300, "site 1 to receive round 1")
+        wait_for(lambda: received_trains(out)[1] >= 1, 300, "site 1 to receive round 1", poll=0.05)
         federation.stop("site-1", signal.SIGKILL)  # a crash in the middle of round 1: no reply, no goodbye
         federation.start_site(1)  # restarted at once: a new Flower node while the old one is not yet declared dead
         # Flower declares the old node unavailable after two missed heartbeats (<= 60 s): round 1 goes on without it
