@@ -45,7 +45,9 @@ def _variant(record, roots: list[Path]) -> str:
 def export(run_dirs: list[Path], name: str, which: str = "selected", out_dir: Path = HERE,
            label: str | None = None) -> Path:
     """Write ``out_dir/NAME.csv`` from every finished run below ``run_dirs`` (every row named ``label`` when
-    given: a variant run apart, e.g. at another learning rate); returns its path."""
+    given: a variant run apart, e.g. at another learning rate; ``{label}`` in it stands for the run's own
+    label, so ``"{label} (FixBN)"`` keeps a whole sweep's rows apart from the same rows of another regime);
+    returns its path."""
     from fedstyle.experiments.report.runs import collect
     from fedstyle.io import atomic_write_text
 
@@ -56,7 +58,7 @@ def export(run_dirs: list[Path], name: str, which: str = "selected", out_dir: Pa
     for record in records:
         source_val = record.source_val_accuracy(which)
         for target, acc in sorted(record.target_accuracy(which).items()):
-            lines.append({"label": label or record.label, "variant": _variant(record, run_dirs), "dataset": record.dataset,
+            lines.append({"label": label.replace("{label}", record.label) if label else record.label, "variant": _variant(record, run_dirs), "dataset": record.dataset,
                           "target": target, "seed": record.seed, "target_acc": f"{100 * acc:.2f}",
                           "source_val": "" if source_val is None else f"{100 * source_val:.2f}",
                           "device": record.config.get("device", ""),
@@ -112,7 +114,8 @@ def main(argv: list[str] | None = None) -> int:
     ex.add_argument("run_dirs", nargs="+", type=Path)
     ex.add_argument("--name", required=True)
     ex.add_argument("--which", choices=("selected", "last"), default="selected")
-    ex.add_argument("--label", help="name every run's row so (default: the run's own label)")
+    ex.add_argument("--label", help="name every run's row so (default: the run's own label); {label} in it "
+                    "stands for the run's own, e.g. --label '{label} (FixBN)'")
     ju = sub.add_parser("judge", help="re-read claims by the rule from a kept table")
     ju.add_argument("name")
     ju.add_argument("--claim", action="append", required=True)

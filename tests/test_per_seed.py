@@ -76,3 +76,22 @@ def test_every_kept_table_reads_and_pairs(per_seed):
         keys = [(r["label"], r["dataset"], r["target"], r["seed"]) for r in rows]
         assert len(keys) == len(set(keys)), f"{path.name}: a (row, cell, seed) twice"
         assert all(0.0 <= float(r["target_acc"]) <= 100.0 for r in rows), path.name
+
+
+def test_export_keeps_each_runs_label_inside_a_suffix_so_two_regimes_pair(per_seed, tmp_path):
+    """--label '{label} (FixBN)': one sweep's rows renamed apart from the same rows of another regime, so
+    `judge A+B --claim 'FedAvg (FixBN) > FedAvg'` pairs them by cell and seed."""
+    from test_report import make_run
+
+    for seed, (plain, fixbn) in enumerate(((0.50, 0.56), (0.40, 0.47), (0.45, 0.49))):
+        make_run(tmp_path / "eval", "FedAvg", seed, "sketch", plain)
+        make_run(tmp_path / "fixbn", "FedAvg", seed, "sketch", fixbn)
+    out = tmp_path / "kept"
+    per_seed.export([tmp_path / "eval"], "eval", out_dir=out)
+    per_seed.export([tmp_path / "fixbn"], "fixbn", out_dir=out, label="{label} (FixBN)")
+    assert {r["label"] for r in per_seed.load(out / "fixbn.csv")} == {"FedAvg (FixBN)"}
+    rows = per_seed.load(out / "eval.csv") + per_seed.load(out / "fixbn.csv")
+    verdict = judge_paired(per_seed.accuracies(rows, "FedAvg (FixBN)"), per_seed.accuracies(rows, "FedAvg"))
+    assert [round(d, 6) for d in verdict.differences] == [6.0, 7.0, 4.0]  # percent, seeds 0, 1, 2
+    per_seed.export([tmp_path / "eval"], "renamed", out_dir=out, label="FedAvg at lr 1e-2")  # no placeholder
+    assert {r["label"] for r in per_seed.load(out / "renamed.csv")} == {"FedAvg at lr 1e-2"}
