@@ -11,7 +11,8 @@ fashion4 (the PACS-like benchmark), in two client distributions:
 
 Rows: FedAvg, FedBN, MixStyle, DSU, CCST (overall, K = 3), FedDG-FFT, StableFDG, and the ablation
 rows of Table 3: StableFDG style only (``attention=false``) and attention only (``share=false
-oversample=false mixstyle=false``). The claim to check: StableFDG > DSU >= MixStyle > FedAvg (PACS
+oversample=false mixstyle=false``); on request (``--rows``), ``stablefdg_no_explore``: every part but the
+exploration (Eq. 4-5; issue 35). The claim to check: StableFDG > DSU >= MixStyle > FedAvg (PACS
 multi-domain: 83.75 / 80.78 / 80.31 / 77.02); the script prints whether it holds per table and by how much.
 
 Scales (local steps of batch 32 per round; SGD lr 0.05, momentum 0.9, wd 5e-4, cosine):
