@@ -40,6 +40,7 @@ from pathlib import Path
 import torch
 
 import fedstyle.algorithms.stablefdg_pipeline as pipeline
+from fedstyle.errors import ConfigError
 from fedstyle.experiments.config import RunConfig
 from fedstyle.experiments.runner import run_experiment
 from fedstyle.models.base import Classifier
@@ -104,7 +105,11 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None, help="where the run is written (default: a temporary folder)")
     args = parser.parse_args()
 
-    settings = json.loads((args.run_dir / "config.json").read_text())
+    config_path = args.run_dir / "config.json"
+    if not config_path.is_file():
+        parser.error(f"{config_path} does not exist; give a run folder (one with config.json), e.g. one of "
+                     "benchmarks/stablefdg_table.py's or `fedstyle reproduce stablefdg`'s runs")
+    settings = json.loads(config_path.read_text())
     if settings.get("method") != "stablefdg":
         parser.error(f"{args.run_dir} is a {settings.get('method')!r} run; give a stablefdg run's folder")
     for item in args.set:
@@ -120,7 +125,10 @@ def main() -> None:
     if args.rounds is not None:
         settings["rounds"] = args.rounds
         settings["eval_every"] = min(settings.get("eval_every", 1), args.rounds)
-    config = RunConfig.from_mapping(settings, f"{args.run_dir}/config.json")
+    try:
+        config = RunConfig.from_mapping(settings, f"{config_path} with --set {args.set}")
+    except ConfigError as err:  # a misspelt --set key or a bad value: one line, nothing run
+        parser.error(str(err))
 
     recorder = FiringStageRecorder(pipeline.explore_and_mix)
     pipeline.explore_and_mix = recorder
@@ -133,7 +141,10 @@ def main() -> None:
     Classifier.enter_round = remember_round
     with tempfile.TemporaryDirectory() as scratch:
         out = args.out or Path(scratch) / "run"
-        run_experiment(config, out, quiet=True)
+        try:
+            run_experiment(config, out, quiet=True)
+        except ConfigError as err:  # refused before training (a bad value, a used --out): one line
+            parser.error(str(err))
         losses = {row["round"]: row.get("train_loss") for row in map(json.loads, (out / "metrics.jsonl").open())
                   if "round" in row and "train_loss" in row}
 

@@ -333,17 +333,23 @@ def test_a_track_extends_another_stating_only_what_it_changes():
 BATCHSTATS_PRESETS = ("ccst", "stablefdg", "styleddg")
 
 
+def _track_over_parent(data, name: str, scale: str, track: str, parent: str):
+    """Preset ``name``'s grid at ``scale`` on ``track``, asserted to keep ``parent``'s rows, claims and seeds, and
+    the settings it changes as {key: (parent's value, its value)}."""
+    base = parse_grid(data, f"preset {name}", scale=scale, track=parent)
+    grid = parse_grid(data, f"preset {name}", scale=scale, track=track)
+    assert grid.all_variants == base.all_variants and grid.claims == base.claims
+    assert grid.seeds == base.seeds and grid.variants == base.variants
+    return grid, {k: (base.base.get(k), v) for k, v in grid.base.items() if base.base.get(k) != v}
+
+
 @pytest.mark.parametrize("name", BATCHSTATS_PRESETS)
 def test_the_batch_statistics_track_is_the_pretrained_one_with_the_batchnorm_recipe(name):
     """--track pretrained-batchstats (issue 35): the papers' BatchNorm regime, the pretrained track's rows,
     claims, scales and settings but BatchNorm with batch statistics, PyTorch's momentum 0.1 and SGD lr 1e-2."""
     data = read_toml(preset_path(name))
     for scale in data["tracks"]["pretrained"]["scales"]:
-        eval_mode = parse_grid(data, f"preset {name}", scale=scale, track="pretrained")
-        batch = parse_grid(data, f"preset {name}", scale=scale, track="pretrained-batchstats")
-        assert batch.all_variants == eval_mode.all_variants and batch.claims == eval_mode.claims
-        assert batch.seeds == eval_mode.seeds and batch.variants == eval_mode.variants
-        changed = {k: (eval_mode.base.get(k), v) for k, v in batch.base.items() if eval_mode.base.get(k) != v}
+        batch, changed = _track_over_parent(data, name, scale, "pretrained-batchstats", "pretrained")
         assert changed == {"batchnorm": ("eval", "train"), "batchnorm_momentum": (None, 0.1),
                            "lr": (0.001, 0.01)}, changed
         assert "The pretrained-batchstats track:" in batch.paper.note
@@ -357,11 +363,7 @@ def test_the_fixbn_track_is_the_batch_statistics_one_switched_after_round_1_at_h
     batchnorm_fix_round=2 --set lr=0.005`."""
     data = read_toml(preset_path(name))
     for scale in data["tracks"]["pretrained"]["scales"]:
-        batch = parse_grid(data, f"preset {name}", scale=scale, track="pretrained-batchstats")
-        fixbn = parse_grid(data, f"preset {name}", scale=scale, track="pretrained-fixbn")
-        assert fixbn.all_variants == batch.all_variants and fixbn.claims == batch.claims
-        assert fixbn.seeds == batch.seeds and fixbn.variants == batch.variants
-        changed = {k: (batch.base.get(k), v) for k, v in fixbn.base.items() if batch.base.get(k) != v}
+        fixbn, changed = _track_over_parent(data, name, scale, "pretrained-fixbn", "pretrained-batchstats")
         # the smoke scale's one round becomes two, so the switch happens inside the run at every scale
         smoke = {"rounds": (1, 2)} if scale == "smoke" else {}
         assert changed == {"batchnorm_fix_round": (None, 2), "lr": (0.01, 0.005), **smoke}, changed
