@@ -261,6 +261,21 @@ def _apply_overrides(data: dict, overrides: Sequence[tuple[str, Any]], where: st
     return data
 
 
+def _name_overrides(data: dict, overrides: Sequence[tuple[str, Any]]) -> dict:
+    """``data`` whose description and paper note end by naming the command line's changes (``--set``,
+    ``--device``): both are the sweep file's prose (a track's "SGD lr 5e-3"), which a report prints beside runs
+    that ``--set lr=0.002`` changed."""
+    if not overrides:
+        return data
+    values = ", ".join(f"{key}={value!r}" if isinstance(value, str) else f"{key}={value}" for key, value in overrides)
+    changed = f"Changed on the command line: {values} (the text before describes the file's own settings)."
+    data = dict(data)
+    data["description"] = f"{data.get('description', '')} {changed}".strip()
+    if isinstance(data.get("paper"), Mapping) and data["paper"].get("note"):
+        data["paper"] = {**data["paper"], "note": f"{data['paper']['note']} {changed}"}
+    return data
+
+
 def read_toml(path: str | Path) -> dict:
     path = Path(path)
     if path.is_dir():
@@ -286,6 +301,7 @@ def parse_grid(data: Mapping[str, Any], where: str, *, scale: str | None = None,
               if isinstance(v, Mapping) and isinstance(v.get("name"), str)}
     data, scale, scales = _apply_scale(dict(data), scale, where)
     data = _apply_overrides(data, overrides, where)
+    data = _name_overrides(data, overrides)
     base = data.get("base", {})
     if not isinstance(base, Mapping):
         raise _fail(where, "[base] must be a table of run settings")
