@@ -358,15 +358,21 @@ def test_the_batch_statistics_track_is_the_pretrained_one_with_the_batchnorm_rec
 @pytest.mark.parametrize("name", BATCHSTATS_PRESETS)
 def test_the_fixbn_track_is_the_batch_statistics_one_switched_after_round_1_at_half_the_step(name):
     """--track pretrained-fixbn (issue 35): FixBN on the batch-statistics track, the running statistics frozen
-    from round 2 and SGD lr 5e-3 (the recipe measured in benchmarks/RESULTS.md "FixBN"); nothing else changes
-    but the smoke scale's rounds, so its runs are those of `--track pretrained-batchstats --set
-    batchnorm_fix_round=2 --set lr=0.005`."""
+    from round 2 and SGD lr 5e-3 (the recipe measured in benchmarks/RESULTS.md "FixBN"; StyleDDG's: lr 2e-3 over
+    12 epochs); nothing else changes but the smoke scale's rounds, so its runs are those of `--track
+    pretrained-batchstats --set batchnorm_fix_round=2 --set lr=0.005` (StyleDDG: `--set lr=0.002 --set
+    rounds=12`)."""
     data = read_toml(preset_path(name))
     for scale in data["tracks"]["pretrained"]["scales"]:
         fixbn, changed = _track_over_parent(data, name, scale, "pretrained-fixbn", "pretrained-batchstats")
         # the smoke scale's one round becomes two, so the switch happens inside the run at every scale
         smoke = {"rounds": (1, 2)} if scale == "smoke" else {}
-        assert changed == {"batchnorm_fix_round": (None, 2), "lr": (0.01, 0.005), **smoke}, changed
+        # StyleDDG's track: lr 2e-3 over 12 epochs instead (5e-3 stayed 12.7 points under eval mode after 8;
+        # RESULTS "StyleDDG's track"); its full scale keeps its own 20
+        recipe = {"lr": (0.01, 0.005)}
+        if name == "styleddg":
+            recipe = {"lr": (0.01, 0.002), **({"rounds": (8, 12)} if scale == "small" else {})}
+        assert changed == {"batchnorm_fix_round": (None, 2), **recipe, **smoke}, changed
         assert "The pretrained-fixbn track:" in fixbn.paper.note and "FixBN" in fixbn.paper.note
         assert fixbn.base["rounds"] >= 2, scale
 
