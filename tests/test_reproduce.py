@@ -378,17 +378,18 @@ def test_the_fixbn_track_is_the_batch_statistics_one_switched_after_round_1_at_h
 
 
 def test_a_report_names_the_command_lines_changes_beside_the_files_prose():
-    """The track's note says "SGD lr 5e-3"; runs made with --set lr=0.002 must not be reported under that text
-    alone: the description and the paper's note end by naming each change (and --device's)."""
+    """StyleDDG's FixBN track's text says "SGD lr 2e-3"; runs made with --set lr=0.005 (its former step) must not
+    be reported under that text alone: the description and the paper's note end by naming each change (and
+    --device's)."""
     data = read_toml(preset_path("styleddg"))
     plain = parse_grid(data, "preset styleddg", scale="small", track="pretrained-fixbn")
     changed = parse_grid(data, "preset styleddg", scale="small", track="pretrained-fixbn",
-                         overrides=[("lr", 0.002), ("rounds", 12), ("device", "cpu")])
-    assert "lr 5e-3" in plain.paper.note and "command line" not in plain.paper.note + plain.description
-    said = "Changed on the command line: lr=0.002, rounds=12, device='cpu'"
+                         overrides=[("lr", 0.005), ("rounds", 8), ("device", "cpu")])
+    assert "lr 2e-3" in plain.paper.note and "command line" not in plain.paper.note + plain.description
+    said = "Changed on the command line: lr=0.005, rounds=8, device='cpu'"
     assert changed.paper.note.startswith(plain.paper.note) and said in changed.paper.note
     assert changed.description.startswith(plain.description) and said in changed.description
-    assert changed.base["lr"] == 0.002 and changed.base["rounds"] == 12
+    assert changed.base["lr"] == 0.005 and changed.base["rounds"] == 8
 
 
 def test_reproduce_runs_the_pretrained_track(tiny_root, tmp_path, capsys):
