@@ -35,6 +35,17 @@ RULE = ("A claim A > B is judged on its cells (dataset x held-out target) and th
 
 STATUSES = ("holds", "fails", "within noise", "not judged")
 
+#: a row whose mean source-validation accuracy is within this many points of chance "did not learn" (issues 51, 53):
+#: the leaderboard does not rank it, and a claim on it reads :data:`NOT_LEARNED_STATUS`
+NOT_LEARNED_MARGIN = 10.0
+NOT_LEARNED_STATUS = "not judged (a row did not learn)"
+
+
+def learned(source_val_percent: float, n_classes: int) -> bool:
+    """Whether a row's source-validation accuracy (in percent) lies more than :data:`NOT_LEARNED_MARGIN`
+    points above chance (100 / n_classes)."""
+    return source_val_percent > 100.0 / n_classes + NOT_LEARNED_MARGIN
+
 #: (cell, seed) -> accuracy in percent
 Accuracies = Mapping[tuple[str, int], float]
 
