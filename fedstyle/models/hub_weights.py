@@ -9,6 +9,11 @@ keeps a downloaded file as ``<hub dir>/checkpoints/<file name>``; the hub dir is
 The check is torchvision's ``check_hash``: the hex digits after the last ``-`` of the file name
 (``resnet18-f37072fd.pth``: ``f37072fd``, ``torch.hub.HASH_REGEX``) must begin the file's SHA-256.
 Eight hex digits tell a damaged or foreign file from the real one; they are not a full checksum.
+
+Older torchvision releases fetched the ImageNet weights under older names (``resnet18-5c106cde.pth``,
+``resnet50-19c8e357.pth``, in their ``model_urls``); the files were later re-published under new
+names and hashes. A cache filled by such a torchvision holds only the old file, so it is accepted
+too, checked against the prefix in its own name. The current name is looked for first.
 """
 
 from __future__ import annotations
@@ -27,6 +32,11 @@ TORCHVISION_FILES = {
     "resnet18": (RESNET18_URL.rpartition("/")[2], RESNET18_URL),
     "resnet50": (RESNET50_URL.rpartition("/")[2], RESNET50_URL),
 }
+#: backbone -> the file name older torchvision releases gave its ImageNet weights (their resnet.py model_urls)
+LEGACY_TORCHVISION_FILES = {
+    "resnet18": "resnet18-5c106cde.pth",
+    "resnet50": "resnet50-19c8e357.pth",
+}
 
 
 def hub_checkpoints_dir() -> Path:
@@ -39,8 +49,11 @@ def fetch_command(filename: str, url: str) -> str:
     return f"curl -L --create-dirs -o {shlex.quote(str(hub_checkpoints_dir() / filename))} {url}"
 
 
-def check_hash_prefix(path: Path, url: str) -> None:
-    """Refuse ``path`` unless its SHA-256 begins with the hash prefix in its name (torchvision's check)."""
+def check_hash_prefix(path: Path, url: str, fetched_as: str | None = None) -> None:
+    """Refuse ``path`` unless its SHA-256 begins with the hash prefix in its name (torchvision's check).
+
+    ``fetched_as``: the name under which ``url`` is kept (default ``path.name``); a bad file of an older name is
+    replaced by the current one, never by the current bytes under the old name (which would fail again)."""
     match = torch.hub.HASH_REGEX.search(path.name)
     if match is None or not match.group(1):
         return
@@ -52,7 +65,7 @@ def check_hash_prefix(path: Path, url: str) -> None:
     if not digest.hexdigest().startswith(prefix):
         raise ConfigError(f"{path}: its SHA-256 begins {digest.hexdigest()[:len(prefix)]}, not {prefix} as its name "
                           f"says (torchvision's check): the file is damaged or not torchvision's; delete it and fetch "
-                          f"it again: {fetch_command(path.name, url)}")
+                          f"it again: {fetch_command(fetched_as or path.name, url)}")
 
 
 def cached_torchvision_weights(backbone: str) -> Path:
@@ -60,9 +73,13 @@ def cached_torchvision_weights(backbone: str) -> Path:
     a ConfigError with the command that fetches it when it is not there."""
     filename, url = TORCHVISION_FILES[backbone]
     path = hub_checkpoints_dir() / filename
+    legacy = LEGACY_TORCHVISION_FILES.get(backbone)
+    if not path.is_file() and legacy and (hub_checkpoints_dir() / legacy).is_file():
+        path = hub_checkpoints_dir() / legacy  # a cache from an older torchvision, checked against its own hash
     if not path.is_file():
-        raise ConfigError(f"--pretrained {backbone} loads torchvision's {filename} from the torch hub cache, and "
-                          f"{path} is not there; fetch it with `{fetch_command(filename, url)}` (or give "
+        older = f" (or its older name {legacy})" if legacy else ""
+        raise ConfigError(f"--pretrained {backbone} loads torchvision's {filename}{older} from the torch hub cache, "
+                          f"and {path} is not there; fetch it with `{fetch_command(filename, url)}` (or give "
                           "--weights FILE; TORCH_HOME moves the cache)")
-    check_hash_prefix(path, url)
+    check_hash_prefix(path, url, fetched_as=filename)
     return path
