@@ -77,7 +77,8 @@ def test_a_pre_0_13_cache_file_is_found_and_checked_against_its_own_prefix(tmp_p
             build_backbone(backbone, 224, pretrained=True)
         message = str(refused.value)
         assert f"{backbone}-{old}.pth: its SHA-256 begins" in message and f"not {old} as its name says" in message
-        assert f"-o {folder / f'{backbone}-{new}.pth'} https://download.pytorch.org/models/{backbone}-{new}.pth" in message
+        fetch = f"-o {folder / f'{backbone}-{new}.pth'} https://download.pytorch.org/models/{backbone}-{new}.pth"
+        assert fetch in message
 
 
 def test_a_pre_0_13_file_whose_hash_matches_its_name_is_loaded_and_the_current_name_wins(tmp_path, monkeypatch):
@@ -95,7 +96,8 @@ def test_a_pre_0_13_file_whose_hash_matches_its_name_is_loaded_and_the_current_n
 
     old_state, old = named_by_hash(4)
     monkeypatch.setitem(hub_weights.LEGACY_TORCHVISION_FILES, "resnet18", old.name)
-    monkeypatch.setitem(hub_weights.TORCHVISION_FILES, "resnet18", ("resnet18-00000000.pth", "https://example.invalid/x.pth"))
+    absent = ("resnet18-00000000.pth", "https://example.invalid/x.pth")
+    monkeypatch.setitem(hub_weights.TORCHVISION_FILES, "resnet18", absent)
     assert cached_torchvision_weights("resnet18") == old  # the current name is absent: the old file
     assert torch.equal(build_backbone("resnet18", 64, pretrained=True).layer1[0].conv1.weight,
                        old_state["layer1.0.conv1.weight"])

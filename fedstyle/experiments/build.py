@@ -11,7 +11,7 @@ import torch
 from fedstyle.algorithms import METHODS, Algorithm
 from fedstyle.data import BatchTransform, DomainDataset, SamplePool, load_dataset
 from fedstyle.devices import resolve_device
-from fedstyle.errors import ConfigError
+from fedstyle.errors import ConfigError, DataError
 from fedstyle.experiments.config import RunConfig
 from fedstyle.data.client import ClientData
 from fedstyle.federation.evaluate import EvalSet
@@ -125,6 +125,22 @@ def load_config_dataset(config: RunConfig, progress: bool = True) -> DomainDatas
     return dataset
 
 
+def check_source_validation(config: RunConfig, split: Split) -> None:
+    """Refuse, before training, a source-validated run whose sources keep no validation image.
+
+    The stratified split keeps at least one image of a class for training, so a class with one image
+    per domain (``--per-class 1``, or a tiny folder) gives nothing to validate on; model selection on
+    source validation would then average an empty set (NaN) and fail when the checkpoint is written."""
+    if config.resolved_selection() != "source_val" or any(len(idx) for idx in split.val.values()):
+        return
+    cause = (f"--per-class {config.per_class} leaves each class one image per domain, which stays for training"
+             if config.per_class == 1 else
+             f"the source domains ({', '.join(split.sources)}) hold too few images per class to keep any")
+    fix = "raise --per-class to 2 or more" if config.per_class == 1 else "give more images per class"
+    raise DataError(f"no source validation image to select the model on (--selection source_val): {cause}; {fix}, "
+                    "or pass --selection last")
+
+
 def build_experiment(config: RunConfig, progress: bool = True) -> Experiment:
     config.validate()
     method_cls = METHODS.get(config.method)
@@ -144,6 +160,7 @@ def build_experiment(config: RunConfig, progress: bool = True) -> Experiment:
         dataset, config.protocol, targets=list(config.targets), val_domain=config.val_domain,
         source=config.source, val_fraction=config.val_fraction, seed=config.seed,
     )
+    check_source_validation(config, split)
     specs = make_partition(
         config.partition, split, dataset, num_clients=config.clients, alpha=config.alpha, lam=config.lam,
         min_size=config.min_client_size, seed=derive_seed(config.seed, "partition"), copies=config.data_copies,

@@ -12,7 +12,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from fedstyle.algorithms import METHODS
 from fedstyle.errors import ConfigError, FedstyleError
-from fedstyle.experiments.build import simulation_noise
+from fedstyle.experiments.build import check_source_validation, simulation_noise
 from fedstyle.experiments.config import TRACKER_SETTINGS, RunConfig
 from fedstyle.experiments.grid.spec import Grid, VariantSpec, _check_folder_name, _fail
 from fedstyle.experiments.rundir import CONFIG, DONE
@@ -97,12 +97,13 @@ class _Datasets:
                config.image_column, config.domain_column, config.label_column, config.protocol,
                tuple(config.targets),
                config.val_domain, config.source, config.val_fraction, config.partition, config.clients,
-               config.alpha, config.lam, config.min_client_size, config.seed)
+               config.alpha, config.lam, config.min_client_size, config.seed, config.resolved_selection())
         if key in self.checked:
             return
         dataset = self.get(config)
         split = make_split(dataset, config.protocol, targets=list(config.targets), val_domain=config.val_domain,
                            source=config.source, val_fraction=config.val_fraction, seed=config.seed)
+        check_source_validation(config, split)
         make_partition(config.partition, split, dataset, num_clients=config.clients, alpha=config.alpha,
                        lam=config.lam, min_size=config.min_client_size, seed=derive_seed(config.seed, "partition"))
         self.checked.add(key)
