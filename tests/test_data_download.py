@@ -272,14 +272,18 @@ def test_a_folder_not_made_by_the_command_is_left_alone(tmp_path):
         download_dataset("pacs", tmp_path, sources={"PACS.zip": {"urls": [closed_port_url()]}}, progress=False)
 
 
-def test_domainnet_six_zips_and_split_lists_make_one_folder(tmp_path):
+def test_domainnet_six_zips_and_split_lists_make_one_folder_less_domainbeds_duplicates(tmp_path):
+    """DomainBed's download.py deletes the 9,431 images of its domain_net_duplicates.txt after unpacking; so does
+    this download (two of them are in the miniature zips, by their real paths), and the marker says how many."""
     entry = DOWNLOADS.get("domainnet")
+    duplicates = ["clipart/animal_migration/clipart_006_000227.jpg", "sketch/zebra/sketch_344_000133.jpg"]
     files, sources = {}, {}
     for archive in entry.archives:
         if archive.filename.endswith(".zip"):
             domain = archive.filename.removesuffix(".zip")
-            data = zip_bytes({f"{domain}/{cls}/{domain}_{cls}_{k}.jpg": jpeg(k) for cls in ("apple", "zebra")
-                              for k in range(2)})
+            members = {f"{domain}/{cls}/{domain}_{cls}_{k}.jpg": jpeg(k) for cls in ("apple", "zebra") for k in range(2)}
+            members.update({path: jpeg(9) for path in duplicates if path.startswith(f"{domain}/")})
+            data = zip_bytes(members)
         else:
             data = f"{archive.filename.split('_')[0]}/apple/x.jpg 0\n".encode()
         files[f"/{archive.filename}"] = data
@@ -292,6 +296,30 @@ def test_domainnet_six_zips_and_split_lists_make_one_folder(tmp_path):
     assert sorted(p.name for p in root.iterdir() if p.is_dir()) == sorted(entry.domains)
     assert (root / "clipart_train.txt").read_text() == "clipart/apple/x.jpg 0\n"
     assert len(list(root.glob("*.txt"))) == 12 and len(list((root / "real" / "zebra").iterdir())) == 2
+    assert not any((root / path).exists() for path in duplicates)
+    assert len(list((root / "sketch" / "zebra").iterdir())) == 2  # the sketch zebras that are no duplicates stay
+    assert json.loads((root / MARKER).read_text())["removed"] == {"list": "domain_net_duplicates.txt", "files": 2}
+
+
+def test_the_shipped_duplicates_list_is_domainbeds_and_is_package_data():
+    """Byte for byte DomainBed's domainbed/misc/domain_net_duplicates.txt (lists/README.md names the commit), and
+    matched by pyproject.toml's package-data, so a wheel carries it."""
+    import tomllib
+    from importlib.resources import files
+
+    import fedstyle.data.download as download_package
+    from fedstyle.data.download.layout import shipped_list
+
+    listed = files("fedstyle.data.download").joinpath("lists", "domain_net_duplicates.txt").read_bytes()
+    assert sha(listed) == "a52b4ab70203f4f3df381077694dba3e33ff44c26407e1c5faca76919c702770"
+    lines = shipped_list("domain_net_duplicates.txt")
+    assert len(lines) == len(set(lines)) == 9431
+    assert {line.split("/")[0] for line in lines} <= set(DOWNLOADS.get("domainnet").domains)
+    project = Path(__file__).resolve().parents[1]
+    globs = tomllib.loads((project / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
+    package_dir = Path(download_package.__file__).parent
+    assert any(package_dir.joinpath("lists", "domain_net_duplicates.txt") in package_dir.glob(g)
+               for g in globs["fedstyle.data.download"])
 
 
 def test_terra_incognita_is_arranged_as_domainbed_arranges_it(tmp_path):

@@ -16,6 +16,10 @@ Layouts (``DatasetDownload.layout``):
 - ``terra_incognita``: DomainBed's arrangement (:mod:`fedstyle.data.download.terra`).
 - ``camelyon17``: WILDS's folder, the one holding ``metadata.csv`` and ``patches/``.
 
+An entry's ``removed`` list (DomainNet: DomainBed's ``domain_net_duplicates.txt``, 9,431 images) is then
+applied: each listed file is deleted from the result, a missing one skipped, as DomainBed's
+``download.py`` does (``download_domain_net``). The marker file records how many were deleted.
+
 Files keep the times the archive records (tar does so itself; zip members are stamped as ``unzip``
 stamps them), so a folder dataset's cache key (relative paths, sizes, file times) is the same for
 every download of one archive and for the tree it was made from.
@@ -174,6 +178,30 @@ LAYOUTS: dict[str, Callable[[Path, Path, DatasetDownload], None]] = {
 }
 
 
+def shipped_list(name: str) -> list[str]:
+    """The lines of a list shipped in ``fedstyle/data/download/lists/`` (package data)."""
+    from importlib.resources import files
+
+    text = files("fedstyle.data.download").joinpath("lists", name).read_text(encoding="utf-8")
+    return [line.strip() for line in text.splitlines() if line.strip()]
+
+
+def remove_listed(result: Path, name: str) -> int:
+    """Delete from ``result`` every file the shipped list ``name`` names; returns how many were there.
+
+    A listed path that climbs out of ``result`` is refused (the list is ours, but a path is a path)."""
+    removed = 0
+    for line in shipped_list(name):
+        relative = Path(line)
+        if relative.is_absolute() or ".." in relative.parts:
+            raise DataError(f"{name}: {line!r} is not a path inside the dataset folder")
+        path = result / relative
+        if path.is_file():
+            path.unlink()
+            removed += 1
+    return removed
+
+
 def is_installed(target: Path) -> bool:
     return (target / MARKER).is_file()
 
@@ -189,6 +217,8 @@ def install(entry: DatasetDownload, archives: list[Path], target: Path, record: 
             unpack(archive, unpacked)
         result = staging / "result"
         LAYOUTS[entry.layout](unpacked, result, entry)
+        if entry.removed:
+            record = {**record, "removed": {"list": entry.removed, "files": remove_listed(result, entry.removed)}}
         atomic_write_json(result / MARKER, record)
         os.rename(result, target)
     finally:

@@ -64,7 +64,9 @@ class DatasetDownload:
 
     ``layout`` names how the unpacked archives become the folder (see ``download.layout``);
     ``domains``: the domain folders the result must hold; ``dataset``: the ``--dataset`` name that
-    reads it; ``alternative``: another way to the data when every source fails.
+    reads it; ``alternative``: another way to the data when every source fails; ``removed``: a list
+    shipped in ``download/lists/`` naming files (relative to the folder) that are deleted after
+    unpacking, as the source's own recipe deletes them.
     """
 
     name: str
@@ -75,6 +77,7 @@ class DatasetDownload:
     domains: tuple[str, ...] = ()
     dataset: str = ""
     alternative: str = ""
+    removed: str = ""
 
     def archive(self, filename: str) -> Archive:
         return next(a for a in self.archives if a.filename == filename)
@@ -83,6 +86,8 @@ class DatasetDownload:
 DOWNLOADS: Registry[DatasetDownload] = Registry("downloadable dataset")
 
 DOMAINBED = "DomainBed's copy"
+#: DomainBed's list of the 9,431 DomainNet images its download.py deletes (lists/README.md says where it is from)
+DOMAINNET_DUPLICATES = "domain_net_duplicates.txt"
 DOMAINNET_BASE = "http://csr.bu.edu/ftp/visda/2019/multi-source"
 #: (path under DOMAINNET_BASE, size in bytes, SHA-256), as TensorFlow Datasets' checksums.tsv records them
 DOMAINNET_FILES = (
@@ -133,6 +138,7 @@ for _entry in (
                       "DomainNet's authors (http://ai.bu.edu/M3SDA/)")
               for path, size, sha in DOMAINNET_FILES),
         "domain_folders", BENCHMARKS.get("domainnet").domains, "domainnet",
+        removed=DOMAINNET_DUPLICATES,
     ),
     DatasetDownload(
         "terra_incognita", "TerraIncognita (Beery et al., 2018), DomainBed's 4 locations x 10 classes",
