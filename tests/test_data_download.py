@@ -322,33 +322,74 @@ def test_the_shipped_duplicates_list_is_domainbeds_and_is_package_data():
                for g in globs["fedstyle.data.download"])
 
 
-def test_terra_incognita_is_arranged_as_domainbed_arranges_it(tmp_path):
-    images = {f"eccv_18_all_images_sm/img{i}.jpg": jpeg(i) for i in range(6)}
-    labels = {
-        "categories": [{"id": 1, "name": "bird"}, {"id": 2, "name": "cat"}, {"id": 3, "name": "deer"}],
-        "images": [{"id": "a", "file_name": "img0.jpg", "location": 38},
-                   {"id": "b", "file_name": "img1.jpg", "location": "46"},
-                   {"id": "c", "file_name": "img2.jpg", "location": 100},
-                   {"id": "d", "file_name": "img3.jpg", "location": 43},
-                   {"id": "e", "file_name": "img4.jpg", "location": 7},  # a location DomainBed leaves out
-                   {"id": "f", "file_name": "img5.jpg", "location": 38}],
-        "annotations": [{"image_id": "a", "category_id": 1}, {"image_id": "a", "category_id": 2},
-                        {"image_id": "b", "category_id": 2}, {"image_id": "c", "category_id": 1},
-                        {"image_id": "d", "category_id": 2}, {"image_id": "e", "category_id": 1},
-                        {"image_id": "f", "category_id": 3}],  # a category DomainBed leaves out
+def terra_annotations(files: dict[str, dict]) -> bytes:
+    """eccv_18_annotations.tar.gz in miniature: eccv_18_annotation_files/<name>.json, as LILA ships it."""
+    return tar_gz_bytes({f"eccv_18_annotation_files/{name}": json.dumps(labels).encode()
+                         for name, labels in files.items()})
+
+
+def test_terra_incognita_follows_domainbeds_june_2024_recipe(tmp_path):
+    """DomainBed since 3cf2e20: the images of eccv_18_all_images_sm.tar.gz, labelled by the five files of
+    eccv_18_annotations.tar.gz merged key by key; four locations, ten categories, an image under each kept
+    category. The made-up labels spread one image's annotations over two files, so only the merge files it."""
+    images = {f"eccv_18_all_images_sm/img{i}.jpg": jpeg(i) for i in range(7)}
+    categories = [{"id": 1, "name": "bird"}, {"id": 2, "name": "cat"}, {"id": 3, "name": "deer"}]
+    files = {
+        "cis_test_annotations.json": {
+            "info": {"version": "x"}, "categories": categories,
+            "images": [{"id": "a", "file_name": "img0.jpg", "location": 38},
+                       {"id": "b", "file_name": "img1.jpg", "location": "46"}],
+            "annotations": [{"image_id": "a", "category_id": 1}, {"image_id": "b", "category_id": 2}]},
+        "cis_val_annotations.json": {
+            "info": {}, "categories": categories,
+            "images": [{"id": "c", "file_name": "img2.jpg", "location": 100}],
+            "annotations": [{"image_id": "c", "category_id": 1}, {"image_id": "a", "category_id": 2}]},
+        "train_annotations.json": {
+            "info": {}, "categories": categories,
+            "images": [{"id": "d", "file_name": "img3.jpg", "location": 43}],
+            "annotations": [{"image_id": "d", "category_id": 2}]},
+        "trans_test_annotations.json": {
+            "info": {}, "categories": categories,
+            "images": [{"id": "e", "file_name": "img4.jpg", "location": 7}],  # a location DomainBed leaves out
+            "annotations": [{"image_id": "e", "category_id": 1}]},
+        "trans_val_annotations.json": {
+            "info": {}, "categories": categories,
+            "images": [{"id": "f", "file_name": "img5.jpg", "location": 38},
+                       {"id": "g", "file_name": "img6.jpg", "location": 46}],
+            "annotations": [{"image_id": "f", "category_id": 3},  # a category DomainBed leaves out
+                            {"image_id": "g", "category_id": 1}]},
     }
-    files = {"/eccv_18_all_images_sm.tar.gz": tar_gz_bytes(images),
-             "/caltech_camera_traps.json.zip": zip_bytes({"caltech_images_20210113.json": json.dumps(labels).encode()})}
+    served = {"/eccv_18_all_images_sm.tar.gz": tar_gz_bytes(images),
+              "/eccv_18_annotations.tar.gz": terra_annotations(files)}
     with ArchiveServer() as server:
-        server.behaviour.files.update(files)
-        sources = {name.lstrip("/"): {"urls": [server.url(name)]} for name in files}
+        server.behaviour.files.update(served)
+        sources = {name.lstrip("/"): {"urls": [server.url(name)]} for name in served}
         done = download_dataset("terra_incognita", tmp_path, sources=sources, progress=False, say=lambda line: None)
     root = tmp_path / "terra_incognita"
     found = sorted(str(p.relative_to(root)) for p in root.rglob("*.jpg"))
     assert found == ["location_100/bird/img2.jpg", "location_38/bird/img0.jpg", "location_38/cat/img0.jpg",
-                     "location_43/cat/img3.jpg", "location_46/cat/img1.jpg"]
+                     "location_43/cat/img3.jpg", "location_46/bird/img6.jpg", "location_46/cat/img1.jpg"]
     assert (root / "location_38" / "cat" / "img0.jpg").read_bytes() == images["eccv_18_all_images_sm/img0.jpg"]
-    assert set(done.recorded) == {"eccv_18_all_images_sm.tar.gz", "caltech_camera_traps.json.zip"}
+    assert set(done.recorded) == {"eccv_18_all_images_sm.tar.gz", "eccv_18_annotations.tar.gz"}
+
+
+def test_terra_incognita_sources_are_domainbeds_current_ones_and_a_missing_label_file_is_named(tmp_path):
+    entry = DOWNLOADS.get("terra_incognita")
+    base = "https://storage.googleapis.com/public-datasets-lila/caltechcameratraps"
+    assert {a.filename: a.urls for a in entry.archives} == {
+        "eccv_18_all_images_sm.tar.gz": (f"{base}/eccv_18_all_images_sm.tar.gz",),
+        "eccv_18_annotations.tar.gz": (f"{base}/eccv_18_annotations.tar.gz",)}  # lilablobssc is gone
+    four = {name: {"categories": [], "images": [], "annotations": []}
+            for name in ("cis_test_annotations.json", "cis_val_annotations.json", "train_annotations.json",
+                         "trans_test_annotations.json")}
+    served = {"/eccv_18_all_images_sm.tar.gz": tar_gz_bytes({"eccv_18_all_images_sm/img0.jpg": jpeg(0)}),
+              "/eccv_18_annotations.tar.gz": terra_annotations(four)}
+    with ArchiveServer() as server:
+        server.behaviour.files.update(served)
+        sources = {name.lstrip("/"): {"urls": [server.url(name)]} for name in served}
+        with pytest.raises(DataError, match="trans_val_annotations.json is missing: eccv_18_annotations.tar.gz holds"):
+            download_dataset("terra_incognita", tmp_path, sources=sources, progress=False, say=lambda line: None)
+    nothing_half_done(tmp_path, "terra_incognita")
 
 
 def test_camelyon17_keeps_the_wilds_layout(tmp_path):

@@ -1,7 +1,7 @@
 """Where each benchmark's archives come from, what their bytes hash to, and where they go.
 
-The URLs are DomainBed's (``domainbed/scripts/download.py``) for PACS, VLCS, Office-Home,
-DomainNet and TerraIncognita, and WILDS's (``wilds/datasets/camelyon17_dataset.py``, v1.0) for
+The URLs are DomainBed's (``domainbed/scripts/download.py`` at b93c22a, December 2024; TerraIncognita's
+as changed in June 2024 by commit 3cf2e20) for PACS, VLCS, Office-Home, DomainNet and TerraIncognita, and WILDS's (``wilds/datasets/camelyon17_dataset.py``, v1.0) for
 Camelyon17; further sources of the same file are listed after them and tried in order.
 
 Checksums: an archive's SHA-256 (and size) is written here only where a public source states it:
@@ -110,8 +110,9 @@ DOMAINNET_FILES = (
     ("domainnet/txt/sketch_train.txt", 1960222, "72f4bc6afa5702a1ccba800d0053c1427de87439dfaf246dbc9a2e71abfec54f"),
     ("domainnet/txt/sketch_test.txt", 850581, "3fb48fca18c507c4321f007c3f62b308ec232ff6928cbfe2af64e76ec366e840"),
 )
-LILA = ("https://lilablobssc.blob.core.windows.net/caltechcameratraps",  # DomainBed's
-        "https://storage.googleapis.com/public-datasets-lila/caltechcameratraps")  # LILA's Google Cloud copy
+#: DomainBed's source of the Caltech Camera Traps files since June 2024 (commit 3cf2e20); its former host,
+#: lilablobssc.blob.core.windows.net, no longer serves them (DomainBed issue #136)
+LILA = "https://storage.googleapis.com/public-datasets-lila/caltechcameratraps"
 CAMELYON_URL = "https://worksheets.codalab.org/rest/bundles/0xe45e15f39fb54e9d9e919556af67aabe/contents/blob/"
 
 for _entry in (
@@ -143,9 +144,9 @@ for _entry in (
     DatasetDownload(
         "terra_incognita", "TerraIncognita (Beery et al., 2018), DomainBed's 4 locations x 10 classes",
         "terra_incognita",
-        (Archive("eccv_18_all_images_sm.tar.gz", tuple(f"{b}/eccv_18_all_images_sm.tar.gz" for b in LILA),
+        (Archive("eccv_18_all_images_sm.tar.gz", (f"{LILA}/eccv_18_all_images_sm.tar.gz",),
                  origin="LILA BC (https://lila.science/datasets/caltech-camera-traps)"),
-         Archive("caltech_camera_traps.json.zip", tuple(f"{b}/labels/caltech_camera_traps.json.zip" for b in LILA),
+         Archive("eccv_18_annotations.tar.gz", (f"{LILA}/eccv_18_annotations.tar.gz",),
                  origin="LILA BC (https://lila.science/datasets/caltech-camera-traps)")),
         "terra_incognita", ("location_100", "location_38", "location_43", "location_46"), "folder",
     ),
