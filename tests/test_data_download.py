@@ -281,7 +281,8 @@ def test_domainnet_six_zips_and_split_lists_make_one_folder_less_domainbeds_dupl
     for archive in entry.archives:
         if archive.filename.endswith(".zip"):
             domain = archive.filename.removesuffix(".zip")
-            members = {f"{domain}/{cls}/{domain}_{cls}_{k}.jpg": jpeg(k) for cls in ("apple", "zebra") for k in range(2)}
+            members = {f"{domain}/{cls}/{domain}_{cls}_{k}.jpg": jpeg(k)
+                       for cls in ("apple", "zebra") for k in range(2)}
             members.update({path: jpeg(9) for path in duplicates if path.startswith(f"{domain}/")})
             data = zip_bytes(members)
         else:
@@ -308,7 +309,7 @@ def test_the_shipped_duplicates_list_is_domainbeds_and_is_package_data():
     from importlib.resources import files
 
     import fedstyle.data.download as download_package
-    from fedstyle.data.download.layout import shipped_list
+    from fedstyle.data.split_lists import shipped_list
 
     listed = files("fedstyle.data.download").joinpath("lists", "domain_net_duplicates.txt").read_bytes()
     assert sha(listed) == "a52b4ab70203f4f3df381077694dba3e33ff44c26407e1c5faca76919c702770"

@@ -182,17 +182,18 @@ def test_the_split_source_is_said_without_decoding(tmp_path):
     from fedstyle.data.split_lists import describe_split_source
 
     plain = tree(tmp_path / "plain", PACS)
-    said = describe_split_source("pacs", plain)
+    said = describe_split_source("pacs", plain, PACS)
     assert said.startswith("seeded per-class split of each domain (--val-fraction): no official pacs lists found")
     assert (f"put <domain>_train_kfold.txt, <domain>_crossval_kfold.txt, <domain>_test_kfold.txt for each domain "
             f"in {plain / 'splits'} (or {plain} or {plain / 'correct_txt_lists'})") in said
     root = pacs_release(tmp_path / "release")
-    assert describe_split_source("pacs", root) == f"official pacs lists from {tmp_path / 'release' / 'pacs_label'}"
-    assert "official lists off (--no-official-splits)" in describe_split_source("pacs", root, official_splits=False)
-    assert describe_split_source("officehome", plain).endswith("officehome has no official split lists")
+    assert describe_split_source("pacs", root, PACS) == f"official pacs lists from {tmp_path / 'release' / 'pacs_label'}"
+    off = describe_split_source("pacs", root, PACS, official_splits=False)
+    assert off.endswith("official lists off (--no-official-splits)")
+    assert describe_split_source("officehome", plain, ["Art"]).endswith("officehome has no official split lists")
     (tmp_path / "release" / "pacs_label" / "photo_train_kfold.txt").unlink()  # incomplete: the loader's refusal
     with pytest.raises(DataError, match="lack photo_train_kfold.txt"):
-        describe_split_source("pacs", root)
+        describe_split_source("pacs", root, PACS)
 
 
 def test_domainnet_lines_naming_domainbeds_deleted_duplicates_are_skipped(tmp_path):

@@ -101,13 +101,19 @@ def read_split_list(path: Path) -> list[tuple[str, str]]:
     return entries
 
 
+def shipped_list(name: str) -> list[str]:
+    """The lines of a list shipped in ``fedstyle/data/download/lists/`` (package data; its README says whence)."""
+    from importlib.resources import files
+
+    text = files("fedstyle.data").joinpath("download", "lists", name).read_text(encoding="utf-8")
+    return [line.strip() for line in text.splitlines() if line.strip()]
+
+
 def removed_images(benchmark: str, domain: str) -> set[tuple[str, str]]:
     """(class folder, file name) of ``domain``'s images that ``fedstyle data download`` deletes (see above)."""
     fmt = SPLIT_LIST_FORMATS.get(benchmark)
     if fmt is None or not fmt.removed:
         return set()
-    from fedstyle.data.download.layout import shipped_list
-
     parts = (line.split("/") for line in shipped_list(fmt.removed))
     return {(p[-2], p[-1]) for p in parts if len(p) >= 3 and p[-3] == domain}
 
@@ -175,27 +181,25 @@ def attach_split_lists(dataset: DomainDataset, benchmark: str, root: Path, files
     return out
 
 
-def describe_split_source(benchmark: str, root: Path | None, official_splits: bool = True) -> str:
-    """Which split a folder benchmark's runs use: its official lists (and where), or the seeded rule.
+def describe_split_source(benchmark: str, root: Path | None, domains: list[str] | None,
+                          official_splits: bool = True) -> str:
+    """Which split a benchmark's runs use: its official lists (and where), or the seeded rule.
 
     Looks for the lists as the loader does (:func:`find_split_lists`) without decoding an image, so
     ``reproduce --dry-run`` can say it; where a benchmark has lists and none are found, says where to
-    put them. ``root``: the benchmark's folder (None: not known here)."""
-    from fedstyle.data.folder import BENCHMARKS
-
+    put them. ``root``: the benchmark's folder (None: not known here); ``domains``: its domain folders
+    (None: not a folder benchmark, its splits are known once it is read)."""
     seeded = "seeded per-class split of each domain (--val-fraction)"
     fmt = SPLIT_LIST_FORMATS.get(benchmark)
     if not official_splits:
         return f"{seeded}, official lists off (--no-official-splits)"
-    if benchmark not in BENCHMARKS:  # camelyon17's metadata, a Hub dataset's splits: known once it is read
+    if domains is None:  # camelyon17's metadata, a Hub dataset's splits
         return f"{benchmark}'s own splits where it has them, else the {seeded}"
     if fmt is None:
         return f"{seeded}; {benchmark} has no official split lists"
     if root is None:
         return f"official {benchmark} lists where the data folder holds them, else the {seeded}"
-
-    domains = list(BENCHMARKS.get(benchmark).domains or ())
-    found = find_split_lists(benchmark, root, domains)
+    found = find_split_lists(benchmark, root, list(domains))
     if found:
         folders = sorted({str(path.parent) for files in found.values() for path in files.values()})
         return f"official {benchmark} lists from {', '.join(folders)}"

@@ -135,13 +135,15 @@ def describe_setting(grid) -> str:
     data = base.get("dataset") or ", ".join(dict.fromkeys(named)) or "the preset's"
     if base.get("data_root"):
         data += f" from {base['data_root']}"
+    splits = describe_splits(base, list(dict.fromkeys(named)))
     return (f"{weights}{base.get('backbone', 'auto')} at {base.get('resolution')} px, {base.get('rounds')} rounds x "
             f"{steps} of batch {base.get('batch_size')}, {base.get('optimizer', 'sgd')} lr {base.get('lr')}; data: {data}"
-            f"; splits: {describe_splits(base, list(dict.fromkeys(named)))}")
+            f"; splits: {splits}")
 
 
 def describe_splits(base: Mapping[str, Any], named: list[str]) -> str:
     """Which split the runs use: a benchmark's official lists (found where), the seeded rule, or a Hub dataset's."""
+    from fedstyle.data.folder import BENCHMARKS
     from fedstyle.data.split_lists import describe_split_source
 
     dataset = base.get("dataset") or (named[0] if len(named) == 1 else None)
@@ -152,4 +154,5 @@ def describe_splits(base: Mapping[str, Any], named: list[str]) -> str:
         return ("the dataset's own train/validation/test splits where it has several, else the seeded per-class "
                 "split (--val-fraction)" if official else "seeded per-class split (--val-fraction)")
     root = Path(base["data_root"]) if base.get("data_root") else None
-    return describe_split_source(dataset, root, official)
+    domains = list(BENCHMARKS.get(dataset).domains or ()) if dataset in BENCHMARKS else None
+    return describe_split_source(dataset, root, domains, official)

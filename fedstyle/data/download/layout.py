@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Callable
 
 from fedstyle.data.download.table import DatasetDownload
+from fedstyle.data.split_lists import shipped_list
 from fedstyle.errors import DataError
 from fedstyle.io import atomic_write_json, make_staging_dir, remove_leftovers
 
@@ -176,14 +177,6 @@ def _terra(unpacked: Path, result: Path, entry: DatasetDownload) -> None:
 LAYOUTS: dict[str, Callable[[Path, Path, DatasetDownload], None]] = {
     "domain_folders": domain_folders, "camelyon17": camelyon17, "terra_incognita": _terra,
 }
-
-
-def shipped_list(name: str) -> list[str]:
-    """The lines of a list shipped in ``fedstyle/data/download/lists/`` (package data)."""
-    from importlib.resources import files
-
-    text = files("fedstyle.data.download").joinpath("lists", name).read_text(encoding="utf-8")
-    return [line.strip() for line in text.splitlines() if line.strip()]
 
 
 def remove_listed(result: Path, name: str) -> int:

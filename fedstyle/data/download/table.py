@@ -1,8 +1,9 @@
 """Where each benchmark's archives come from, what their bytes hash to, and where they go.
 
 The URLs are DomainBed's (``domainbed/scripts/download.py`` at b93c22a, December 2024; TerraIncognita's
-as changed in June 2024 by commit 3cf2e20) for PACS, VLCS, Office-Home, DomainNet and TerraIncognita, and WILDS's (``wilds/datasets/camelyon17_dataset.py``, v1.0) for
-Camelyon17; further sources of the same file are listed after them and tried in order.
+as changed in June 2024 by commit 3cf2e20) for PACS, VLCS, Office-Home, DomainNet and TerraIncognita,
+and WILDS's (``wilds/datasets/camelyon17_dataset.py``, v1.0) for Camelyon17; further sources of the
+same file are listed after them and tried in order.
 
 Checksums: an archive's SHA-256 (and size) is written here only where a public source states it:
 DomainNet's six zips and its twelve split lists are hashed in TensorFlow Datasets'
