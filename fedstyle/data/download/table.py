@@ -135,7 +135,9 @@ for _entry in (
         "or load Flower's copy from the Hugging Face Hub: --dataset hf:flwrlabs/office-home",
     ),
     DatasetDownload(
-        "domainnet", "DomainNet (Peng et al., 2019), with its official train/test lists", "domain_net",
+        "domainnet",
+        "DomainNet (Peng et al., 2019), with its official train/test lists, less DomainBed's 9,431 duplicates",
+        "domain_net",
         tuple(Archive(path.rpartition("/")[2], (f"{DOMAINNET_BASE}/{path}",), sha, size,
                       "DomainNet's authors (http://ai.bu.edu/M3SDA/)")
               for path, size, sha in DOMAINNET_FILES),
