@@ -99,3 +99,25 @@ def test_flower_sim_sets_the_marker_for_its_workers_only(tiny_config, tmp_path, 
     monkeypatch.setenv(SIMULATION_MARKER_ENV, SIMULATION_MARKER_VALUE)  # even from a process that has it
     federation = Federation(tmp_path / "dep", DeploySettings(sites=1, insecure=True))
     assert SIMULATION_MARKER_ENV not in federation.env(site=True)
+
+
+@pytest.mark.slow  # Ray starts in ~10 s
+@pytest.mark.xdist_group("ray")  # one Ray cluster at a time when the suite runs on workers
+def test_flower_sim_workers_see_the_marker_and_reproduce_the_seeded_simulator(tiny_config, tmp_path):
+    """The marker reaches the Ray actors: a flower-sim run with the defence's seeded noise equals the in-process
+    simulator bitwise (a site that took itself for a deployment would draw OS noise and keep a ledger)."""
+    pytest.importorskip("ray")
+    from fedstyle.experiments.runner import run_experiment
+    from run_records import evaluations
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)  # as the actors train
+    try:
+        hp = {"attention": False, "dp_clip": 1e3, "dp_noise": 1e-3}
+        config = tiny_config.updated(method="stablefdg", hparams=hp, rounds=1, lr_schedule="constant")
+        run_experiment(config, tmp_path / "sim", quiet=True)
+        run_experiment(config.updated(backend="flower-sim"), tmp_path / "flower", quiet=True)
+    finally:
+        torch.set_num_threads(before)
+    assert evaluations(tmp_path / "flower") == evaluations(tmp_path / "sim")
+    assert not (tmp_path / "flower" / "flower" / "state" / "privacy").exists()
