@@ -229,8 +229,11 @@ class ReleaseLedger:
         atomic_write(self.folder / entry.file,
                      lambda tmp: save_file(tensors, str(tmp), metadata={_META_KEY: json.dumps(scalars)}))
         line = (json.dumps(entry.__dict__, sort_keys=True) + "\n").encode("utf-8")
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o600)
         try:
+            size = os.fstat(fd).st_size
+            if size and os.pread(fd, 1, size - 1) != b"\n":  # a torn last line: never glue this one to it
+                line = b"\n" + line
             os.write(fd, line)
             os.fsync(fd)
         finally:
