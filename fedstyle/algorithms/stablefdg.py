@@ -262,16 +262,21 @@ class StableFDG(Algorithm):
         start = time.perf_counter()
         privacy = style_privacy(self.hp)  # off by default; noise seeded from the client's round seed
         reference = self.hp["reference_code"]
-        phi = dataset_style(model.backbone, ctx.data, self.hp["share_stage"], ctx.device, self.hp["style_images"],
-                            ctx.generator, privacy, privacy.generator(ctx.seed, "stablefdg"),
-                            mode=self.hp["style_stats"], batch_size=ctx.train.batch_size,
-                            batch_stats=getattr(model, "uses_batch_statistics", True),
-                            unbiased=reference, spread_eps=1e-6 if reference else 0.0).as_tensor()
+
+        def make() -> Payload:
+            return {STYLE_KEY: dataset_style(
+                model.backbone, ctx.data, self.hp["share_stage"], ctx.device, self.hp["style_images"], ctx.generator,
+                privacy, privacy.generator(ctx.seed, "stablefdg"), mode=self.hp["style_stats"],
+                batch_size=ctx.train.batch_size, batch_stats=getattr(model, "uses_batch_statistics", True),
+                unbiased=reference, spread_eps=1e-6 if reference else 0.0).as_tensor()}
+
+        # a deployed site answers the same question again with the same release (docs/privacy.md)
+        released = ctx.release("stablefdg-phi", privacy, make)
         count_release(ctx.state, privacy)
         if ctx.device.type == "cuda":
             torch.cuda.synchronize(ctx.device)  # once per round: the phase's time for the metrics
         ctx.state[_QUERY_SECONDS] = torch.tensor(time.perf_counter() - start, dtype=torch.float64)
-        return {STYLE_KEY: phi}
+        return released
 
     def round_payloads(self, server: ServerContext, client_ids: list[int], queries: dict[int, Payload]
                        ) -> dict[int, Payload]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 from pathlib import Path
@@ -116,6 +117,18 @@ def add_deploy_command(sub) -> None:
                       help="where this site keeps its client's persistent state between messages, restarts and "
                       "resumed runs (FedDyn's, FedBN's local layers; a folder per run and client, removable once "
                       "the run is done); default: $FEDSTYLE_SITE_STATE or the per-user state folder")
+    floor = site.add_argument_group("this site's privacy settings (node config; no coordinator can change them; "
+                                    "docs/privacy.md)")
+    floor.add_argument("--min-noise", type=float, default=0.0, metavar="Z",
+                       help="release defended styles with a noise multiplier of at least Z, whatever the run asks "
+                       "(dp-min-noise; default 0: the run's)")
+    floor.add_argument("--max-clip", type=float, default=0.0, metavar="C",
+                       help="clip each image's contribution at C at most (dp-max-clip; default 0: the run's)")
+    floor.add_argument("--max-epsilon", type=float, default=None, metavar="EPS",
+                       help="refuse a release that takes this site's eps, over every run in its release ledger, past "
+                       "EPS (dp-max-epsilon; default: no budget, the ledger still counts)")
+    floor.add_argument("--budget-delta", type=float, default=1e-5, metavar="DELTA",
+                       help="the delta of --max-epsilon (dp-budget-delta; default 1e-5)")
     site.set_defaults(func=_cmd_site)
 
 
@@ -313,6 +326,7 @@ def _cmd_site(args: argparse.Namespace) -> int:
     from fedstyle.errors import ConfigError
     from fedstyle.runtimes.flower import require_flower
     from fedstyle.runtimes.flower.deployment import fedstyle_path, flower_bin, free_port
+    from fedstyle.runtimes.flower.node_config import SIMULATION_MARKER_ENV, SitePrivacy
     from fedstyle.runtimes.flower.node_config import node_config as make_node_config
     from fedstyle.runtimes.flower.warm_site import site_command
     from fedstyle.runtimes.site_state import default_state_root
@@ -321,7 +335,9 @@ def _cmd_site(args: argparse.Namespace) -> int:
     if args.insecure == bool(args.root_certificates):
         raise ConfigError("give --root-certificates CA.crt (the coordinator's CA) or, without TLS, --insecure")
     state_dir = Path(args.state_dir).expanduser().resolve() if args.state_dir else default_state_root()
-    node_config = make_node_config(args.partition_id, state_dir, args.data_root)
+    privacy = SitePrivacy(min_noise=args.min_noise, max_clip=args.max_clip, budget_delta=args.budget_delta,
+                          max_epsilon=math.inf if args.max_epsilon is None else args.max_epsilon)
+    node_config = make_node_config(args.partition_id, state_dir, args.data_root, privacy)
     argv = [flower_bin("flower-supernode"), "--superlink", args.superlink, "--port", str(args.port or free_port()),
             "--node-config", node_config]
     argv += ["--insecure"] if args.insecure else ["--root-certificates", str(Path(args.root_certificates).resolve())]
@@ -331,6 +347,7 @@ def _cmd_site(args: argparse.Namespace) -> int:
     sys.stdout.flush()
     sys.stderr.flush()
     os.environ["PYTHONPATH"] = fedstyle_path(os.environ.get("PYTHONPATH"))  # its ClientApps run this fedstyle
+    os.environ.pop(SIMULATION_MARKER_ENV, None)  # a deployed site: never fedstyle's simulation engine
     # the site (a warm one: runtimes/flower/warm_site.py, around the SuperNode) replaces this process, in the
     # foreground: Ctrl-C and signals reach it, its SuperNode and its ClientApps directly
     argv = site_command(argv)
