@@ -150,6 +150,9 @@ def start_run_dir(config: RunConfig, out: Path, *, quiet: bool = False) -> Exper
     write_partition_json(exp.client_specs, exp.dataset, out / "partition.json")
     if exp.graph is not None:
         save_graph_png(exp.graph, out / "graph.png")
+    note = exp.config.batchnorm_fix_note()
+    if note:
+        print(f"fedstyle: note: {note}", file=sys.stderr)
     if not quiet:
         print(f"{exp.label}: {len(exp.client_specs)} clients, sources {', '.join(exp.split.sources)}; "
               f"held out {', '.join(exp.split.targets)}", file=sys.stderr)
