@@ -152,6 +152,9 @@ def atomic_write(path: str | Path, write: Callable[[Path], Any], mode: int | Non
     path = Path(path)
     with _temporary_beside(path, mode) as tmp:
         write(tmp)
+        # a writer may replace the temporary instead of writing into it (safetensors' save_file makes a new
+        # file, 0600), so the mode is set again on what it left
+        os.chmod(tmp, mode if mode is not None else 0o666 & ~current_umask())
     return path
 
 

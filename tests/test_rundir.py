@@ -422,6 +422,13 @@ def test_files_follow_the_umask_and_private_keys_stay_private(tmp_path):
 
         atomic_write(tmp_path / "site.key", lambda tmp: tmp.write_text("secret"), mode=0o600)
         assert (tmp_path / "site.key").stat().st_mode & 0o777 == 0o600
+        # issue 55 item 10: safetensors makes its file anew (0600); the checkpoint follows the umask all the same
+        import torch
+
+        from fedstyle.experiments.checkpoint import CHECKPOINT, save_checkpoint
+
+        save_checkpoint(tmp_path, {"w": torch.zeros(2)}, {"round": 1})
+        assert (tmp_path / CHECKPOINT).stat().st_mode & 0o777 == 0o644
         os.umask(0o077)
         atomic_write_text(tmp_path / "private.md", "x")
         assert (tmp_path / "private.md").stat().st_mode & 0o777 == 0o600

@@ -51,27 +51,47 @@ across machines:
 """
 
 
+#: the federation flags' defaults; the flags themselves default to "not given" (argparse.SUPPRESS), so that a
+#: --resume can tell a flag given from one left alone
+FEDERATION_DEFAULTS = {"sites": 0, "certs": None, "insecure": False, "node_auth": False, "min_sites": 1,
+                       "wait_timeout": 600.0, "round_timeout": 1800.0, "site_data_root": [], "host": "0.0.0.0",
+                       "port": 9093}
+#: what --resume changes in flower/deploy.json: how to reach and wait for the sites, never who takes part or
+#: how the traffic is protected (new certificates after a leaked CA is retired, a moved coordinator or dataset)
+RESUME_CHANGES = ("certs", "wait_timeout", "round_timeout", "site_data_root", "host", "port")
+#: what --resume refuses: each would change the federation the run was checkpointed on
+RESUME_REFUSES = ("sites", "insecure", "node_auth", "min_sites")
+
+
 def _settings_flags(parser: argparse.ArgumentParser, *, local: bool) -> None:
     group = parser.add_argument_group("federation")
-    group.add_argument("--sites", type=int, help="number of sites (SuperNodes); one client per site, so it must "
+    given = argparse.SUPPRESS
+    group.add_argument("--sites", type=int, default=given, help="number of sites (SuperNodes); one client per site, so it must "
                        "equal the partition's number of clients")
-    group.add_argument("--certs", metavar="DIR", help="folder from `fedstyle deploy certs` (TLS is on by default)")
-    group.add_argument("--insecure", action="store_true", help="no TLS: traffic unencrypted (trusted networks only)")
-    group.add_argument("--node-auth", action="store_true",
+    group.add_argument("--certs", metavar="DIR", default=given,
+                       help="folder from `fedstyle deploy certs` (TLS is on by default); with --resume: new certificates")
+    group.add_argument("--insecure", action="store_true", default=given,
+                       help="no TLS: traffic unencrypted (trusted networks only)")
+    group.add_argument("--node-auth", action="store_true", default=given,
                        help="Flower SuperNode authentication: only sites whose public key is registered "
                        "(certs/site-K.pub, registered automatically) may join; each site signs with certs/site-K.key")
-    group.add_argument("--min-sites", type=int, default=1,
+    group.add_argument("--min-sites", type=int, default=given,
                        help="sites that must be connected for a round to start, and must reply for it to count (default: 1)")
-    group.add_argument("--wait-timeout", type=float, default=600.0,
+    group.add_argument("--wait-timeout", type=float, default=given,
                        help="seconds to wait for --min-sites sites before giving up (default: 600)")
-    group.add_argument("--round-timeout", type=float, default=1800.0,
+    group.add_argument("--round-timeout", type=float, default=given,
                        help="seconds a site may take to answer one message before it drops out of the round (default: 1800)")
     if local:
-        group.add_argument("--site-data-root", action="append", metavar="DIR", default=[],
+        group.add_argument("--site-data-root", action="append", metavar="DIR", default=given,
                            help="data folder of site K (repeat in site order); default: the coordinator's --data-root")
     else:
-        group.add_argument("--host", default="0.0.0.0", help="address the SuperLink listens on (default: 0.0.0.0)")
-        group.add_argument("--port", type=int, default=9093, help="SuperLink port for sites and the run (default: 9093)")
+        group.add_argument("--host", default=given, help="address the SuperLink listens on (default: 0.0.0.0)")
+        group.add_argument("--port", type=int, default=given, help="SuperLink port for sites and the run (default: 9093)")
+
+
+def _federation_flag(args, name: str):
+    """A federation flag's value, or its default when it was not given."""
+    return getattr(args, name, FEDERATION_DEFAULTS[name])
 
 
 def add_deploy_command(sub) -> None:
@@ -135,12 +155,48 @@ def add_deploy_command(sub) -> None:
 def _settings(args, *, local: bool):
     from fedstyle.runtimes.flower.deployment import DeploySettings
 
+    flag = lambda name: _federation_flag(args, name)  # noqa: E731
+    certs = flag("certs")
     return DeploySettings(
-        sites=args.sites or 0, insecure=args.insecure, certs=args.certs, node_auth=args.node_auth,
-        host="127.0.0.1" if local else args.host, port=0 if local else args.port, min_sites=args.min_sites,
-        wait_timeout=args.wait_timeout, round_timeout=args.round_timeout,
-        site_data_roots=list(getattr(args, "site_data_root", []) or []),
+        sites=flag("sites") or 0, insecure=flag("insecure"), certs=str(Path(certs).resolve()) if certs else None,
+        node_auth=flag("node_auth"), host="127.0.0.1" if local else flag("host"), port=0 if local else flag("port"),
+        min_sites=flag("min_sites"), wait_timeout=flag("wait_timeout"), round_timeout=flag("round_timeout"),
+        # deploy.json is read again by --resume, perhaps from another folder: absolute paths only
+        site_data_roots=[str(Path(d).resolve()) for d in flag("site_data_root") or []],
     )
+
+
+def _resume_settings(args, out: Path):
+    """flower/deploy.json of ``out`` with the flags --resume may change applied (checked, then saved), after
+    refusing in one line the flags it may not change; the settings a resumed federation starts with."""
+    import dataclasses
+
+    from fedstyle.errors import ConfigError
+    from fedstyle.runtimes.flower.deployment import load_settings, save_settings
+
+    refused = [f"--{name.replace('_', '-')}" for name in RESUME_REFUSES if hasattr(args, name)]
+    if refused:
+        raise ConfigError(f"--resume continues the federation the run was checkpointed on: drop {', '.join(refused)} "
+                          f"(it may change only {', '.join('--' + n.replace('_', '-') for n in RESUME_CHANGES)})")
+    settings = load_settings(out)
+    changes = {}
+    if hasattr(args, "certs"):
+        changes["certs"] = str(Path(args.certs).resolve())
+    for name in ("wait_timeout", "round_timeout", "host", "port"):
+        if hasattr(args, name):
+            changes[name] = getattr(args, name)
+    if hasattr(args, "site_data_root"):
+        changes["site_data_roots"] = [str(Path(d).resolve()) for d in args.site_data_root]
+    if settings.certs and not Path(settings.certs).is_absolute() and "certs" not in changes:
+        if not Path(settings.certs).is_dir():  # deploy.json of an older fedstyle: --certs as typed
+            raise ConfigError(f"{out}/flower/deploy.json names the certificates folder {settings.certs!r} relative to "
+                              f"the folder the deployment was started from; resume from that folder, or give --certs DIR")
+        changes["certs"] = str(Path(settings.certs).resolve())
+    if changes:
+        settings = dataclasses.replace(settings, **changes)
+        settings.validate()  # new certificates: checked before the federation starts on them
+        save_settings(out, settings)
+    return settings
 
 
 def _new_run(args, settings):
@@ -250,11 +306,11 @@ def _cmd_deploy(args: argparse.Namespace) -> int:
 def _deploy(args: argparse.Namespace, lock) -> int:
     from fedstyle.errors import ConfigError
     from fedstyle.experiments.runner import CONFIG, DONE, SUMMARY
-    from fedstyle.runtimes.flower.deployment import deploy_run, load_settings
+    from fedstyle.runtimes.flower.deployment import deploy_run
 
     if args.resume:
         out = Path(args.resume)
-        settings = load_settings(out)
+        settings = _resume_settings(args, out)
         rounds = json.loads((out / CONFIG).read_text())["rounds"]
         if (out / DONE).exists():
             summary = json.loads((out / SUMMARY).read_text())
@@ -265,7 +321,7 @@ def _deploy(args: argparse.Namespace, lock) -> int:
                 print(f"\ninterrupted; continue with: fedstyle deploy --resume {out}", file=sys.stderr)
                 raise
     else:
-        if not args.sites:
+        if not _federation_flag(args, "sites"):
             raise ConfigError("give --sites N (one site per client), or an action: certs, coordinator, site")
         settings = _settings(args, local=True)
         config = _new_run(args, settings)
@@ -288,14 +344,14 @@ def _cmd_coordinator(args: argparse.Namespace) -> int:
 def _coordinate(args: argparse.Namespace, lock) -> int:
     from fedstyle.errors import ConfigError
     from fedstyle.experiments.runner import CONFIG, SUMMARY
-    from fedstyle.runtimes.flower.deployment import Federation, load_settings
+    from fedstyle.runtimes.flower.deployment import Federation
 
     if args.resume:
         out = Path(args.resume)
-        settings = load_settings(out)
+        settings = _resume_settings(args, out)
         rounds = json.loads((out / CONFIG).read_text())["rounds"]
     else:
-        if not args.sites:
+        if not _federation_flag(args, "sites"):
             raise ConfigError("give --sites N: the number of sites (one client each) that will join")
         settings = _settings(args, local=False)
         rounds = _new_run(args, settings).rounds

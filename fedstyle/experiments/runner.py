@@ -104,7 +104,12 @@ def run_experiment(config: RunConfig, out: str | Path, *, quiet: bool = False) -
         exp = start_run_dir(config, out, quiet=quiet)
         return _train_on_backend(exp, out, quiet=quiet, checkpoint=None)
     except KeyboardInterrupt:
-        raise  # interrupted: resumable (from scratch when no checkpoint was written yet)
+        # Interrupted (Ctrl-C, SIGTERM) before the first checkpoint: nothing to resume, and what was written
+        # (config.json, partition.json, an empty metrics.jsonl) would block the same command; after it,
+        # the run is resumable.
+        if not (out / CHECKPOINT).exists():
+            remove_new_run(out, created)
+        raise
     except Exception:
         # Failed before its first checkpoint (a style backend's missing weights in the setup phase,
         # say): nothing to resume, so leave no half-written run directory behind to block a rerun.
@@ -145,6 +150,9 @@ def start_run_dir(config: RunConfig, out: Path, *, quiet: bool = False) -> Exper
     write_partition_json(exp.client_specs, exp.dataset, out / "partition.json")
     if exp.graph is not None:
         save_graph_png(exp.graph, out / "graph.png")
+    note = exp.config.batchnorm_fix_note()
+    if note:
+        print(f"fedstyle: note: {note}", file=sys.stderr)
     if not quiet:
         print(f"{exp.label}: {len(exp.client_specs)} clients, sources {', '.join(exp.split.sources)}; "
               f"held out {', '.join(exp.split.targets)}", file=sys.stderr)
@@ -280,7 +288,11 @@ def train_experiment(exp: Experiment, out: Path, *, quiet: bool, checkpoint,
     except KeyboardInterrupt:
         reporter.close()
         trackers.finish("KILLED")
-        print(f"\ninterrupted; continue with: fedstyle run --resume {out}", file=sys.stderr)
+        if (out / CHECKPOINT).exists():
+            print(f"\ninterrupted; continue with: fedstyle run --resume {out}", file=sys.stderr)
+        else:
+            print("\ninterrupted before the first checkpoint: nothing to resume; give the same command again",
+                  file=sys.stderr)
         raise
     except BaseException:
         trackers.finish("FAILED")
