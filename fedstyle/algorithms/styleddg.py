@@ -60,10 +60,10 @@ class StyleDDG(Algorithm):
     HPARAMS = (
         HParam("stages", "layer1,layer2,layer3", "backbone stages whose batch style is shared (Eq. 15) and restyled "
                "(Eq. 16-19); the paper: ResNet blocks 1-3 (stages=layer1 is a sensitivity option, reported in "
-               "benchmarks/RESULTS.md)"),
+               "docs/results/styleddg.md)"),
         HParam("p", 0.5, "probability p_l that the style steps run at a stage (Eq. 21)", low=0.0, high=1.0),
         HParam("alpha", 3.0, "StyleExplore extrapolation alpha (Eq. 18; the paper's 3; 0 = no exploration; "
-               "alpha=1 is a sensitivity option, reported in benchmarks/RESULTS.md)", low=0.0),
+               "alpha=1 is a sensitivity option, reported in docs/results/styleddg.md)", low=0.0),
         HParam("mix_alpha", 0.1, "Beta(mix_alpha, mix_alpha) of MixStyle's lambda (Eq. 19)"),
         HParam("ops", "shift,explore,mix", "style steps that run when a stage fires (the paper: all three; "
                "a subset is an ablation)"),
