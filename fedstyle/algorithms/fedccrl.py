@@ -73,7 +73,7 @@ def quantize(x: torch.Tensor, norm: Normalization, slack: float = 0.0) -> torch.
 
 @register_method
 class FedCCRL(Algorithm):
-    """Statistics pool, MixStyle towards it, AugMix, SupCon + JS alignment (see the module docstring)."""
+    """Statistics pool, MixStyle towards it, AugMix, SupCon + JS alignment (docs/methods/fedccrl.md)."""
 
     name = "fedccrl"
     label = "FedCCRL"

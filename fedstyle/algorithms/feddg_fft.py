@@ -62,7 +62,7 @@ def plan_amplitude_exchange(num_images: int, bank: StyleBank, own: int, copies: 
 
 @register_method
 class FedDGFFT(StyleExchange):
-    """FedDG's amplitude exchange across clients without its episodic meta-learning (see the module docstring)."""
+    """FedDG's amplitude exchange across clients without its episodic meta-learning (docs/methods/feddg_fft.md)."""
 
     name = "feddg_fft"
     label = "FedDG-FFT"

@@ -90,7 +90,7 @@ def adjust_weights(weights: torch.Tensor, clients: list[int], gaps: list[float],
 
 @register_method
 class FedDGGA(Algorithm):
-    """Generalization adjustment of the aggregation weights (see the module docstring)."""
+    """Generalization adjustment of the aggregation weights (docs/methods/feddg_ga.md)."""
 
     name = "feddg_ga"
     label = "FedDG-GA"

@@ -31,7 +31,7 @@ from fedstyle.algorithms.registry import register_method
 
 def masked_update(base: torch.Tensor, updates: list[torch.Tensor], coefs: list[float], sign_coefs: list[float],
                   tau: float, server_lr: float = 1.0, reference: bool = False) -> torch.Tensor:
-    """FedGMA's new value of one parameter from the clients' values (see the module docstring)."""
+    """FedGMA's new value of one parameter from the clients' values (docs/methods/fedgma.md)."""
     base32 = base.to(torch.float32)
     mean_delta = torch.zeros_like(base32)
     agreement = torch.zeros_like(base32)
@@ -49,7 +49,7 @@ def masked_update(base: torch.Tensor, updates: list[torch.Tensor], coefs: list[f
 
 @register_method
 class FedGMA(Algorithm):
-    """Gradient-masked averaging (see the module docstring)."""
+    """Gradient-masked averaging (docs/methods/fedgma.md)."""
 
     name = "fedgma"
     label = "FedGMA"

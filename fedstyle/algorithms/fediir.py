@@ -64,7 +64,7 @@ class HiddenNeck(Neck):
 
 @register_method
 class FedIIR(Algorithm):
-    """Inter-client alignment of the classifier's gradients (see the module docstring)."""
+    """Inter-client alignment of the classifier's gradients (docs/methods/fediir.md)."""
 
     name = "fediir"
     label = "FedIIR"

@@ -62,7 +62,7 @@ def project_simplex(v: np.ndarray) -> np.ndarray:
 
 def solve_dual(M: torch.Tensor, b: torch.Tensor, radius: float, steps: int) -> torch.Tensor:
     """argmin over the simplex of Gamma.b + radius sqrt(Gamma^T M Gamma) (radius = kappa ||g_FL||), by projected
-    gradient descent with backtracking from the uniform Gamma (see the module docstring)."""
+    gradient descent with backtracking from the uniform Gamma (docs/methods/fedomg.md)."""
     M, b = M.numpy(), b.numpy()
     S = len(b)
     gamma = np.full(S, 1.0 / S)
@@ -120,7 +120,7 @@ def solve_dual_reference(M: torch.Tensor, kappa: float, steps: int) -> tuple[tor
 
 @SERVER_OPTS.register("omg")
 class OMG(ServerOptimizer):
-    """FedOMG's on-server gradient matching after any method's aggregation (see the module docstring)."""
+    """FedOMG's on-server gradient matching after any method's aggregation (docs/methods/fedomg.md)."""
 
     name = "omg"
     label = "OMG"
@@ -184,7 +184,7 @@ class OMG(ServerOptimizer):
 
 @register_method
 class FedOMG(Algorithm):
-    """FedAvg's clients with the ``omg`` server optimiser (see the module docstring)."""
+    """FedAvg's clients with the ``omg`` server optimiser (docs/methods/fedomg.md)."""
 
     name = "fedomg"
     label = "FedOMG"

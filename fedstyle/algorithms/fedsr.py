@@ -57,7 +57,7 @@ class FedSR(Algorithm):
         return super().local_keys(model) | self.reference_keys
 
     def regularizers(self, model, mu, sigma, z, y) -> tuple[torch.Tensor, torch.Tensor]:
-        """(L2R, CMI) of one batch (see the module docstring)."""
+        """(L2R, CMI) of one batch (docs/methods/fedsr.md)."""
         l2r = z.square().sum(1).mean() if self.hp["l2r"] == "squared" else torch.linalg.vector_norm(z, dim=1).mean()
         return l2r, model.neck.cmi(mu, sigma, y)
 

@@ -91,7 +91,7 @@ def prototype_losses(z: torch.Tensor, y: torch.Tensor, protos: torch.Tensor, cla
 
 @register_method
 class FPL(Algorithm):
-    """FPL (see the module docstring)."""
+    """FPL (docs/methods/fpl.md)."""
 
     name = "fpl"
     label = "FPL"

@@ -57,7 +57,7 @@ def _greedy_permutations(count: int, seed: int) -> torch.Tensor:
 
 def jigsaw_permutations(count: int = 30, seed: int = 0) -> torch.Tensor:
     """(count + 1, 9) tile orders: row 0 the identity (the ordered image), rows 1..count the greedy
-    maximal-Hamming-distance set (see the module docstring)."""
+    maximal-Hamming-distance set (docs/methods/jigen.md)."""
     if not 1 <= count < 362880:
         raise ConfigError(f"the number of jigsaw permutations must be in [1, 362879], got {count}")
     return _greedy_permutations(int(count), int(seed)).clone()

@@ -44,7 +44,7 @@ _warned_optimizer = False
 
 @register_method
 class PARDON(StyleBackendExchange):
-    """PARDON (see the module docstring)."""
+    """PARDON (docs/methods/pardon.md)."""
 
     name = "pardon"
     label = "PARDON"
