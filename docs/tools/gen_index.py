@@ -1,24 +1,21 @@
-"""Write docs/index.md, the docs site's home page, from README.md (issue 52: the site's home is the README).
+"""The docs site's home page from README.md (issue 52: the site's home is the README).
 
-The README links into docs/ as ``docs/PAGE.md``; from docs/index.md the same page is ``PAGE.md``, and a repository
-file outside docs/ is linked on GitHub's terms by its path only, so the two copies differ in link targets alone.
-``tests/test_docs_site.py`` checks that docs/index.md is what this script writes, so the two cannot drift apart.
+The README links into docs/ as ``docs/PAGE.md``; from the site's index.md the same page is ``PAGE.md``. A link
+to a repository file outside docs/ is refused: the site could not follow it. The site makes its home page with
+:func:`render` at build time (docs/tools/site_hooks.py), so there is no second copy; this script prints it.
 
-    python docs/tools/gen_index.py            # rewrite docs/index.md
-    python docs/tools/gen_index.py --check    # exit 1 when docs/index.md is stale
+    python docs/tools/gen_index.py            # print the home page's Markdown
 """
 
 from __future__ import annotations
 
-import argparse
 import re
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
-INDEX = ROOT / "docs" / "index.md"
-HEADER = "<!-- generated from README.md by docs/tools/gen_index.py: edit README.md, then run it -->\n"
+HEADER = "<!-- the site's home page: README.md, made by docs/tools/gen_index.py at build time -->\n"
 
 _LINK_TARGET = re.compile(r"\]\((?!https?://|#|mailto:)([^)\s]+)\)")
 
@@ -36,18 +33,8 @@ def render(readme: str) -> str:
     return HEADER + _LINK_TARGET.sub(_relink, readme)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--check", action="store_true", help="only check that docs/index.md is up to date")
-    args = parser.parse_args(argv)
-    text = render(README.read_text(encoding="utf-8"))
-    if args.check:
-        current = INDEX.read_text(encoding="utf-8") if INDEX.exists() else ""
-        if current != text:
-            print("docs/index.md is stale: run `python docs/tools/gen_index.py`", file=sys.stderr)
-            return 1
-        return 0
-    INDEX.write_text(text, encoding="utf-8")
+def main() -> int:
+    print(render(README.read_text(encoding="utf-8")), end="")
     return 0
 
 
