@@ -87,8 +87,8 @@ def join_cluster(address: str, threads: int, quiet: bool, extra_env: dict[str, s
             socket.create_connection((host, int(port)), timeout=10).close()
         except OSError as err:
             raise ConfigError(f"--ray-address {address}: cannot join a Ray cluster (nothing answers there: "
-                              f"{err.strerror or err}); start one with `ray start --head` (README: Many clients), "
-                              "or leave --ray-address out for a private Ray instance") from None
+                              f"{err.strerror or err}); start one with `ray start --head` (docs/guide/deploy.md: "
+                              "Many clients), or leave --ray-address out for a private Ray instance") from None
     pythonpath = os.pathsep.join(sys.path)
     env = {"PYTHONPATH": pythonpath, **{k: str(threads) for k in THREAD_VARIABLES}, **(extra_env or {})}
     try:
@@ -97,8 +97,8 @@ def join_cluster(address: str, threads: int, quiet: bool, extra_env: dict[str, s
     except (ConnectionError, ValueError, RuntimeError) as err:
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise ConfigError(f"--ray-address {address}: cannot join a Ray cluster ({first}); start one with "
-                          "`ray start --head` (README: Many clients), or leave --ray-address out for a private "
-                          "Ray instance") from None
+                          "`ray start --head` (docs/guide/deploy.md: Many clients), or leave --ray-address out for "
+                          "a private Ray instance") from None
     return {k: float(v) for k, v in ray.cluster_resources().items()}
 
 
