@@ -128,11 +128,11 @@ def download_dataset(
         raise DataError(f"{target} exists but was not made by `fedstyle data download` (it has no {MARKER}); "
                         f"read it as it is (--data-root {target}) or move it away to download afresh")
     folder = data_root / DOWNLOADS_FOLDER
-    made = [path for path in (folder, data_root, *data_root.parents) if not path.exists()]  # deepest first
+    made = [path for path in (data_root, *data_root.parents) if not path.exists()]  # deepest first
     try:
         return _download(entry, original, data_root, folder, target, keep_archives, progress, timeout, say)
-    finally:  # folders this call made and left empty (a failure before anything was kept) go too
-        for path in made:
+    finally:  # the download folder once empty, and folders this call made and left empty, go too
+        for path in (folder, *made):
             with contextlib.suppress(OSError):
                 path.rmdir()
 

@@ -235,6 +235,7 @@ def install(entry: DatasetDownload, archives: list[Path], target: Path, record: 
             try:
                 unpack(archive, unpacked)
             except OSError as err:  # a full disk or a read-only folder names where, and the room needed
+                shutil.rmtree(staging, ignore_errors=True)  # first, so the line says what is free without it
                 raise unpack_error(err, archive, target.parent) from None
         result = staging / "result"
         try:
@@ -246,6 +247,7 @@ def install(entry: DatasetDownload, archives: list[Path], target: Path, record: 
         except OSError as err:
             if not (disk_full(err) or read_only(err)):
                 raise
+            shutil.rmtree(staging, ignore_errors=True)
             raise DataError(f"cannot arrange {target.name} in {target.parent} ({err.strerror or err}; "
                             f"{free_text(target.parent)}); free space or give another --data-root (the archives "
                             f"stay in {archives[0].parent}; then run the same command again)") from None

@@ -7,7 +7,11 @@ transfer starts over; a server that ignores Range does too). Only a complete tra
 SHA-256 (and size) match what is known is renamed to ``DOWNLOADS/<file>``; a mismatch deletes it,
 and the next source is tried. A source that fails — refused, HTTP error, a web page instead of the
 archive (Google Drive's quota or login page), a connection that breaks — is reported and the next
-one tried; a broken transfer keeps its ``.part`` for the next run.
+one tried; a broken transfer keeps its ``.part`` (if any byte arrived) for the next run. A transfer
+stops at the archive's known size (else the server's Content-Length): a server sending more is a
+failed source, and its ``.part`` is deleted. A write that fails here (a full disk, a read-only
+folder) is the data root's fault, not the source's: :class:`LocalWriteError`, one line with the path
+and the room needed, and no further source is tried.
 """
 
 from __future__ import annotations
