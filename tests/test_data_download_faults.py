@@ -285,6 +285,7 @@ def test_a_removed_lock_file_is_never_held_twice(tmp_path, monkeypatch):
 
     with pytest.raises(LockedError):  # it locked the stale file, saw the path moved on, and met the third's lock
         DirectoryLock(tmp_path, "download folder").acquire()
+    monkeypatch.undo()
     assert handed == [stale]
     third.release()
 
@@ -293,17 +294,17 @@ def test_a_removed_lock_file_is_never_held_twice(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("body, names", [
-    ('null', "holds NoneType JSON, not an object"),
-    ('"PACS.zip"', "holds str JSON, not an object"),
-    ('[{"urls": []}]', "holds list JSON, not an object"),
-    ('{"PACS.zip": null}', "PACS.zip is None, not an object"),
-    ('{"PACS.zip": "https://x.org/PACS.zip"}', "PACS.zip is 'https://x.org/PACS.zip', not an object"),
+    ('null', "holds null, not an object"),
+    ('"PACS.zip"', "holds a string, not an object"),
+    ('[{"urls": []}]', "holds an array, not an object"),
+    ('{"PACS.zip": null}', "PACS.zip is null, not an object"),
+    ('{"PACS.zip": "https://x.org/PACS.zip"}', 'PACS.zip is "https://x.org/PACS.zip", not an object'),
     ('{"PACS.zip": {"sha256": 123}}', "PACS.zip.sha256 is 123, not a SHA-256"),
-    ('{"PACS.zip": {"size": "abc"}}', "PACS.zip.size is 'abc', not a size in bytes"),
-    ('{"PACS.zip": {"size": true}}', "PACS.zip.size is True, not a size in bytes"),
-    ('{"PACS.zip": {"urls": "https://x.org/PACS.zip"}}', "PACS.zip.urls is 'https://x.org/PACS.zip', not a list"),
-    ('{"PACS.zip": {"urls": [null]}}', r"PACS.zip.urls\[0\] is None, not a URL"),
-    ('{"PACS.zip": {"urls": ["not a url"]}}', r"PACS.zip.urls\[0\] is 'not a url', not a URL"),
+    ('{"PACS.zip": {"size": "abc"}}', 'PACS.zip.size is "abc", not a size in bytes'),
+    ('{"PACS.zip": {"size": true}}', "PACS.zip.size is true, not a size in bytes"),
+    ('{"PACS.zip": {"urls": "https://x.org/PACS.zip"}}', 'PACS.zip.urls is "https://x.org/PACS.zip", not a list'),
+    ('{"PACS.zip": {"urls": [null]}}', r"PACS.zip.urls\[0\] is null, not a URL"),
+    ('{"PACS.zip": {"urls": ["not a url"]}}', r'PACS.zip.urls\[0\] is "not a url", not a URL'),
 ])
 def test_download_sources_of_the_wrong_shape_get_one_line(tmp_path, monkeypatch, capsys, body, names):
     sources = tmp_path / "sources.json"
@@ -312,7 +313,7 @@ def test_download_sources_of_the_wrong_shape_get_one_line(tmp_path, monkeypatch,
     code = main(["data", "download", "pacs", "--data-root", str(tmp_path / "data"), "--quiet"])
     err = capsys.readouterr().err.strip()
     assert code == 2 and len(err.splitlines()) == 1, err
-    where = f"{SOURCES_ENV}={sources}" if "JSON" in names else f"{sources}: "
+    where = f"{SOURCES_ENV}={sources}" if "holds" in names else f"{sources}: "
     assert err.startswith(f"fedstyle: error: {where}")
     assert re.search(names, err) and ("fix or unset it" in err or f"or unset {SOURCES_ENV}" in err)
     assert not (tmp_path / "data").exists()
@@ -323,17 +324,17 @@ def test_a_mirror_that_is_no_url_gets_one_line(tmp_path, capsys, mirror):
     code = main(["data", "download", "pacs", "--data-root", str(tmp_path / "data"), "--quiet", "--mirror", mirror])
     err = capsys.readouterr().err.strip()
     assert code == 2 and len(err.splitlines()) == 1
-    assert err.startswith(f"fedstyle: error: --mirror is {mirror!r}, not a URL: give one such as https://")
+    assert err.startswith(f"fedstyle: error: --mirror is {json.dumps(mirror)}, not a URL: give one such as https://")
     assert not (tmp_path / "data").exists()
 
 
 @pytest.mark.parametrize("record, names", [
-    ('null', "holds NoneType JSON"),
-    ('["PACS.zip"]', "holds list JSON"),
-    ('{"PACS.zip": null}', "PACS.zip is None, not an object"),
+    ('null', "holds null, not an object"),
+    ('["PACS.zip"]', "holds an array, not an object"),
+    ('{"PACS.zip": null}', "PACS.zip is null, not an object"),
     ('{"PACS.zip": {"sha256": 123}}', "PACS.zip.sha256 is 123, not a SHA-256"),
-    ('{"PACS.zip": {"size": 5}}', "PACS.zip.sha256 is None, not a SHA-256"),
-    ('{"PACS.zip": {"sha256": "' + "a" * 64 + '", "size": "abc"}}', "PACS.zip.size is 'abc', not a size"),
+    ('{"PACS.zip": {"size": 5}}', "PACS.zip.sha256 is null, not a SHA-256"),
+    ('{"PACS.zip": {"sha256": "' + "a" * 64 + '", "size": "abc"}}', 'PACS.zip.size is "abc", not a size'),
 ])
 def test_a_first_use_record_of_the_wrong_shape_gets_one_line(tmp_path, capsys, record, names):
     (tmp_path / RECORD_NAME).write_text(record)

@@ -30,7 +30,7 @@ from typing import Any, Callable, Mapping
 
 from fedstyle.data.download.layout import MARKER, BadArchive, install, is_installed
 from fedstyle.data.download.table import (DOWNLOADS, Archive, DatasetDownload, check_sha256, check_size,
-                                           with_sources)
+                                           json_kind, shown, with_sources)
 from fedstyle.data.download.transfer import TIMEOUT_S, Expected, SourceFailed, fetch_archive
 from fedstyle.errors import DataError
 from fedstyle.io import DirectoryLock, atomic_write_json
@@ -63,12 +63,12 @@ def read_records(data_root: Path) -> dict[str, Any]:
     except ValueError:
         raise DataError(f"{path} is not valid JSON; {fix}") from None
     if not isinstance(records, dict):
-        raise DataError(f"{path} holds {type(records).__name__} JSON, not an object mapping archive names to their "
+        raise DataError(f"{path} holds {json_kind(records)}, not an object mapping archive names to their "
                         f"checksums; {fix}")
     for name, record in records.items():
         entry_fix = f"fix the entry in {path} (from a colleague's copy) or delete the entry to record it afresh"
         if not isinstance(record, dict):
-            raise DataError(f"{path}: {name} is {record!r}, not an object such as "
+            raise DataError(f"{path}: {name} is {shown(record)}, not an object such as "
                             f'{{"sha256": "...", "size": N}}; {entry_fix}')
         record["sha256"] = check_sha256(record.get("sha256"), f"{path}: {name}.sha256", entry_fix)
         if record.get("size") is not None:
