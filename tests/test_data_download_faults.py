@@ -231,7 +231,7 @@ def test_a_stall_in_the_first_megabyte_keeps_what_arrived_and_the_rerun_resumes(
         server.behaviour.files["/PACS.zip"] = archive
         server.behaviour.stall_after["/PACS.zip"] = 100_000
         sources["PACS.zip"]["urls"] = [server.url("/PACS.zip")]
-        with pytest.raises(DataError, match="connection broke after 0.1 MB .*resume the partial download kept in"):
+        with pytest.raises(DataError, match="connection broke after 100.0 kB .*resume the partial download kept in"):
             download_dataset("pacs", tmp_path, sources=sources, progress=False, timeout=0.5)
         parts = list((tmp_path / "downloads").glob("PACS.zip.*.part"))
         assert len(parts) == 1 and parts[0].stat().st_size == 100_000
@@ -361,3 +361,19 @@ def test_an_uppercase_sha256_is_the_same_checksum(tmp_path, pacs_zip):
                                  sources={"PACS.zip": {"urls": [server.url("/PACS.zip")]}})
     assert again.fresh and (tmp_path / "recorded" / "downloads" / "PACS.zip").read_bytes() == pacs_zip
     assert server.behaviour.log == [("/PACS.zip", None)]  # the second used the file in place
+
+
+def test_an_answer_without_a_length_that_closes_early_is_kept_for_a_resume(tmp_path, pacs_zip):
+    """No Content-Length, the published size known, the connection closed half-way: a truncated file to resume,
+    not a size mismatch to delete (the known size bounds the transfer both ways)."""
+    import fedstyle.data.download.transfer as transfer
+    from fedstyle.data.download.table import Archive
+
+    with ArchiveServer() as server:
+        server.behaviour.files["/PACS.zip"] = pacs_zip[:5000]  # what the server manages before it stops
+        server.behaviour.endless["/PACS.zip"] = False
+        server.behaviour.stop.set()  # the endless answer ends right after the file's bytes: a close-delimited 5000
+        expected = transfer.Expected(sha(pacs_zip), len(pacs_zip), "published")
+        with pytest.raises(transfer.SourceFailed, match=f"closed after 5.0 kB of {len(pacs_zip) / 1000:.1f} kB") as failed:
+            transfer.fetch_from(server.url("/PACS.zip"), Archive("PACS.zip", ()), tmp_path, False, 5, expected)
+    assert failed.value.kept is not None and failed.value.kept.stat().st_size == 5000

@@ -70,10 +70,6 @@ def sha256_of(path: Path) -> str:
     return digest.hexdigest()
 
 
-def mb(count: float) -> str:
-    return f"{count / 1e6:,.1f} MB"
-
-
 def host(url: str) -> str:
     return urllib.parse.urlsplit(url).netloc or url
 
@@ -233,7 +229,11 @@ def fetch_from(url: str, archive: Archive, folder: Path, progress: bool, timeout
                                   "command again")
     received = offset
     read = getattr(response, "read1", response.read)
-    out = _locally(part, lambda: open(part, "ab" if offset else "wb", buffering=0))
+    try:
+        out = _locally(part, lambda: open(part, "ab" if offset else "wb", buffering=0))
+    except LocalWriteError:
+        response.close()
+        raise
     try:
         with response, out, tqdm(total=total, initial=offset, unit="B", unit_scale=True, unit_divisor=1024,
                                  desc=archive.filename, disable=not progress, leave=False) as bar:
@@ -241,8 +241,8 @@ def fetch_from(url: str, archive: Archive, folder: Path, progress: bool, timeout
                 try:
                     block = read(CHUNK)
                 except (OSError, http.client.HTTPException) as err:
-                    raise SourceFailed(f"the connection broke after {mb(received)}"
-                                       + (f" of {mb(total)}" if total else "") + f" ({type(err).__name__})",
+                    raise SourceFailed(f"the connection broke after {human_bytes(received)}"
+                                       + (f" of {human_bytes(total)}" if total else "") + f" ({type(err).__name__})",
                                        kept=part if received else None) from None
                 if not block:
                     break
@@ -268,10 +268,10 @@ def fetch_from(url: str, archive: Archive, folder: Path, progress: bool, timeout
         if received == 0:  # nothing arrived: no empty partial file is left for a "resume"
             _drop(part)
         raise
-    if total is not None and received < total:
+    if bound is not None and received < bound:  # closed early: the part is a true beginning, kept for a rerun
         if not received:
             _drop(part)
-        raise SourceFailed(f"the connection closed after {mb(received)} of {mb(total)}",
+        raise SourceFailed(f"the connection closed after {human_bytes(received)} of {human_bytes(bound)}",
                            kept=part if received else None)
     return part
 
