@@ -209,3 +209,45 @@ def test_a_saved_copy_of_flowers_pacs_is_pacs(hf_home, tmp_path):
     assert split.targets == ["art_painting"]
     named = load_dataset(f"hf:{saved}", resolution=8, progress=False, label_column="label", domain_column="domain")
     assert named.domains == list(PACS_DOMAINS)  # the default columns named outright: still recognised
+
+
+def test_a_local_dataset_with_no_rows_is_one_line(hf_home, tmp_path, capsys):
+    """`data show hf:DIR` on data files with no rows gave datasets' ValueError traceback ("Instruction 'train'
+    corresponds to no data!"); an empty save_to_disk folder an IndexError."""
+    import datasets
+
+    from fedstyle.cli.main import main
+    from hub_fixtures import pacs_features
+
+    write_parquet(tmp_path / "files", {"train": []})
+    datasets.Dataset.from_dict({"image": [], "domain": [], "label": []}, features=pacs_features()).save_to_disk(
+        str(tmp_path / "saved"))
+    capsys.readouterr()  # the fixtures' progress bars
+    for folder in ("files", "saved"):
+        code = main(["data", "show", f"hf:{tmp_path / folder}", "--out", str(tmp_path / "grid.png"), "--quiet"])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert code == 2 and err == [f"fedstyle: error: hf:{tmp_path / folder} has no rows (its data files are empty); "
+                                     "give a folder whose data files hold images"]
+    assert not (tmp_path / "grid.png").exists()
+
+
+def test_data_show_draws_any_splits_and_names_a_corrupt_row_by_where_it_is(hf_home, tmp_path, capsys):
+    """`data show` draws from every image, so a split outside train/val/test needs no flag: the message suggested
+    --no-official-splits, which `data show` has not. A corrupt image without a path was named by its object's repr
+    (`<fedstyle.data.hub._RowBytes object at 0x...>`) inside PIL's reason."""
+    from fedstyle.cli.main import main
+
+    rows = tiny_pacs_rows(per_class=1)
+    write_parquet(tmp_path / "extra", {"train": rows, "extra": rows})
+    grid = tmp_path / "grid.png"
+    assert main(["data", "show", f"hf:{tmp_path / 'extra'}", "--resolution", "8", "--out", str(grid), "--quiet"]) == 0
+    assert grid.is_file()
+    broken = [dict(r, image={"bytes": b"\x89PNG broken", "path": None}) if i == 3 else r for i, r in enumerate(rows)]
+    write_parquet(tmp_path / "broken", {"train": broken})
+    capsys.readouterr()
+    code = main(["data", "show", f"hf:{tmp_path / 'broken'}", "--resolution", "8", "--out", str(grid), "--quiet"])
+    err = capsys.readouterr().err.strip()
+    where = f"hf:{tmp_path / 'broken'} train row 3"
+    assert code == 2 and len(err.splitlines()) == 1 and "object at 0x" not in err
+    assert err.startswith(f"fedstyle: error: cannot read image {where} (UnidentifiedImageError: cannot identify "
+                          f"image file {where})")

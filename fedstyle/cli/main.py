@@ -139,8 +139,9 @@ def _cmd_cache(args: argparse.Namespace) -> int:
 def _cmd_data_show(args: argparse.Namespace) -> int:
     from fedstyle.data import load_dataset, save_grid
 
+    # a grid draws from every image: official splits play no part (and hf:DIR's extra splits need no flag here)
     dataset = load_dataset(args.name, data_root=args.data_root, resolution=args.resolution,
-                           skip_bad_images=args.skip_bad_images, progress=not args.quiet)
+                           skip_bad_images=args.skip_bad_images, progress=not args.quiet, official_splits=False)
     out = Path(args.out or f"{args.name.replace(':', '-').replace('/', '--')}.png")  # hf:OWNER/NAME: one file
     save_grid(dataset, out, per_cell=args.per_cell, seed=args.seed)
     sizes = ", ".join(f"{d} {dataset.size(d)}" for d in dataset.domains)

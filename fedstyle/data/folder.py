@@ -19,11 +19,12 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import sys
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO, Sequence
+from typing import BinaryIO, Callable, Sequence
 
 import numpy as np
 from PIL import Image
@@ -42,6 +43,8 @@ IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 LAYOUT_HINT = "expected layout: ROOT/<domain>/<class>/<image>.jpg|.jpeg|.png"
 DECODE_BLOCK = 512
+#: raises PIL's decompression-bomb limit (``PIL.Image.MAX_IMAGE_PIXELS``) for images meant to be that large
+MAX_PIXELS_ENV = "FEDSTYLE_MAX_IMAGE_PIXELS"
 
 
 @dataclass(frozen=True)
@@ -231,10 +234,15 @@ def to_rgb(image: Image.Image) -> Image.Image:
     return image.convert("RGB")
 
 
-def decode_image(path: Path | BinaryIO, resolution: int) -> np.ndarray:
+def decode_image(path: Path | BinaryIO, resolution: int,
+                 on_large: Callable[[tuple[int, int]], None] | None = None) -> np.ndarray:
     """Decode ``path`` (a file name, or an open binary file such as the bytes of a parquet row) to uint8
-    (resolution, resolution, 3)."""
+    (resolution, resolution, 3). ``on_large(size)`` is called for an image above PIL's decompression-bomb
+    limit (``Image.MAX_IMAGE_PIXELS``) that PIL still decodes (up to twice the limit)."""
     with Image.open(path) as image:
+        limit = Image.MAX_IMAGE_PIXELS
+        if on_large is not None and limit and image.size[0] * image.size[1] > limit:
+            on_large(image.size)
         # JPEG can decode at 1/2, 1/4 or 1/8 scale directly; draft keeps both sides >= resolution.
         image.draft("RGB", (resolution, resolution))
         image.load()
@@ -244,11 +252,37 @@ def decode_image(path: Path | BinaryIO, resolution: int) -> np.ndarray:
     return np.asarray(rgb, dtype=np.uint8)
 
 
-def _decode_or_error(path: Path, resolution: int) -> np.ndarray | str:
+def pixel_limit() -> int | None:
+    """PIL's decompression-bomb limit, raised by ``$FEDSTYLE_MAX_IMAGE_PIXELS`` where set (PIL warns above
+    the limit and refuses above twice it; an image that large is more often a mistake than a photo)."""
+    given = os.environ.get(MAX_PIXELS_ENV)
+    if given:
+        if not given.isdigit() or int(given) <= 0:
+            raise ConfigError(f"{MAX_PIXELS_ENV}={given!r} is not a pixel count; give a whole number such as "
+                              "200000000, or unset it")
+        Image.MAX_IMAGE_PIXELS = int(given)
+    return Image.MAX_IMAGE_PIXELS
+
+
+def _decode_or_error(path: Path, resolution: int) -> tuple[np.ndarray | str, tuple[int, int] | None]:
+    """(pixels or the reason they cannot be read, the size of an image above PIL's limit or None)."""
+    large = []
     try:
-        return decode_image(path, resolution)
+        return decode_image(path, resolution, large.append), (large[0] if large else None)
+    except Image.DecompressionBombError as err:
+        return f"{type(err).__name__}: {err}; if images that large are intended, set {MAX_PIXELS_ENV}=N", None
     except Exception as err:  # PIL raises many types (OSError, SyntaxError, ValueError, ...)
-        return f"{type(err).__name__}: {err}"
+        return f"{type(err).__name__}: {err}", None
+
+
+def _pixels(count: int) -> str:
+    return f"{count / 1e6:.1f} Mpixel" if count >= 100_000 else f"{count:,} pixels"
+
+
+def _say_large(item, size: tuple[int, int], limit: int) -> None:
+    print(f"fedstyle: image {item} is {size[0]}x{size[1]} = {_pixels(size[0] * size[1])}, above PIL's "
+          f"decompression-bomb limit of {_pixels(limit)}; decoded (if images that large are intended, set "
+          f"{MAX_PIXELS_ENV}=N above it to silence this)", file=sys.stderr)
 
 
 def bad_image_error(path: Path | str, reason: str) -> DataError:
@@ -274,17 +308,24 @@ def decode_domain(
     """
     images = writer.empty_images(domain_index, len(paths), resolution, resolution)
     kept, bad = [], []
+    limit = pixel_limit()
     for start in range(0, len(paths), DECODE_BLOCK):
         block = paths[start : start + DECODE_BLOCK]
-        for offset, result in enumerate(executor.map(lambda p: _decode_or_error(p, resolution), block)):
-            index = start + offset
-            if isinstance(result, str):
-                if not skip_bad_images:
-                    raise bad_image_error(paths[index], result)
-                bad.append([str(paths[index]), result])
-            else:
-                images[index] = result.transpose(2, 0, 1)
-                kept.append(index)
+        # PIL's raw warning, raised in the worker threads, is silenced here and said in one line naming the file
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            decoded = executor.map(lambda p: _decode_or_error(p, resolution), block)
+            for offset, (result, large) in enumerate(decoded):
+                index = start + offset
+                if large is not None:
+                    _say_large(paths[index], large, limit)
+                if isinstance(result, str):
+                    if not skip_bad_images:
+                        raise bad_image_error(paths[index], result)
+                    bad.append([str(paths[index]), result])
+                else:
+                    images[index] = result.transpose(2, 0, 1)
+                    kept.append(index)
         bar.update(len(block))
     if bad:
         images = writer.keep_images(domain_index, np.asarray(kept, dtype=np.int64))

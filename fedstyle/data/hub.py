@@ -111,7 +111,10 @@ def open_hub_dataset(repo: str, progress: bool = True):
     with _quiet(datasets, progress):
         if folder.is_dir():
             saved = (folder / "dataset_dict.json").is_file() or (folder / "state.json").is_file()
-            loaded = datasets.load_from_disk(str(folder)) if saved else datasets.load_dataset(str(folder))
+            try:
+                loaded = datasets.load_from_disk(str(folder)) if saved else datasets.load_dataset(str(folder))
+            except (ValueError, IndexError) as err:  # what the library raises for a folder with no rows
+                raise DataError(_unreadable_folder(repo, err)) from None
         else:
             if not REPO_NAME.match(repo):
                 raise ConfigError(f"--dataset hf:{repo}: give hf:OWNER/NAME (a Hugging Face dataset, e.g. "
@@ -125,7 +128,18 @@ def open_hub_dataset(repo: str, progress: bool = True):
                 loaded = datasets.load_dataset(snapshot)
     if isinstance(loaded, datasets.Dataset):
         loaded = datasets.DatasetDict({"train": loaded})
+    if not sum(len(split) for split in loaded.values()):
+        raise DataError(f"hf:{repo} has no rows (splits: {', '.join(loaded) or 'none'}); give a dataset with images")
     return loaded
+
+
+def _unreadable_folder(repo: str, err: BaseException) -> str:
+    """One line for a local folder ``datasets`` cannot load: no rows ("Instruction 'train' corresponds to no
+    data!", or an IndexError from an empty ``save_to_disk``), or another fault in its files."""
+    if isinstance(err, IndexError) or "corresponds to no data" in str(err):
+        return f"hf:{repo} has no rows (its data files are empty); give a folder whose data files hold images"
+    return (f"hf:{repo} cannot be read by the datasets library ({_one_line(err)}); give a folder of data files "
+            "(parquet, arrow, an imagefolder) or one written by save_to_disk")
 
 
 def _not_found(datasets, repo: str, err: BaseException) -> str:
@@ -297,6 +311,8 @@ class _RowBytes(io.BytesIO):
 
     def __str__(self) -> str:
         return self.where
+
+    __repr__ = __str__  # PIL names an unreadable file by its repr ("cannot identify image file %r")
 
 
 class HubImages(Sequence):

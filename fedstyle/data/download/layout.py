@@ -27,6 +27,7 @@ every download of one archive and for the tree it was made from.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -40,7 +41,8 @@ from typing import Callable
 from fedstyle.data.download.table import DatasetDownload
 from fedstyle.data.split_lists import shipped_list
 from fedstyle.errors import DataError
-from fedstyle.io import atomic_write_json, make_staging_dir, remove_leftovers
+from fedstyle.io import (atomic_write_json, disk_full, free_text, human_bytes, make_staging_dir, read_only,
+                         remove_leftovers)
 
 MARKER = ".fedstyle-download.json"
 SEARCH_DEPTH = 3
@@ -195,6 +197,29 @@ def remove_listed(result: Path, name: str) -> int:
     return removed
 
 
+def unpacked_size(archive: Path) -> int | None:
+    """Bytes ``archive`` takes unpacked: a zip's directory says it; a compressed tar would have to be read
+    through (minutes for TerraIncognita's 6 GB), so None."""
+    if archive.name.lower().endswith(".zip"):
+        with contextlib.suppress(OSError, zipfile.BadZipFile), zipfile.ZipFile(archive) as handle:
+            return sum(member.file_size for member in handle.infolist())
+    return None
+
+
+def unpack_error(err: OSError, archive: Path, where: Path) -> DataError:
+    """One line for an unpacking that the disk refused: the folder, the room needed where known."""
+    kept = f"the archives stay in {archive.parent}; then run the same command again"
+    if disk_full(err):
+        size = unpacked_size(archive)
+        need = (f"it needs {human_bytes(size)} unpacked" if size is not None
+                else f"it needs more than its {human_bytes(archive.stat().st_size)} packed")
+        return DataError(f"no space left on device to unpack {archive.name} into {where} ({need}, "
+                         f"{free_text(where)}); free space or give another --data-root ({kept})")
+    hint = "give a --data-root you can write to" if read_only(err) else "check the folder"
+    return DataError(f"cannot unpack {archive.name} into {where} ({err.strerror or err}: "
+                     f"{err.filename or where}); {hint} ({kept})")
+
+
 def is_installed(target: Path) -> bool:
     return (target / MARKER).is_file()
 
@@ -207,13 +232,25 @@ def install(entry: DatasetDownload, archives: list[Path], target: Path, record: 
     try:
         unpacked = staging / "unpacked"
         for archive in archives:
-            unpack(archive, unpacked)
+            try:
+                unpack(archive, unpacked)
+            except OSError as err:  # a full disk or a read-only folder names where, and the room needed
+                shutil.rmtree(staging, ignore_errors=True)  # first, so the line says what is free without it
+                raise unpack_error(err, archive, target.parent) from None
         result = staging / "result"
-        LAYOUTS[entry.layout](unpacked, result, entry)
-        if entry.removed:
-            record = {**record, "removed": {"list": entry.removed, "files": remove_listed(result, entry.removed)}}
-        atomic_write_json(result / MARKER, record)
-        os.rename(result, target)
+        try:
+            LAYOUTS[entry.layout](unpacked, result, entry)
+            if entry.removed:
+                record = {**record, "removed": {"list": entry.removed, "files": remove_listed(result, entry.removed)}}
+            atomic_write_json(result / MARKER, record)
+            os.rename(result, target)
+        except OSError as err:
+            if not (disk_full(err) or read_only(err)):
+                raise
+            shutil.rmtree(staging, ignore_errors=True)
+            raise DataError(f"cannot arrange {target.name} in {target.parent} ({err.strerror or err}; "
+                            f"{free_text(target.parent)}); free space or give another --data-root (the archives "
+                            f"stay in {archives[0].parent}; then run the same command again)") from None
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return target
