@@ -169,7 +169,7 @@ def build_parser() -> argparse.ArgumentParser:
     report = sub.add_parser("report", help="paper-style table over run directories (mean ± std over seeds)",
                             description="Collect run directories (searched recursively) into the papers' table: "
                             "rows are methods, columns held-out domains and their average, cells mean ± std over seeds. "
-                            "Writes report.md, report.csv and accuracy.png.")
+                            "Writes report.md, report.csv, report.tex and the figures (PNG and PDF).")
     report.add_argument("runs", nargs="+", metavar="DIR", help="run directories or folders containing them")
     report.add_argument("--out", default="report", metavar="DIR", help="where to write the report (default: report)")
     report.add_argument("--which", choices=("selected", "last"), default="selected",
