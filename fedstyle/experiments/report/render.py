@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import IO, Iterator, Sequence
 
 from fedstyle.experiments.report.plots import plot_accuracy, plot_training
-from fedstyle.experiments.report.runs import RunRecord, collect
+from fedstyle.experiments.report.runs import RunRecord, collect, environment_note
 from fedstyle.experiments.report.tabulate import (MISSING, Cell, Table, _setting_text, plan_rows,
                                                   results_table)
 from fedstyle.io import atomic_open
@@ -183,6 +183,9 @@ def write_report(
     if table.warning:
         warnings.warn(table.warning, stacklevel=2)
     row_of = plan_rows(records).row_of
+    environments = environment_note(records)
+    if environments:
+        warnings.warn(environments, stacklevel=2)
     paths = {"csv": to_csv(table, out_dir / "report.csv")}
     with _atomic_open(out_dir / "report.tex", "w") as file:
         file.write(to_latex(table))
@@ -194,6 +197,8 @@ def write_report(
         warnings.warn("no run logged per-round target_acc in metrics.jsonl; accuracy.png not written", stacklevel=2)
 
     sections = [f"# Results: {table.dataset}", "", to_markdown(table)]
+    if environments:
+        sections += [f"**Note:** {environments}.", ""]
     if "plot" in paths:
         sections += ["![Target accuracy per round (mean ± std over seeds)](accuracy.png)", "",
                      "![Training: target accuracy (★ selected round, dotted: chance), source-validation accuracy, "
