@@ -10,6 +10,7 @@ from fedstyle.cli.flags import (
     add_run_flags,
     check_resume_flags,
     config_from_args,
+    fetch_pretrained_weights,
     print_summary,
     resume_settings,
     stop_on_sigterm,
@@ -64,7 +65,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
     else:
         if not args.out:
             raise ConfigError("give --out DIR for the run directory (or --resume DIR to continue one)")
-        summary = run_experiment(config_from_args(args), args.out, quiet=args.quiet)
+        config = config_from_args(args)
+        if args.download:
+            fetch_pretrained_weights(config, quiet=args.quiet)
+        summary = run_experiment(config, args.out, quiet=args.quiet)
         out = Path(args.out)
     print_summary(summary, out)
     return 0
@@ -164,6 +168,8 @@ def build_parser() -> argparse.ArgumentParser:
                          "metrics.jsonl, a checkpoint, summary.json and finally `done` into --out.",
                          epilog=RUN_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_run_flags(run, resume_help="continue the interrupted run in DIR (its config.json is used)")
+    run.add_argument("--download", action="store_true", help="with --pretrained: fetch torchvision's ResNet file "
+                     "from its official URL into the torch hub cache (its hash checked) when it is not there")
     run.set_defaults(func=_cmd_run)
 
     report = sub.add_parser("report", help="paper-style table over run directories (mean ± std over seeds)",
