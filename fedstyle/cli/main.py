@@ -215,7 +215,8 @@ def build_parser() -> argparse.ArgumentParser:
     clear.add_argument("kinds", nargs="*", metavar="KIND", help="datasets, ccst, feddg_fft, style or adain")
     clear.add_argument("--all", action="store_true", help="everything")
 
-    data = sub.add_parser("data", help="list datasets, draw one as a PNG grid, or download a benchmark")
+    data = sub.add_parser("data", help="list datasets, draw one as a PNG grid, check a folder of images, or download "
+                          "a benchmark")
     data_sub = data.add_subparsers(dest="data_command", metavar="ACTION", required=True)
     data_list = data_sub.add_parser("list", help="list datasets")
     data_list.set_defaults(func=_cmd_data_list)
@@ -229,9 +230,10 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("--seed", type=int, default=0, help="which images are drawn")
     show.add_argument("--quiet", action="store_true", help="no progress bar")
     show.set_defaults(func=_cmd_data_show)
-    from fedstyle.cli.data import add_download_command
+    from fedstyle.cli.data import add_check_command, add_download_command
 
     add_download_command(data_sub)
+    add_check_command(data_sub)
 
     from fedstyle.cli.style import add_style_commands
 
