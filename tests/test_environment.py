@@ -80,20 +80,38 @@ def test_differences_name_the_fields_and_packages_that_differ():
     assert differences(a, dict(a)) == {}
 
 
-def test_a_run_records_its_environment_in_summary_json_not_config_json(tiny_config, tmp_path):
-    summary = run_experiment(tiny_config, tmp_path / "run", quiet=True)
+@pytest.fixture(scope="module")
+def finished(tiny_root, tmp_path_factory):
+    """A finished tiny run (made once) and its summary; tests copy it."""
+    from fedstyle.experiments.config import RunConfig
+
+    config = RunConfig(dataset="folder", data_root=str(tiny_root), resolution=16, targets=["grey"], rounds=2,
+                       batch_size=8, local_steps=2, lr=0.05, min_client_size=2, device="cpu")
+    out = tmp_path_factory.mktemp("environment") / "run"
+    return out, run_experiment(config, out, quiet=True)
+
+
+def killed_copy(finished, tmp_path):
+    """A copy of the finished run as if killed after its last checkpoint (no summary.json, no done)."""
+    out = tmp_path / "run"
+    shutil.copytree(finished[0], out)
+    (out / "done").unlink()
+    (out / "summary.json").unlink()
+    return out
+
+
+def test_a_run_records_its_environment_in_summary_json_not_config_json(finished):
+    out, summary = finished
     assert summary["environment"] == probe("cpu") and "environment_resumed" not in summary
-    assert json.loads((tmp_path / "run" / "summary.json").read_text())["environment"] == summary["environment"]
-    assert "environment" not in json.loads((tmp_path / "run" / "config.json").read_text())
+    assert json.loads((out / "summary.json").read_text())["environment"] == summary["environment"]
+    assert "environment" not in json.loads((out / "config.json").read_text())
 
 
-def test_resume_elsewhere_warns_in_one_line_and_keeps_both_environments(tiny_config, tmp_path, monkeypatch, capsys):
+def test_resume_elsewhere_warns_in_one_line_and_keeps_both_environments(finished, tmp_path, monkeypatch, capsys):
     from fedstyle.experiments import runner
 
-    out = tmp_path / "run"
-    started = run_experiment(tiny_config, out, quiet=True)["environment"]
-    (out / "done").unlink()  # as if killed after its last checkpoint
-    (out / "summary.json").unlink()
+    started = finished[1]["environment"]
+    out = killed_copy(finished, tmp_path)
     elsewhere = {**started, "torch": "9.9.9", "torch_threads": 64}
     monkeypatch.setattr(runner, "probe_environment", lambda device: elsewhere)
     capsys.readouterr()
@@ -103,11 +121,9 @@ def test_resume_elsewhere_warns_in_one_line_and_keeps_both_environments(tiny_con
     assert summary["environment"] == started and summary["environment_resumed"] == elsewhere
 
 
-def test_resume_in_the_same_environment_says_nothing(tiny_config, tmp_path, capsys):
-    out = tmp_path / "run"
-    whole = run_experiment(tiny_config, out, quiet=True)
-    (out / "done").unlink()
-    (out / "summary.json").unlink()
+def test_resume_in_the_same_environment_says_nothing(finished, tmp_path, capsys):
+    whole = finished[1]
+    out = killed_copy(finished, tmp_path)
     capsys.readouterr()
     resumed = resume_experiment(out, quiet=True)
     assert "another environment" not in capsys.readouterr().err
