@@ -3,8 +3,9 @@
 Images (``.jpg``, ``.jpeg``, ``.png`` in any letter case) are decoded once with PIL, converted to
 RGB (grey and palette images expanded, transparent images composited on white) and resized to
 ``resolution x resolution`` (default: the benchmark's; for the generic ``folder`` dataset the images' own
-median size, capped at 224, so 32 px images are not upsampled 7x) with a plain antialiased bilinear resize (no crop, so nothing of an
-off-centre object is lost; aspect ratios are not kept, as in DomainBed's evaluation transform).
+median size, capped at 224, so 32 px images are not upsampled 7x) with a plain antialiased bilinear resize
+(no crop, so nothing of an off-centre object is lost; aspect ratios are not kept, as in DomainBed's
+evaluation transform).
 Within a domain, images are ordered by (class, file name); classes are sorted by name.
 
 Domain folders of named benchmarks are matched ignoring case, spaces, ``-`` and ``_`` (so

@@ -90,8 +90,9 @@ def to_latex(table: Table) -> str:
     body = []
     for row in table.rows:
         label = row.display_label if table.which == "selected" else row.label
-        cells = [latex_escape(label), *(latex_escape(_setting_text(row.settings.get(k))) for k in table.setting_columns),
-                 *(_latex_cell(cell(row), top) for cell, top in zip(results, best)), str(row.n)]
+        settings = (latex_escape(_setting_text(row.settings.get(k))) for k in table.setting_columns)
+        cells = [latex_escape(label), *settings, *(_latex_cell(cell(row), top) for cell, top in zip(results, best)),
+                 str(row.n)]
         body.append(" & ".join(cells) + r" \\")
     spec = "l" * (1 + len(table.setting_columns)) + "r" * (len(table.domains) + 2)
     tabular = [rf"\begin{{tabular}}{{@{{}}{spec}@{{}}}}", r"\toprule",
