@@ -53,3 +53,16 @@ def test_an_upsampling_resolution_warns_with_the_flag_that_keeps_the_size(tmp_pa
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         load_dataset("folder", data_root=str(root), progress=False, resolution=24)  # under 2x: said nothing
+
+
+def test_pretrained_on_small_images_picks_a_resnet_and_names_the_better_flags(tmp_path):
+    from fedstyle.experiments.build import resolve_config
+    from fedstyle.experiments.config import RunConfig
+
+    dataset = load_dataset("folder", data_root=str(make_folder(tmp_path / "small", 24)), progress=False)
+    scratch = RunConfig(dataset="folder", data_root=str(tmp_path / "small"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert resolve_config(scratch, dataset).backbone == "convnet"  # from scratch at 24 px: the small ConvNet
+    with pytest.warns(UserWarning, match=r"--pretrained resnet18 at 24 px.*--resolution 224.*drop --pretrained"):
+        assert resolve_config(scratch.updated(pretrained=True), dataset).backbone == "resnet18"  # the ConvNet has none
