@@ -66,9 +66,8 @@ def test_run_download_fetches_before_training_and_without_it_names_the_flag(serv
                                                                             monkeypatch, capsys):
     monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch"))
     point_at(server, monkeypatch, "resnet18-00000000.pth")
-    flags = ["run", "--dataset", "folder", "--data-root", str(tiny_root), "--resolution", "32", "--target", "grey",
-             "--backbone", "resnet18",
-             "--pretrained", "--rounds", "1", "--device", "cpu", "--quiet"]
+    flags = ["run", "--dataset", "folder", "--data-root", str(tiny_root), "--resolution", "24", "--target", "grey",
+             "--backbone", "resnet18", "--pretrained", "--rounds", "1", "--device", "cpu", "--quiet"]
     assert main([*flags, "--out", str(tmp_path / "a")]) == 2  # without --download: the curl line, and the flag
     error = capsys.readouterr().err
     assert "add --download to fetch it" in error and "curl -L --create-dirs" in error
