@@ -185,7 +185,7 @@ def test_save_grid_writes_a_png_atomically(tmp_path):
     out = save_grid(dataset, tmp_path / "grids" / "grid.png", per_cell=2)
     with Image.open(out) as image:
         assert image.format == "PNG" and image.size[0] > image.size[1] > 50
-    assert [p.name for p in (tmp_path / "grids").iterdir()] == ["grid.png"]
+    assert sorted(p.name for p in (tmp_path / "grids").iterdir()) == ["grid.pdf", "grid.png"]  # no temps
 
 
 def test_an_image_above_pils_pixel_limit_is_one_line_naming_it(tmp_path, monkeypatch, capsys, recwarn):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -76,12 +77,20 @@ def shared_clients(dataset: DomainDataset, split: Split, specs: list[ClientSpec]
     return clients
 
 
+#: image side (px) up to which ``--backbone auto`` trains the small ConvNet rather than a ResNet
+SMALL_IMAGES = 64
+
+
 def resolve_config(config: RunConfig, dataset: DomainDataset) -> RunConfig:
     """Fill every 'auto' or unset option with the value actually used."""
     method = METHODS.get(config.method)
     backbone = config.backbone
-    if backbone == "auto":
-        backbone = "convnet" if dataset.resolution <= 64 else "resnet18"
+    if backbone == "auto":  # the small ConvNet below 64 px, unless ImageNet weights are asked for (it has none)
+        backbone = "convnet" if dataset.resolution <= SMALL_IMAGES and not config.pretrained else "resnet18"
+    if config.pretrained and dataset.resolution < SMALL_IMAGES and config.resolution is None:
+        warnings.warn(f"--pretrained {backbone} at {dataset.resolution} px, the images' own size: ImageNet features "
+                      f"are learnt at 224 px; --resolution 224 upsamples to it, or drop --pretrained to train the "
+                      f"small ConvNet (--backbone auto) at {dataset.resolution} px", stacklevel=2)
     return config.updated(
         backbone=backbone,
         resolution=dataset.resolution,

@@ -4,7 +4,8 @@
 keeps a downloaded file as ``<hub dir>/checkpoints/<file name>``; the hub dir is
 ``torch.hub.get_dir()``: ``$TORCH_HOME/hub``, with ``TORCH_HOME`` defaulting to
 ``$XDG_CACHE_HOME/torch`` and that to ``~/.cache/torch``. A file that is there is used by
-``--pretrained`` without ``--weights``; fedstyle never downloads it itself.
+``--pretrained`` without ``--weights``; fedstyle downloads it only when asked (``--download``:
+:func:`download_torchvision_weights`), otherwise the error names the one ``curl`` line that fetches it.
 
 The check is torchvision's ``check_hash``: the hex digits after the last ``-`` of the file name
 (``resnet18-f37072fd.pth``: ``f37072fd``, ``torch.hub.HASH_REGEX``) must begin the file's SHA-256.
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import shlex
+import urllib.error
 from pathlib import Path
 
 import torch.hub
@@ -79,7 +81,40 @@ def cached_torchvision_weights(backbone: str) -> Path:
     if not path.is_file():
         older = f" (or its older name {legacy})" if legacy else ""
         raise ConfigError(f"--pretrained {backbone} loads torchvision's {filename}{older} from the torch hub cache, "
-                          f"and {path} is not there; fetch it with `{fetch_command(filename, url)}` (or give "
-                          "--weights FILE; TORCH_HOME moves the cache)")
+                          f"and {path} is not there; add --download to fetch it, or fetch it with "
+                          f"`{fetch_command(filename, url)}` (or give --weights FILE; TORCH_HOME moves the cache)")
     check_hash_prefix(path, url, fetched_as=filename)
     return path
+
+
+def download_torchvision_weights(backbone: str, progress: bool = True) -> Path:
+    """Fetch torchvision's ImageNet file for ``backbone`` from its official URL into the torch hub cache (a file
+    already there is checked and kept), the hash prefix in its name checked before it lands: a file that fails
+    the check, or a transfer that breaks, leaves nothing behind.
+
+    torch's own ``torch.hub.download_url_to_file`` does the transfer: it is what torchvision calls, writes a
+    temporary file beside the target, checks the SHA-256 prefix and only then renames the file into place.
+    """
+    if backbone not in TORCHVISION_FILES:
+        raise ConfigError(f"--download fetches torchvision's ImageNet weights of {', '.join(TORCHVISION_FILES)}; "
+                          f"backbone {backbone!r} needs none (drop --download)")
+    filename, url = TORCHVISION_FILES[backbone]
+    path = hub_checkpoints_dir() / filename
+    if path.is_file():
+        check_hash_prefix(path, url)
+        return path
+    match = torch.hub.HASH_REGEX.search(filename)
+    made = [folder for folder in (path.parent, *path.parent.parents) if not folder.exists()]  # deepest first
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        torch.hub.download_url_to_file(url, str(path), hash_prefix=match.group(1) if match else None,
+                                       progress=progress)
+    except (RuntimeError, OSError, urllib.error.URLError) as err:
+        for folder in made:  # the folders this call created, if the failure left them empty
+            if folder.is_dir() and not any(folder.iterdir()):
+                folder.rmdir()
+        reason = getattr(err, "reason", None) or str(err).splitlines()[0][:160]
+        raise ConfigError(f"cannot fetch {url} into {path} ({reason}); nothing was kept; fetch it by hand with "
+                          f"`{fetch_command(filename, url)}`") from None
+    return path
+
