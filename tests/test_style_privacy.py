@@ -217,6 +217,11 @@ def test_os_noise_is_openDPs_gaussian_standard_normal_and_never_repeats():
     assert not torch.equal(OSGaussian().release(torch.zeros(8), 1.0), OSGaussian().release(torch.zeros(8), 1.0))
     with pytest.raises(ConfigError, match="NaN or infinite"):
         OSGaussian().release(torch.tensor([1.0, math.nan]), 1.0)
+    # OpenDP's own privacy map of the mechanism at sensitivity 2C: zCDP rho = (2C)^2 / (2 sigma^2) = 1 / (2 z^2),
+    # the continuous Gaussian's, on which the accountant's eps rests
+    z, clip = 1.7, 0.3
+    defence = StylePrivacy(clip=clip, noise=z)
+    assert OSGaussian.mechanism(3, defence.std).map(defence.sensitivity) == pytest.approx(1 / (2 * z * z), rel=1e-9)
     privacy = StylePrivacy(clip=1.0, noise=1.0)  # the default source: os, whatever seed is given
     assert isinstance(privacy.generator(0, "x"), OSGaussian) and privacy.source == "os"
     assert StylePrivacy(clip=1.0, noise=1.0, source="auto").source == "os"  # unresolved auto is the safe reading
