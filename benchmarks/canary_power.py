@@ -31,7 +31,8 @@ def main() -> None:
     print(f"share {args.share}, z = {args.noise}, delta = {args.delta:g}, {args.trials} releases per world, "
           f"{args.repeats} audits each; analytic eps {claimed:.2f}")
     for factor, p in power.items():
-        print(f"  noise {factor:g}x smaller than claimed: the bound passes the analytic eps in {100 * p:.0f} % of audits")
+        print(f"  noise {factor:g}x smaller than claimed: the bound passes the analytic eps in {100 * p:.0f} % "
+              "of audits")
     g = np.random.default_rng(0)
     gap = args.share / args.noise
     bounds = [epsilon_lower_bound(g.normal(gap, 1, args.trials), g.normal(0, 1, args.trials), args.delta,

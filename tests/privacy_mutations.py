@@ -72,7 +72,8 @@ MUTATIONS = (
              r"thresholds = np.unique(np.concatenate([count_a[:, column], count_b[:, column], [np.inf]]))"
              r"\n\1fn, fp = rates(count_a[:, column], count_b[:, column], thresholds)",
              (P + "test_the_canary_threshold_is_chosen_on_the_selection_half_only",)),
-    Mutation("N4b'", "the canary's statistic and threshold both chosen on the counting half", "fedstyle/audit/canary.py",
+    Mutation("N4b'", "the canary's statistic and threshold both chosen on the counting half",
+             "fedstyle/audit/canary.py",
              r"\n(\s+)column = int\(np\.argmax", r"\n\1pick_a, pick_b = count_a, count_b\n\1column = int(np.argmax",
              (P + "test_the_canary_bound_is_valid_over_many_audits_at_delta_005",)),
     # issue 50, section 4
@@ -80,7 +81,8 @@ MUTATIONS = (
              r"most = max\(released\.values\(\), default=0\)",
              "most = round(sum(released.values()) / max(1, len(released)))",
              (R + "test_stablefdg_eps_is_the_busiest_senders_in_summary_and_audit_with_eval_every_4",)),
-    Mutation("E4b", "the audit counts evaluation rows, not the logged per-client counts", "fedstyle/audit/accounting.py",
+    Mutation("E4b", "the audit counts evaluation rows, not the logged per-client counts",
+             "fedstyle/audit/accounting.py",
              r"logged = releases_in_rows\(records\)", "logged = {}",
              (R + "test_stablefdg_eps_is_the_busiest_senders_in_summary_and_audit_with_eval_every_4",
               R + "test_a_multi_round_ccst_run_is_one_release_everywhere")),
@@ -97,8 +99,9 @@ MUTATIONS = (
              r"return \{k: g - weight_decay \* before\[k\] for k, g in grads\.items\(\)\}", "return dict(grads)",
              (K + "test_the_observed_gradient_is_the_loss_gradient_with_weight_decay_removed",)),
     Mutation("A2", "set membership scored against the public reference instead of the payload",
-             "fedstyle/audit/membership.py",
-             r"score = \(r - c\)\.pow\(2\)\.sum\(1\) - \(s - c\)\.pow\(2\)\.sum\(1\)", "score = -(r - c).pow(2).sum(1)",
+             "fedstyle/audit/playbook.py",
+             r"set_membership_score\(vectors\(images\), shared, ",
+             "set_membership_score(vectors(images), public_vectors.mean(0), ",
              (K + "test_a_planted_member_of_a_small_set_is_found",)),
     Mutation("A3", "the reconstruction replaced by the guess", "fedstyle/audit/reconstruction.py",
              r"recon = scored\[chosen\]", "recon = score_images(guess, truth01, truth_labels, surface.per_image, "

@@ -38,9 +38,9 @@ sampled per round) is not used for amplification: conservative.
 **Where the noise comes from** (``source``). Noise only protects against a receiver who cannot predict it.
 ``os``: OpenDP's Gaussian mechanism (:class:`OSGaussian`: exact discrete-Gaussian sampling on a fine lattice,
 from the operating system's entropy, safe against floating-point attacks) — nothing seeded, so the coordinator of
-a deployment, who knows the run's config and seed, cannot regenerate and subtract it. ``seeded``: a torch generator seeded by
-``derive_seed(seed, "style-privacy", ...)`` — reproducible, for simulations, where one process plays every
-party; anyone with the seed can remove this noise, so it protects nothing across a trust boundary.
+a deployment, who knows the run's config and seed, cannot regenerate and subtract it. ``seeded``: a torch
+generator seeded by ``derive_seed(seed, "style-privacy", ...)`` — reproducible, for simulations, where one process
+plays every party; anyone with the seed can remove this noise, so it protects nothing across a trust boundary.
 ``auto`` (the hyperparameter's default) is ``seeded`` in ``fedstyle run`` (the simulators; the run's
 config.json records the choice) and ``os`` everywhere else: ``fedstyle deploy`` writes ``os``, and a
 Flower site outside the simulation engine uses ``os`` whatever the config it receives says (the config
@@ -245,7 +245,8 @@ class StylePrivacy:
             return "style privacy off"
         if self.noise == 0:
             return f"styles clipped at C={self.clip:g}, no noise: no (eps, delta) guarantee"
-        origin = "from the OS CSPRNG, by OpenDP" if self.source == "os" else "seeded (reproducible: the seed removes it)"
+        origin = ("from the OS CSPRNG, by OpenDP" if self.source == "os"
+                  else "seeded (reproducible: the seed removes it)")
         text = (f"styles clipped at C={self.clip:g}, Gaussian noise z={self.noise:g} (sigma={self.std:g}, {origin}): "
                 f"eps={self.epsilon():.4g} per release at delta={self.delta:g}")
         if releases > 1:
