@@ -123,6 +123,16 @@ def deployment_noise(config: RunConfig, *, refuse_seeded: bool = True) -> RunCon
     return config.updated(hparams={**config.hparams, "dp_noise_source": "os"})
 
 
+def check_defence_copies(config: RunConfig, hp: dict[str, Any]) -> None:
+    """Refuse ``--data-copies K > 1`` with style noise: one image then sits in up to K clients and may repeat in
+    one, so it moves a client's sums by up to 2C times its copies, and the eps the accountant gives (one image,
+    one copy, :mod:`fedstyle.style.privacy`) would be understated."""
+    if config.data_copies > 1 and hp.get("dp_noise", 0) > 0:
+        raise ConfigError(f"--data-copies {config.data_copies} with the style defence (dp_noise={hp['dp_noise']:g}): "
+                          "an image then sits in several clients and may repeat in one, so the eps reported would "
+                          "be understated; use --data-copies 1 with dp_noise")
+
+
 def load_config_dataset(config: RunConfig, progress: bool = True) -> DomainDataset:
     """The dataset a run of ``config`` trains and tests on (``per_class``: its fixed subset)."""
     dataset = load_dataset(config.dataset, data_root=config.data_root, resolution=config.resolution,
@@ -161,7 +171,7 @@ def build_experiment(config: RunConfig, progress: bool = True) -> Experiment:
             fix = f"for peer-to-peer training use --method {' or '.join(p2p)}, or --topology star"
         raise ConfigError(f"method {config.method!r} runs on {', '.join(method_cls.topologies)}, not --topology "
                           f"{config.topology}; {fix}")
-    method_cls.resolve(config.hparams)  # fail on a bad --hp before loading data
+    check_defence_copies(config, method_cls.resolve(config.hparams))  # fail on a bad --hp before loading data
     device = resolve_device(config.device)
     dataset = load_config_dataset(config, progress)
     config = resolve_config(config, dataset)

@@ -50,7 +50,7 @@ from fedstyle.experiments.rundir import (
     refuse_deployment,
     RESUME_OPTIONS,
 )
-from fedstyle.federation.rounds import mean_metrics
+from fedstyle.federation.rounds import mean_metrics, merge_release_counts, releases_in_rows
 from fedstyle.federation.states import STATES_DIR
 from fedstyle.io import DirectoryLock, append_line, atomic_write_json, atomic_write_text, json_text
 from fedstyle.federation.topology import save_graph_png
@@ -268,10 +268,12 @@ def train_experiment(exp: Experiment, out: Path, *, quiet: bool, checkpoint,
     try:
         last_loss = float("nan")
         since_eval: list[dict[str, float]] = []
+        released = releases_in_rows(records)  # per-client style releases so far (a resumed run continues them)
         with open(out / METRICS, "a") as metrics_file:
             for r in range(start_round, config.rounds):
                 result = sim.run_round(r)
                 since_eval.append(result.metrics)
+                released = merge_release_counts(released, result.releases)
                 for event in result.events:  # Flower runs: dropouts and rejoins
                     append_line(metrics_file, json_text(event) + "\n")
                     records.append(event)
@@ -280,7 +282,8 @@ def train_experiment(exp: Experiment, out: Path, *, quiet: bool, checkpoint,
                 postfix = {"loss": f"{last_loss:.3f}"}
                 if done_rounds % config.eval_every == 0 or done_rounds == config.rounds:
                     seconds = elapsed + time.perf_counter() - tick
-                    record = evaluate_round(exp, done_rounds, last_loss, seconds, mean_metrics(since_eval))
+                    record = evaluate_round(exp, done_rounds, last_loss, seconds, mean_metrics(since_eval),
+                                            releases=released)
                     since_eval = []
                     selector.update(record)
                     append_line(metrics_file, json_text(record) + "\n")

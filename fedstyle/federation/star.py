@@ -44,6 +44,7 @@ from fedstyle.federation.rounds import (
     Traffic,
     check_finite_weights,
     mean_metrics,
+    release_counts,
     setup_info,
 )
 from fedstyle.federation.states import ClientStates
@@ -205,7 +206,8 @@ class StarSimulator:
         loss = sum(u.train_loss * u.num_samples for u in updates) / sum(u.num_samples for u in updates)
         return RoundResult(round_index, loss, [u.client_id for u in updates], time.perf_counter() - start,
                            metrics={**mean_metrics(u.metrics for u in updates), **self.server.metrics},
-                           events=self.transport.drain_events())
+                           events=self.transport.drain_events(),
+                           releases=release_counts({u.client_id: u.metrics for u in updates}))
 
     def eval_weights(self) -> dict[str, torch.Tensor]:
         return self.server.weights
