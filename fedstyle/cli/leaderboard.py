@@ -1,0 +1,104 @@
+"""``fedstyle leaderboard run`` (the grid, resumable, its per-seed CSVs kept) and ``fedstyle leaderboard show``
+(the tables, ranks and diagram rendered from the committed CSVs, no training)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+DESCRIPTION = """\
+The leaderboard (issue 51): every method side by side on every leave-one-domain-out target of digits4 and
+fashion4, seeds 0-2, in three tables: multi-source star (every star method of the registry, one client per
+source domain), peer to peer (DSGD, DSGD + MixStyle, DSGD + DSU, StyleDDG on StyleDDG's graph) and single
+source (FedGCA and its paper's baselines, each domain the one source). The tables are sweep files,
+benchmarks/leaderboard/*.toml; each run's result is kept in benchmarks/per_seed/leaderboard-*.csv, and the
+leaderboard is rendered from those files only."""
+
+RUN_EPILOG = """\
+examples:
+  fedstyle leaderboard run --dry-run                      every run validated; runs left; CPU hours estimated
+  fedstyle leaderboard run --workers 2                    run what the CSVs lack (resumable: run it again)
+  fedstyle leaderboard run --only multi_source --only variant=fedavg,ccst --device cuda --workers 12
+  fedstyle leaderboard run --export-only                  only merge finished run folders into the CSVs
+"""
+
+
+def _split_only(items: list[str]) -> tuple[list[str], list[tuple[str, list[str]]]]:
+    """``--only`` words: a table's name, or KEY=V1,V2 (a crossed key's values, as in `fedstyle sweep --only`)."""
+    from fedstyle.cli.sweep import _only
+
+    tables = [item for item in items if "=" not in item]
+    return tables, _only([item for item in items if "=" in item])
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from fedstyle.cli.flags import stop_on_sigterm
+    from fedstyle.experiments.grid import parse_override
+    from fedstyle.experiments.leaderboard.cost import CostModel
+    from fedstyle.experiments.leaderboard.run import dry_run_lines, plan_table, run_table
+    from fedstyle.experiments.leaderboard.tables import load_tables
+    from fedstyle.experiments.sweep import LocalLauncher
+
+    from fedstyle.errors import ConfigError
+    from fedstyle.experiments.leaderboard.tables import CSV_DIR
+
+    tables, only = _split_only(args.only)
+    overrides = [parse_override(item) for item in args.overrides]
+    if overrides and not args.dry_run and Path(args.csv_dir).resolve() == CSV_DIR.resolve():
+        raise ConfigError("--set changes the tables' settings, and the kept CSVs hold the tables' own settings only: "
+                          "give --csv-dir DIR (and --runs DIR) for such runs")
+    plans = []
+    for table in load_tables(tables, args.grid_dir):
+        planned = plan_table(table, args.runs, only=only, overrides=overrides, device=args.device,
+                             csv_dir=args.csv_dir, progress=not args.quiet)
+        if planned is None:
+            print(f"{table.key}: --only leaves it no run", file=sys.stderr)
+            continue
+        plans.append(planned)
+    if args.dry_run:
+        cost = CostModel.load(args.grid_dir / "cost.json")
+        for line in dry_run_lines(plans, cost.run_seconds):
+            print(line)
+        print(f"estimate's basis ({cost.date}): {cost.basis}")
+        return 0
+    stop_on_sigterm()
+    launcher = LocalLauncher(args.workers)
+    failed = 0
+    for planned in plans:
+        outcome, path, added = run_table(planned, launcher, quiet=args.quiet, csv_dir=args.csv_dir,
+                                         export_only=args.export_only)
+        failed += len(outcome.failed) if outcome else 0
+        print(f"{planned.table.key}: {added} finished runs merged into {path}")
+    if failed:
+        print(f"fedstyle: error: {failed} run(s) failed (tracebacks in each table's sweep.log under {args.runs}); "
+              "fix the cause and run the same command again", file=sys.stderr)
+    return 1 if failed else 0
+
+
+def add_leaderboard_command(sub: argparse._SubParsersAction) -> None:
+    from fedstyle.experiments.leaderboard.tables import CSV_DIR, GRID_DIR
+
+    board = sub.add_parser("leaderboard", help="every method side by side: run the grid, or render it from the CSVs",
+                           description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+    board_sub = board.add_subparsers(dest="leaderboard_command", required=True)
+    run = board_sub.add_parser("run", help="run the grid's runs its CSVs lack (resumable), merge them into the CSVs",
+                               description=DESCRIPTION, epilog=RUN_EPILOG,
+                               formatter_class=argparse.RawDescriptionHelpFormatter)
+    run.add_argument("--only", action="append", default=[], metavar="TABLE|KEY=V1,V2",
+                     help="a table (multi_source, p2p, single_source) or a crossed key's values (variant=fedavg,ccst; "
+                     "seed=0; target=mnist; dataset=digits4); repeatable")
+    run.add_argument("--workers", type=int, default=1, help="runs at once on this machine (default 1)")
+    run.add_argument("--device", help="cpu, cuda, auto for every run (a result is the same wherever it ran)")
+    run.add_argument("--dry-run", action="store_true",
+                     help="validate every run, print how many each table has, holds and lacks, and the CPU hours")
+    run.add_argument("--export-only", action="store_true", help="run nothing; merge finished run folders into the CSVs")
+    run.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                     help="change a setting of every run (a pipeline check: --set rounds=1); NOT for the leaderboard's "
+                     "CSVs, whose runs must share the tables' settings")
+    run.add_argument("--runs", type=Path, default=Path("runs/leaderboard"), help="the run folders' root "
+                     "(default runs/leaderboard; a table's runs under ROOT/<table>)")
+    run.add_argument("--grid-dir", type=Path, default=GRID_DIR, help="the tables' sweep files (default: %(default)s)")
+    run.add_argument("--csv-dir", type=Path, default=CSV_DIR, help="the per-seed CSVs (default: %(default)s)")
+    run.add_argument("--quiet", action="store_true", help="no progress bar")
+    run.set_defaults(func=_cmd_run)
