@@ -2,8 +2,9 @@
 
 Per table: one run of every row with 1 round (digits4, the first target or source, seed 0), and one run of the
 table's reference row (its plain baseline: FedAvg, DSGD) with the whole budget. The estimate of a row's run is then
-    s/run(row) = s(row, 1 round) x s(reference, whole budget) / s(reference, 1 round),
-i.e. the reference's measured ratio of a whole run to one round, applied to every row. It over-counts a method
+    s/run(row) = s(row, 1 round) x s(reference, whole run) / s(reference, 1 round) x rounds / whole run's rounds,
+i.e. the reference's measured ratio of a whole run to one round, applied to every row, and scaled in proportion to
+the rounds a run has (the whole run is measured at --whole-rounds, default 8). It over-counts a method
 with a one-time setup (CCST's stylization: counted 8 times), so it is an upper bound for those. Seconds are the
 process's CPU seconds (torch on one thread), steadier than wall time on a shared machine; CPU hours on an idle
 core are about the same as wall hours there.
@@ -27,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # this checkout's 
 import torch  # noqa: E402
 
 from fedstyle.experiments.grid import plan_grid  # noqa: E402
-from fedstyle.experiments.leaderboard.tables import TABLES, load_table  # noqa: E402
+from fedstyle.experiments.leaderboard.tables import load_table, read_meta  # noqa: E402
 from fedstyle.experiments.runner import run_experiment  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
@@ -41,7 +42,7 @@ def cpu_seconds(config, scratch: Path) -> float:
     return time.process_time() - start
 
 
-def measure(key: str, scratch: Path, log) -> dict:
+def measure(key: str, scratch: Path, log, whole_rounds: int) -> dict:
     table = load_table(key)
     one_round = table.grid(overrides=[("rounds", 1), ("eval_every", 1), ("seeds", [0])])
     plan = plan_grid(one_round, scratch / f"plan-{key}")
@@ -54,19 +55,21 @@ def measure(key: str, scratch: Path, log) -> dict:
         rows[variant] = round(cpu_seconds(config, scratch), 2)
         log(f"{key} {variant}: {rows[variant]} CPU s for 1 round")
     reference = next((v for v in REFERENCES if v in first), next(iter(first)))
-    whole = plan_grid(table.grid(overrides=[("seeds", [0])]), scratch / f"whole-{key}",
+    whole = plan_grid(table.grid(overrides=[("seeds", [0]), ("rounds", whole_rounds)]), scratch / f"whole-{key}",
                       only=[("variant", [reference])])
     config = next(r.config for r in whole.runs if r.config.dataset == "digits4")
     full = round(cpu_seconds(config, scratch), 2)
     log(f"{key} {reference}: {full} CPU s for the whole budget ({config.rounds} rounds)")
     return {"rows_one_round": rows, "reference": reference, "reference_whole": full,
-            "reference_one_round": rows[reference]}
+            "reference_rounds": config.rounds, "reference_one_round": rows[reference]}
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--tables", nargs="+", default=list(TABLES))
+    parser.add_argument("--tables", nargs="+", default=list(read_meta()))
     parser.add_argument("--out", type=Path, default=HERE / "cost.json")
+    parser.add_argument("--whole-rounds", type=int, default=8, help="rounds of the reference's whole run (the "
+                        "estimate scales it to a table's rounds in proportion)")
     args = parser.parse_args()
     torch.set_num_threads(1)
     result = {"basis": __doc__.split("\n\n")[1].replace("\n", " "), "date": time.strftime("%Y-%m-%d %H:%M UTC",
@@ -76,7 +79,8 @@ def main() -> int:
         result["tables"] = json.loads(args.out.read_text()).get("tables", {})
     with tempfile.TemporaryDirectory() as scratch:
         for key in args.tables:
-            result["tables"][key] = measure(key, Path(scratch), lambda s: print(s, flush=True))
+            result["tables"][key] = measure(key, Path(scratch), lambda s: print(s, flush=True),
+                                            args.whole_rounds)
             args.out.write_text(json.dumps(result, indent=1) + "\n")
     print(f"wrote {args.out}")
     return 0

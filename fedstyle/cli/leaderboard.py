@@ -21,6 +21,8 @@ examples:
   fedstyle leaderboard run --workers 2                    run what the CSVs lack (resumable: run it again)
   fedstyle leaderboard run --only multi_source --only variant=fedavg,ccst --device cuda --workers 12
   fedstyle leaderboard run --export-only                  only merge finished run folders into the CSVs
+  fedstyle sweep benchmarks/leaderboard/p2p.toml --set rounds=16 --device cuda --workers 8 --out /tmp/p2p
+  fedstyle leaderboard export p2p /tmp/p2p                a plain sweep's runs into the table's CSV
 """
 
 
@@ -50,6 +52,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
                           "give --csv-dir DIR (and --runs DIR) for such runs")
     plans = []
     for table in load_tables(tables, args.grid_dir):
+        if table.stale:
+            print(f"fedstyle: note: {table.path} lacks the registry's rows of now ({', '.join(table.added)}); run "
+                  "`fedstyle leaderboard grid --write` to write them (this run uses them anyway)", file=sys.stderr)
         planned = plan_table(table, args.runs, only=only, overrides=overrides, device=args.device,
                              csv_dir=args.csv_dir, progress=not args.quiet)
         if planned is None:
@@ -74,6 +79,49 @@ def _cmd_run(args: argparse.Namespace) -> int:
         print(f"fedstyle: error: {failed} run(s) failed (tracebacks in each table's sweep.log under {args.runs}); "
               "fix the cause and run the same command again", file=sys.stderr)
     return 1 if failed else 0
+
+
+def _cmd_export(args: argparse.Namespace) -> int:
+    from fedstyle.experiments.leaderboard.run import export_runs
+    from fedstyle.experiments.leaderboard.tables import load_table
+
+    table = load_table(args.table, args.grid_dir)
+    for root in args.roots:
+        path, merged = export_runs(table, root, args.csv_dir)
+        print(f"{table.key}: {merged} finished runs below {root} merged into {path}")
+    return 0
+
+
+def _cmd_show(args: argparse.Namespace) -> int:
+    import time
+
+    from fedstyle.experiments.leaderboard.page import write_show
+
+    start = time.perf_counter()
+    written = write_show(args.out, args.grid_dir, args.csv_dir, figures=not args.no_figures)
+    for path in written:
+        print(f"wrote {path}")
+    print(f"rendered from the CSVs in {time.perf_counter() - start:.1f} s")
+    return 0
+
+
+def _cmd_grid(args: argparse.Namespace) -> int:
+    from fedstyle.experiments.leaderboard.tables import load_tables, write_tables
+
+    if args.write:
+        changed = write_tables(args.grid_dir)
+        print("\n".join(f"wrote {path}" for path in changed) or "every sweep file has the registry's rows already")
+        return 0
+    stale = []
+    for table in load_tables(grid_dir=args.grid_dir):
+        print(f"{table.key}: {len(table.rows())} rows ({len(table.added)} from the registry), {table.path}"
+              + (" — lags behind the registry" if table.stale else ""))
+        for method, reason in table.excluded.items():
+            print(f"    excluded {method}: {reason}")
+        stale += [table] if table.stale else []
+    if stale:
+        print("fedstyle: run `fedstyle leaderboard grid --write` to bring the sweep files up to date", file=sys.stderr)
+    return 1 if stale else 0
 
 
 def add_leaderboard_command(sub: argparse._SubParsersAction) -> None:
@@ -102,3 +150,28 @@ def add_leaderboard_command(sub: argparse._SubParsersAction) -> None:
     run.add_argument("--csv-dir", type=Path, default=CSV_DIR, help="the per-seed CSVs (default: %(default)s)")
     run.add_argument("--quiet", action="store_true", help="no progress bar")
     run.set_defaults(func=_cmd_run)
+
+    export = board_sub.add_parser("export", help="merge the finished runs of a sweep of a table's file into its CSV")
+    export.add_argument("table", help="multi_source, p2p or single_source")
+    export.add_argument("roots", nargs="+", type=Path, metavar="OUT", help="the sweep's --out folder(s)")
+    export.add_argument("--grid-dir", type=Path, default=GRID_DIR, help="the tables' sweep files (default: %(default)s)")
+    export.add_argument("--csv-dir", type=Path, default=CSV_DIR, help="the per-seed CSVs (default: %(default)s)")
+    export.set_defaults(func=_cmd_export)
+
+    from fedstyle.experiments.leaderboard.page import DEFAULT_OUT
+
+    show = board_sub.add_parser("show", help="render the tables, ranks, diagrams and claims from the kept CSVs",
+                                description="Render the leaderboard from the kept per-seed CSVs only (no training, no "
+                                "data): DIR/leaderboard.md (tables, ranks, missing cells, the papers' claims at a "
+                                "glance), and per table DIR/leaderboard-<table>.csv and .tex and the critical-difference "
+                                "diagram DIR/leaderboard-cd-<table>.png and .pdf.")
+    show.add_argument("--out", type=Path, default=DEFAULT_OUT, help="the folder written (default: %(default)s)")
+    show.add_argument("--grid-dir", type=Path, default=GRID_DIR, help="the tables' sweep files (default: %(default)s)")
+    show.add_argument("--csv-dir", type=Path, default=CSV_DIR, help="the per-seed CSVs (default: %(default)s)")
+    show.add_argument("--no-figures", action="store_true", help="no diagrams (the page only)")
+    show.set_defaults(func=_cmd_show)
+
+    grid = board_sub.add_parser("grid", help="the tables' rows; --write puts the registry's rows into the sweep files")
+    grid.add_argument("--write", action="store_true", help="write each sweep file's section of registry rows")
+    grid.add_argument("--grid-dir", type=Path, default=GRID_DIR, help="the tables' sweep files (default: %(default)s)")
+    grid.set_defaults(func=_cmd_grid)

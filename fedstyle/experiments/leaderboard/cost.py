@@ -1,9 +1,9 @@
 """The leaderboard's CPU-hours estimate, from measured seconds (benchmarks/leaderboard/cost.json, written by
 benchmarks/leaderboard/measure_cost.py; its ``basis`` says how it was measured).
 
-A row's run costs ``s(row, 1 round) x s(reference, whole budget) / s(reference, 1 round)`` CPU seconds: its
-measured one-round run scaled by the table's reference row's (FedAvg, DSGD) measured ratio of a whole run to one
-round. A row the file lacks (a method registered after the measurement) is charged the table's median row and
+A row's run costs ``s(row, 1 round) x s(reference, whole run) / s(reference, 1 round) x R / R_whole`` CPU
+seconds: its measured one-round run scaled by the table's reference row's (FedAvg, DSGD) measured ratio of a whole
+run (``R_whole`` rounds) to one round, and by the run's rounds ``R`` over ``R_whole``. A row the file lacks (a method registered after the measurement) is charged the table's median row and
 named as not measured.
 """
 
@@ -33,7 +33,7 @@ class CostModel:
                               "`python benchmarks/leaderboard/measure_cost.py`")
         return cls(json.loads(path.read_text()), str(path))
 
-    def seconds(self, table: str, variant: str, unmeasured: set[str] | None = None) -> float:
+    def seconds(self, table: str, variant: str, unmeasured: set[str] | None = None, rounds: int | None = None) -> float:
         """A run's CPU seconds (see the module docstring); ``unmeasured`` collects the rows charged the median."""
         entry = self.tables.get(table)
         if not entry:
@@ -41,6 +41,8 @@ class CostModel:
                               f"`python benchmarks/leaderboard/measure_cost.py --tables {table}`")
         rows = entry["rows_one_round"]
         scale = entry["reference_whole"] / entry["reference_one_round"]
+        if rounds is not None:
+            scale *= rounds / entry["reference_rounds"]
         if variant not in rows:
             if unmeasured is not None:
                 unmeasured.add(variant)
@@ -48,4 +50,4 @@ class CostModel:
         return rows[variant] * scale
 
     def run_seconds(self, table: str, run, unmeasured: set[str] | None = None) -> float:
-        return self.seconds(table, run.variant, unmeasured)
+        return self.seconds(table, run.variant, unmeasured, run.config.rounds)

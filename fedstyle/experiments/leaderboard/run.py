@@ -19,10 +19,10 @@ from fedstyle.errors import ConfigError
 from fedstyle.experiments.leaderboard.tables import CSV_DIR, Table
 
 #: the columns of a leaderboard CSV; a line is one (run, held-out target)
-COLUMNS = ("label", "method", "variant", "dataset", "source", "target", "seed", "target_acc", "source_val",
-           "device", "seconds")
-#: what makes a line unique: a run made again replaces its lines
-LINE_KEY = ("variant", "dataset", "source", "target", "seed")
+COLUMNS = ("label", "method", "variant", "dataset", "source", "target", "seed", "rounds", "target_acc",
+           "source_val", "device", "seconds")
+#: what makes a line unique: a run made again replaces its lines (one made with another budget is another line)
+LINE_KEY = ("variant", "dataset", "source", "target", "seed", "rounds")
 
 
 @dataclass
@@ -54,10 +54,10 @@ def read_csv(table: Table, csv_dir: Path = CSV_DIR) -> list[dict[str, str]]:
 
 
 def _held(lines: Sequence[dict[str, str]]) -> dict[tuple, set[str]]:
-    """(variant, dataset, source, seed) -> the targets the CSV holds for it."""
+    """(variant, dataset, source, seed, rounds) -> the targets the CSV holds for it."""
     held: dict[tuple, set[str]] = {}
     for line in lines:
-        key = (line["variant"], line["dataset"], line.get("source", ""), int(line["seed"]))
+        key = (line["variant"], line["dataset"], line.get("source", ""), int(line["seed"]), int(line["rounds"]))
         held.setdefault(key, set()).add(line["target"])
     return held
 
@@ -66,7 +66,7 @@ def run_in_csv(run, held: dict[tuple, set[str]]) -> bool:
     """Whether the CSV holds the run's result: every held-out target of it (a single-source run, whose
     protocol picks the targets, when it holds any)."""
     config = run.config
-    targets = held.get((run.variant, config.dataset, config.source or "", config.seed))
+    targets = held.get((run.variant, config.dataset, config.source or "", config.seed, config.rounds))
     if not targets:
         return False
     return set(config.targets) <= targets if config.targets else True
@@ -110,20 +110,39 @@ def plan_table(table: Table, runs_root: Path, *, only: Sequence[tuple[str, Seque
     return out
 
 
-def export_table(table_plan: TablePlan, csv_dir: Path = CSV_DIR) -> tuple[Path, int]:
-    """Merge every finished run of the plan into the table's CSV; returns its path and the runs added."""
+def export_runs(table: Table, root: Path, csv_dir: Path = CSV_DIR, *, echo: Callable[[str], None] = print
+                ) -> tuple[Path, int]:
+    """Merge every finished run below ``root`` (a sweep of the table's file: ``root/<variant>/...``, made by
+    ``fedstyle leaderboard run`` or by ``fedstyle sweep FILE --out root``) into the table's CSV; a run of a
+    variant the table has no row for is left out, and said. Returns the CSV's path and the runs merged."""
     from fedstyle.experiments.report.per_seed import merge_rows, record_rows, write_rows
-    from fedstyle.experiments.report.runs import load_run
-    from fedstyle.experiments.rundir import DONE
+    from fedstyle.experiments.report.runs import collect
 
-    new = []
-    runs = [run for run in table_plan.to_run if (run.run_dir / DONE).exists()]
-    for run in runs:
-        new += record_rows(load_run(run.run_dir), variant=run.variant)
-    path = csv_path(table_plan.table, csv_dir)
+    root = Path(root)
+    if not root.is_dir():
+        raise ConfigError(f"{root} is no folder of runs; give the --out of the table's sweep")
+    variants = {variant for variant, _, _ in table.rows()}
+    from fedstyle.errors import DataError
+
+    try:
+        records = collect([str(root)])
+    except DataError:  # no finished run there yet
+        records = []
+    new, merged, strangers = [], 0, set()
+    for record in records:
+        variant = record.path.resolve().relative_to(root.resolve()).parts[0]
+        if variant not in variants:
+            strangers.add(variant)
+            continue
+        merged += 1
+        for line in record_rows(record, variant=variant):
+            new.append({**line, "rounds": str(record.config.get("rounds", ""))})
+    if strangers:
+        echo(f"{table.key}: left out the runs of {', '.join(sorted(strangers))} below {root}: no row of the table")
+    path = csv_path(table, csv_dir)
     if new:
-        write_rows(path, merge_rows(read_csv(table_plan.table, csv_dir), new, LINE_KEY), COLUMNS)
-    return path, len(runs)
+        write_rows(path, merge_rows(read_csv(table, csv_dir), new, LINE_KEY), COLUMNS)
+    return path, merged
 
 
 def run_table(table_plan: TablePlan, launcher=None, *, quiet: bool = False, csv_dir: Path = CSV_DIR,
@@ -139,7 +158,8 @@ def run_table(table_plan: TablePlan, launcher=None, *, quiet: bool = False, csv_
         rows = [row for row in plan.rows if any(r.row == row for r in table_plan.to_run)]
         remaining = Plan(plan.grid, plan.out, list(table_plan.to_run), rows)
         outcome, _ = run_plan(remaining, launcher, quiet=quiet)
-    path, added = export_table(table_plan, csv_dir)
+    path, added = export_runs(table_plan.table, table_plan.plan.out, csv_dir) if table_plan.plan.out.is_dir() \
+        else (csv_path(table_plan.table, csv_dir), 0)
     return outcome, path, added
 
 
