@@ -269,6 +269,10 @@ def _small_lines():
     return lines
 
 
+def _row(board, variant):
+    return next(r for r in board.rows if r.variant == variant)
+
+
 @pytest.fixture(scope="module")
 def small_board():
     return build_board("multi_source", "Small", "target", SMALL_TABLE, _small_lines(), SMALL_DATASETS)
@@ -276,7 +280,7 @@ def small_board():
 
 def test_a_board_averages_cells_over_seeds_and_finds_the_best(small_board):
     board = small_board
-    a, b, c, dull, short = board.rows
+    a, b, c = (_row(board, v) for v in "abc")
     assert [cell.name for cell in board.cells] == [f"{d} → {t}" for d, t in CELLS]
     cell_means = [sum(row) / 3 for row in A_ACC]
     assert a.cell_mean(board.cells[0]) == pytest.approx(62.0)
@@ -296,15 +300,16 @@ def test_a_board_averages_cells_over_seeds_and_finds_the_best(small_board):
 
 def test_a_row_that_did_not_learn_or_misses_cells_is_not_ranked(small_board):
     board = small_board
-    dull, short = board.rows[3], board.rows[4]
+    dull, short = _row(board, "dull"), _row(board, "short")
     assert dull.not_learned_on == ["d1"] and not dull.ranked  # 15 % is within 10 points of d1's chance (10 %)
-    assert dull.average == pytest.approx(board.rows[0].average)  # as good as the best on the targets, yet unranked
+    assert dull.average == pytest.approx(_row(board, "a").average)  # as good as the best on the targets, yet unranked
     assert not short.complete and not short.ranked and short.average is None
     (missing,) = board.missing
     assert missing.variant == "short" and [(c.name, s) for c, s in missing.pairs] == [("d2 → y", 0), ("d2 → y", 1),
                                                                                       ("d2 → y", 2)]
     assert missing.command == "fedstyle leaderboard run --only multi_source --only variant=short"
-    assert [r.variant for r in board.ordered_rows()] == ["a", "b", "c", "dull", "short"]
+    # ranked rows best first, then the others by method (the registry's order: ccst before fedprox)
+    assert [r.variant for r in board.ordered_rows()] == ["a", "b", "c", "short", "dull"]
 
 
 def test_ranks_friedman_and_the_critical_difference_follow_demsar(small_board):
@@ -322,8 +327,8 @@ def test_the_table_renders_the_same_numbers_in_markdown_csv_and_latex(small_boar
 
     md = markdown_table(small_board)
     rows = {line.split(" | ")[0].strip("| "): line for line in md.splitlines()[2:]}
-    assert f"**{small_board.rows[0].average:.1f}**" in rows["A"] and "| best |" in rows["A"]
-    v = small_board.rows[1].versus_best
+    assert f"**{_row(small_board, 'a').average:.1f}**" in rows["A"] and "| best |" in rows["A"]
+    v = _row(small_board, "b").versus_best
     assert f"tied: {v.mean:+.1f} [{v.low:+.1f}, {v.high:+.1f}]" in rows["B"]
     assert "below: +10.0" in rows["C"]
     assert "not learned (d1): not ranked" in rows["Dull"] and "cells missing: not ranked" in rows["Short"]
@@ -333,7 +338,7 @@ def test_the_table_renders_the_same_numbers_in_markdown_csv_and_latex(small_boar
     assert header.startswith("method,label,rank,d1 → a mean,d1 → a std,d1 → a seeds")
     assert first.startswith("fedavg,A,1.0000,62.0000,2.0000,3,")
     tex = latex_table(small_board)
-    assert r"\textbf{" + f"{small_board.rows[0].average:.1f}" + "}" in tex and r"62.0 $\pm$ 2.0" in tex
+    assert r"\textbf{" + f"{_row(small_board, 'a').average:.1f}" + "}" in tex and r"62.0 $\pm$ 2.0" in tex
 
 
 def test_single_source_cells_average_a_sources_targets():
@@ -343,7 +348,7 @@ def test_single_source_cells_average_a_sources_targets():
              for s in range(3) for t, acc in (("b", "40.00"), ("c", "60.00"))]
     board = build_board("single_source", "S", "source", table, lines, SMALL_DATASETS, rank=False)
     assert [c.name for c in board.cells] == ["d1: a →"]
-    a = board.rows[0]
+    a = _row(board, "a")
     assert a.values == {("d1: a →", 0): 50.0, ("d1: a →", 1): 50.0, ("d1: a →", 2): 50.0}
     assert a.source_val == {"d1": [70.0, 70.0, 70.0]}  # once per run, not once per target
 
@@ -465,3 +470,12 @@ def test_show_renders_without_torch(tmp_path):
             "assert 'torch' not in sys.modules, 'torch imported'")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[1])
     assert (tmp_path / "leaderboard.md").exists()
+
+
+def test_per_benchmark_leaders_and_the_run_time_behind_a_table(small_board):
+    from fedstyle.experiments.leaderboard.board import dataset_leaders
+
+    best, tied = dataset_leaders(small_board, "d1")
+    # on d1's 9 pairs B trails A by 1 - noise = -1, 3, 0 per cell: the interval holds 0; C trails by 10
+    assert best.variant == "a" and [r.variant for r in tied] == ["b"]
+    assert small_board.run_time == {"cpu": [4 * 15 + 12, pytest.approx(72.0)]}  # one per run, 1 s each

@@ -5,9 +5,10 @@ table's reference row (its plain baseline: FedAvg, DSGD) with the whole budget. 
     s/run(row) = s(row, 1 round) x s(reference, whole run) / s(reference, 1 round) x rounds / whole run's rounds,
 i.e. the reference's measured ratio of a whole run to one round, applied to every row, and scaled in proportion to
 the rounds a run has (the whole run is measured at --whole-rounds, default 8). It over-counts a method
-with a one-time setup (CCST's stylization: counted 8 times), so it is an upper bound for those. Seconds are the
-process's CPU seconds (torch on one thread), steadier than wall time on a shared machine; CPU hours on an idle
-core are about the same as wall hours there.
+with a one-time setup (CCST's stylization: counted in every round), so it is an upper bound for those. fashion4's
+runs are charged digits4's (the same 32 x 32 images, about as many per domain). Seconds are the process's CPU
+seconds (torch on one thread), steadier than wall time on a shared machine; CPU hours on an idle core are about the
+same as wall hours there.
 
     PYTHONPATH=. python benchmarks/leaderboard/measure_cost.py [--tables multi_source p2p single_source]
         -> benchmarks/leaderboard/cost.json

@@ -65,7 +65,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         cost = CostModel.load(args.grid_dir / "cost.json")
         for line in dry_run_lines(plans, cost.run_seconds):
             print(line)
-        print(f"estimate's basis ({cost.date}): {cost.basis}")
+        print(f"estimate's basis ({cost.date}): {' '.join(cost.basis.split())}")
         return 0
     stop_on_sigterm()
     launcher = LocalLauncher(args.workers)

@@ -114,13 +114,15 @@ class Board:
     best: BoardRow | None = None
     friedman: Any = None  # fedstyle.experiments.leaderboard.ranks.RankResult
     csv: str = ""
+    #: device -> (runs, seconds of run time) of the lines that count
+    run_time: dict[str, list[float]] = field(default_factory=dict)
 
     @property
     def datasets(self) -> list[str]:
         return list(dict.fromkeys(c.dataset for c in self.cells))
 
     def ordered_rows(self) -> list[BoardRow]:
-        """Ranked rows by average (best first), then the others in the file's order."""
+        """Ranked rows by average (best first), then the others by method."""
         ranked = sorted((r for r in self.rows if r.ranked), key=lambda r: -r.average)
         return ranked + [r for r in self.rows if not r.ranked]
 
@@ -162,11 +164,13 @@ def build_board(key: str, title: str, kind: str, table_text: str, lines: Sequenc
     seeds = list(spec.get("seeds", [0]))
     rounds = int(spec["base"]["rounds"])
     rows = [BoardRow(v["name"], str(v.get("label", v["name"])), v["method"]) for v in spec.get("variant", [])]
+    rows.sort(key=lambda row: row.method)  # by method (the registry's order), a method's rows in the file's order
     by_variant = {row.variant: row for row in rows}
     board = Board(key, title, str(spec.get("description", "")), cells, seeds, rounds, rows)
     by_name = {c.name: c for c in cells}
     per_source: dict[tuple[str, str, int], list[float]] = {}
     run_source_val: dict[tuple[str, str, str, int], float] = {}  # one value per run (a run has a line per target)
+    seen_runs: set[tuple] = set()
     for line in lines:
         if int(line["rounds"]) != rounds:
             board.other_budget_lines += 1
@@ -175,6 +179,13 @@ def build_board(key: str, title: str, kind: str, table_text: str, lines: Sequenc
         if row is None:
             continue  # a row the table no longer has
         seed = int(line["seed"])
+        run_id = (line["variant"], line["dataset"], line.get("source", ""), line["target"] if kind == "target" else "",
+                  seed)
+        if line.get("seconds") and run_id not in seen_runs:
+            seen_runs.add(run_id)
+            spent = board.run_time.setdefault(line.get("device") or "?", [0, 0.0])
+            spent[0] += 1
+            spent[1] += float(line["seconds"])
         if kind == "source":
             cell = Cell(line["dataset"], line["source"], "source")
             per_source.setdefault((row.variant, cell.name, seed), []).append(float(line["target_acc"]))
@@ -219,6 +230,22 @@ def _summarise(board: Board, datasets: Mapping[str, Mapping[str, Any]]) -> None:
         for row in ranked:
             if row is not board.best:
                 row.versus_best = judge_paired(board.best.values, row.values)
+
+
+def dataset_leaders(board: Board, dataset: str) -> tuple[BoardRow | None, list[BoardRow]]:
+    """The ranked row of the best average on ``dataset``'s cells, and the ranked rows the rule cannot tell from it
+    there (paired over that dataset's (cell, seed) pairs)."""
+    ranked = [r for r in board.rows if r.ranked and r.dataset_average.get(dataset) is not None]
+    if not ranked:
+        return None, []
+    best = max(ranked, key=lambda r: r.dataset_average[dataset])
+    names = {c.name for c in board.cells if c.dataset == dataset}
+
+    def only(row: BoardRow) -> Values:
+        return {k: v for k, v in row.values.items() if k[0] in names}
+
+    tied = [r for r in ranked if r is not best and judge_paired(only(best), only(r)).status != "holds"]
+    return best, sorted(tied, key=lambda r: -r.dataset_average[dataset])
 
 
 def fmt(value: float | None, digits: int = 1) -> str:
