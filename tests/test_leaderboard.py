@@ -415,10 +415,12 @@ def committed():
 
 
 def test_the_committed_page_is_a_fresh_rendering(committed):
-    from fedstyle.experiments.leaderboard.page import DEFAULT_OUT, PAGE, render_page
+    from fedstyle.experiments.leaderboard.page import DEFAULT_OUT, PAGE, page_budget, render_page
 
+    boards, claims = committed
     page = DEFAULT_OUT / PAGE
-    assert page.read_text() == render_page(*committed), "run `fedstyle leaderboard show` and commit its output"
+    assert page.read_text() == render_page(boards, claims, page_budget(boards)), \
+        "run `fedstyle leaderboard show` and commit its output"
 
 
 def test_the_claims_table_agrees_with_the_csvs(committed):
@@ -479,3 +481,20 @@ def test_per_benchmark_leaders_and_the_run_time_behind_a_table(small_board):
     # on d1's 9 pairs B trails A by 1 - noise = -1, 3, 0 per cell: the interval holds 0; C trails by 10
     assert best.variant == "a" and [r.variant for r in tied] == ["b"]
     assert small_board.run_time == {"cpu": [4 * 15 + 12, pytest.approx(72.0)]}  # one per run, 1 s each
+
+
+def test_the_budget_paragraph_rereads_the_rule_from_the_runs():
+    from fedstyle.experiments.leaderboard.page import budget_text
+
+    rule = {"csv": "b", "candidates": [8, 16], "cap": 32, "gain": 1.0}
+
+    def runs(values):  # (dataset, rounds) -> source validation of its one target
+        return [_line("fedavg", d, target="t", rounds=r, source_val=f"{v:.2f}") for (d, r), v in values.items()]
+
+    still_gaining = runs({("d1", 8): 70.0, ("d1", 16): 80.0, ("d1", 32): 85.0, ("d2", 8): 60, ("d2", 16): 60.5,
+                          ("d2", 32): 61.0})
+    text = budget_text(rule, still_gaining, 32)
+    assert "gains 8→16: +10.0 / +0.5; 16→32: +5.0 / +0.5" in text and "It gives **32** (its cap" in text
+    flat = runs({("d1", 8): 70.0, ("d1", 16): 70.5, ("d1", 32): 71.0, ("d2", 8): 60, ("d2", 16): 60.5,
+                 ("d2", 32): 61.0})
+    assert "It gives **8**; the tables use 32: rerun the budget or change `rounds`." in budget_text(rule, flat, 32)

@@ -87,7 +87,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
 
     table = load_table(args.table, args.grid_dir)
     for root in args.roots:
-        path, merged = export_runs(table, root, args.csv_dir)
+        path, merged = export_runs(table, root, args.csv_dir, csv=args.csv)
         print(f"{table.key}: {merged} finished runs below {root} merged into {path}")
     return 0
 
@@ -156,6 +156,8 @@ def add_leaderboard_command(sub: argparse._SubParsersAction) -> None:
     export.add_argument("roots", nargs="+", type=Path, metavar="OUT", help="the sweep's --out folder(s)")
     export.add_argument("--grid-dir", type=Path, default=GRID_DIR, help="the tables' sweep files (default: %(default)s)")
     export.add_argument("--csv-dir", type=Path, default=CSV_DIR, help="the per-seed CSVs (default: %(default)s)")
+    export.add_argument("--csv", metavar="NAME", help="merge into CSV_DIR/NAME.csv instead of the table's (the budget's "
+                        "FedAvg runs: --csv leaderboard-budget)")
     export.set_defaults(func=_cmd_export)
 
     from fedstyle.experiments.leaderboard.page import DEFAULT_OUT

@@ -79,13 +79,14 @@ def chain(says: str) -> list[tuple[str, str]]:
 Lookup = Mapping[str, tuple[dict, dict[str, float]] | None]
 
 
-def judge(says: str, lookup, classes: Mapping[str, int], sources: list[str]) -> Judgement:
+def judge(says: str, lookup, classes: Mapping[str, int], sources: list[str],
+          absent_word: str = "no per-seed values of") -> Judgement:
     out = Judgement(says, sources=sources)
     for better, worse in chain(says):
         rows = {name: lookup(name) for name in (better, worse)}
         absent = [name for name, row in rows.items() if row is None]
         if absent:
-            out.links.append(Link(better, worse, f"not judged (no per-seed values of {', '.join(absent)})"))
+            out.links.append(Link(better, worse, f"not judged ({absent_word} {', '.join(absent)})"))
             continue
         unlearned = [name for name, (_, sv) in rows.items()
                      if any(not learned(v, classes.get(d, 10)) for d, v in sv.items())]
@@ -148,8 +149,8 @@ def claim_rows(boards: Mapping[str, Any], grid_dir: Path, csv_dir: Path, classes
         claim = _preset_claim(paper["preset"], paper["preset_claim"])
         lb = paper["leaderboard"]
         board = boards[lb["table"]]
-        leaderboard = judge(lb["says"], board_lookup(board), classes,
-                            [f"benchmarks/per_seed/{board.csv}.csv"] if hasattr(board, "csv") else [])
+        leaderboard = judge(lb["says"], board_lookup(board), classes, [f"benchmarks/per_seed/{board.csv}.csv"],
+                            absent_word="no leaderboard run yet of")
         judged = []
         for key in ("pretrained", "preset_runs"):
             entry = paper[key]

@@ -37,6 +37,17 @@ def load_boards(grid_dir: Path = GRID_DIR, csv_dir: Path = CSV_DIR, *, rank: boo
     return boards
 
 
+def page_budget(boards: dict[str, Board], grid_dir: Path = GRID_DIR, csv_dir: Path = CSV_DIR) -> str:
+    """The budget paragraph from tables.toml's [budget] and its CSV."""
+    from fedstyle.experiments.leaderboard.tables import read_budget
+    from fedstyle.experiments.report.per_seed import read_rows
+
+    rule = read_budget(grid_dir)
+    path = Path(csv_dir) / f"{rule.get('csv', '')}.csv"
+    lines = read_rows(path) if rule and path.exists() else []
+    return budget_text(rule, lines, next(iter(boards.values())).rounds)
+
+
 def readme_table(grid_dir: Path = GRID_DIR, csv_dir: Path = CSV_DIR) -> str:
     """The multi-source table as Markdown: what README.md shows between its leaderboard markers."""
     from fedstyle.experiments.leaderboard.render import markdown_table
@@ -60,10 +71,53 @@ def _missing_section(board: Board) -> list[str]:
         cells: dict[str, list[int]] = {}
         for cell, seed in m.pairs:
             cells.setdefault(cell.name, []).append(seed)
-        where = "; ".join(f"{name} seed{'s' if len(s) > 1 else ''} {', '.join(map(str, s))}"
-                          for name, s in cells.items())
-        lines.append(f"- {m.label}: {where} — `{m.command}`")
+        seed_sets = {tuple(s) for s in cells.values()}
+        if len(cells) == len(board.cells) and len(seed_sets) == 1:  # the same seeds of every cell: say it once
+            seeds = next(iter(seed_sets))
+            where = f"every cell, seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds))}"
+        else:
+            where = "; ".join(f"{name} seed{'s' if len(s) > 1 else ''} {', '.join(map(str, s))}"
+                              for name, s in cells.items())
+        lines.append(f"- {m.label} ({len(m.pairs)} runs): {where} — `{m.command}`")
     return lines
+
+
+def budget_text(rule: dict, lines, rounds: int) -> str:
+    """The budget paragraph: FedAvg's mean source validation per benchmark at each number of rounds (from the budget's
+    CSV), the gains, the rule and what it chose, against the rounds the tables use."""
+    import statistics
+
+    if not rule or not lines:
+        return (f"**The budget.** {rounds} rounds x 15 local steps of batch 64 per client (no budget runs kept: "
+                "benchmarks/leaderboard/tables.toml [budget]).")
+    by: dict[tuple[str, int], list[float]] = {}
+    for line in lines:
+        by.setdefault((line["dataset"], int(line["rounds"])), []).append(float(line["source_val"]))
+    datasets = list(dict.fromkeys(d for d, _ in by))
+    levels = sorted({r for _, r in by})
+    mean = {key: statistics.fmean(v) for key, v in by.items()}
+    figures = "; ".join(f"{d} " + " / ".join(f"{mean[(d, r)]:.1f} ({r})" for r in levels if (d, r) in mean)
+                        for d in datasets)
+    gains, chosen = [], None
+    for r in rule["candidates"]:
+        step = [mean[(d, 2 * r)] - mean[(d, r)] for d in datasets if (d, r) in mean and (d, 2 * r) in mean]
+        if len(step) == len(datasets):
+            gains.append(f"{r}→{2 * r}: " + " / ".join(f"{g:+.1f}" for g in step))
+            if chosen is None and all(g <= rule["gain"] for g in step):
+                chosen = r
+    chosen = chosen or rule["cap"]
+    n = {len(v) for v in by.values()}
+    text = (f"**The budget.** {rounds} rounds x 15 local steps of batch 64 per client (SGD lr 0.05 cosine, momentum "
+            f"0.9). FedAvg's mean source validation over a benchmark's targets (seed 0, {'/'.join(map(str, sorted(n)))} "
+            f"targets per benchmark; rounds in brackets): {figures}; gains {'; '.join(gains)} "
+            f"(`benchmarks/per_seed/{rule['csv']}.csv`). The rule, written before the grid ran: the smallest R of "
+            f"{', '.join(map(str, rule['candidates']))} whose gain from R to 2R is at most {rule['gain']:g} point on "
+            f"every benchmark, else {rule['cap']}. It gives **{chosen}**")
+    if chosen == rule["cap"]:
+        text += (" (its cap: FedAvg is still gaining there, so the budget stops where the rule stops, not where "
+                 "FedAvg stops)")
+    text += "." if chosen == rounds else f"; the tables use {rounds}: rerun the budget or change `rounds`."
+    return text
 
 
 def leaders_text(board: Board) -> str:
@@ -106,8 +160,8 @@ def board_section(board: Board) -> list[str]:
     return out
 
 
-def render_page(boards: dict[str, Board], claim_rows) -> str:
-    """docs/results/leaderboard.md's text."""
+def render_page(boards: dict[str, Board], claim_rows, budget: str = "") -> str:
+    """docs/results/leaderboard.md's text (``budget``: :func:`budget_text`'s paragraph)."""
     from fedstyle.experiments.leaderboard.claims import claims_markdown
 
     out = [GENERATED, "", "# Leaderboard", "",
@@ -117,6 +171,7 @@ def render_page(boards: dict[str, Board], claim_rows) -> str:
            "`fedstyle leaderboard run` fills them.", "",
            f"**The rule.** {RULE} A row whose mean source validation on a dataset lies within "
            f"{NOT_LEARNED_MARGIN:g} points of chance did not learn: it is marked and not ranked.", "",
+           *((budget, "") if budget else ()),
            "## The papers' claims at a glance", "",
            "One headline claim per paper, judged by the rule on the leaderboard's cells, on the pretrained "
            "track and on the paper's preset run from scratch (benchmarks/leaderboard/claims.toml names the rows "
@@ -150,5 +205,5 @@ def write_show(out_dir: Path = DEFAULT_OUT, grid_dir: Path = GRID_DIR, csv_dir: 
             written += draw_cd(board.friedman, f"{board.title}: average rank over {board.friedman.blocks} cells",
                                [out_dir / figure_name(board, "png"), out_dir / figure_name(board, "pdf")], method_of)
     page = out_dir / PAGE
-    atomic_write_text(page, render_page(boards, claims))
+    atomic_write_text(page, render_page(boards, claims, page_budget(boards, grid_dir, csv_dir)))
     return [page] + written

@@ -110,11 +110,12 @@ def plan_table(table: Table, runs_root: Path, *, only: Sequence[tuple[str, Seque
     return out
 
 
-def export_runs(table: Table, root: Path, csv_dir: Path = CSV_DIR, *, echo: Callable[[str], None] = print
-                ) -> tuple[Path, int]:
+def export_runs(table: Table, root: Path, csv_dir: Path = CSV_DIR, *, echo: Callable[[str], None] = print,
+                csv: str | None = None) -> tuple[Path, int]:
     """Merge every finished run below ``root`` (a sweep of the table's file: ``root/<variant>/...``, made by
-    ``fedstyle leaderboard run`` or by ``fedstyle sweep FILE --out root``) into the table's CSV; a run of a
-    variant the table has no row for is left out, and said. Returns the CSV's path and the runs merged."""
+    ``fedstyle leaderboard run`` or by ``fedstyle sweep FILE --out root``) into the table's CSV (or into
+    ``csv_dir/<csv>.csv``: the budget's runs); a run of a variant the table has no row for is left out, and said.
+    Returns the CSV's path and the runs merged."""
     from fedstyle.experiments.report.per_seed import merge_rows, record_rows, write_rows
     from fedstyle.experiments.report.runs import collect
 
@@ -139,9 +140,12 @@ def export_runs(table: Table, root: Path, csv_dir: Path = CSV_DIR, *, echo: Call
             new.append({**line, "rounds": str(record.config.get("rounds", ""))})
     if strangers:
         echo(f"{table.key}: left out the runs of {', '.join(sorted(strangers))} below {root}: no row of the table")
-    path = csv_path(table, csv_dir)
+    path = Path(csv_dir) / f"{csv}.csv" if csv else csv_path(table, csv_dir)
     if new:
-        write_rows(path, merge_rows(read_csv(table, csv_dir), new, LINE_KEY), COLUMNS)
+        from fedstyle.experiments.report.per_seed import read_rows
+
+        kept = read_rows(path) if path.exists() else []
+        write_rows(path, merge_rows(kept, new, LINE_KEY), COLUMNS)
     return path, merged
 
 

@@ -31,6 +31,8 @@ META_FILE = "tables.toml"
 #: the line above which a sweep file is written by hand, below which by `fedstyle leaderboard grid --write`
 REGISTRY_MARKER = "# ------------------------------------------------------------------ rows from the registry"
 CELL_KINDS = ("target", "source")
+#: tables.toml's entries that are not tables
+NOT_TABLES = ("datasets", "budget")
 
 
 @dataclass
@@ -80,10 +82,15 @@ def read_datasets(grid_dir: Path = GRID_DIR) -> dict[str, dict[str, Any]]:
     return dict(_read_meta_file(grid_dir).get("datasets", {}))
 
 
+def read_budget(grid_dir: Path = GRID_DIR) -> dict[str, Any]:
+    """tables.toml's [budget]: the rule that chose the rounds, and the CSV of its runs."""
+    return dict(_read_meta_file(grid_dir).get("budget", {}))
+
+
 def read_meta(grid_dir: Path = GRID_DIR) -> dict[str, dict[str, Any]]:
     """tables.toml: table key -> its entry, in the file's order (the order tables are run and shown)."""
     path = Path(grid_dir) / META_FILE
-    meta = {k: v for k, v in _read_meta_file(grid_dir).items() if k != "datasets"}
+    meta = {k: v for k, v in _read_meta_file(grid_dir).items() if k not in NOT_TABLES}
     for key, entry in meta.items():
         if not isinstance(entry, Mapping) or not entry.get("title") or not entry.get("csv"):
             raise ConfigError(f"{path}: [{key}] needs `title` and `csv`")
