@@ -498,3 +498,16 @@ def test_the_budget_paragraph_rereads_the_rule_from_the_runs():
     flat = runs({("d1", 8): 70.0, ("d1", 16): 70.5, ("d1", 32): 71.0, ("d2", 8): 60, ("d2", 16): 60.5,
                  ("d2", 32): 61.0})
     assert "It gives **8**; the tables use 32: rerun the budget or change `rounds`." in budget_text(rule, flat, 32)
+
+
+def test_the_readme_update_replaces_what_lies_between_the_markers(tmp_path):
+    from fedstyle.experiments.leaderboard.page import README_END, README_START, update_readme
+
+    readme = tmp_path / "README.md"
+    readme.write_text(f"intro\n{README_START}\nold table\n{README_END}\nrest\n")
+    assert update_readme(readme, "| new |\n")
+    assert readme.read_text() == f"intro\n{README_START}\n| new |\n{README_END}\nrest\n"
+    assert not update_readme(readme, "| new |")
+    readme.write_text("no markers\n")
+    with pytest.raises(ConfigError, match="has no <!-- leaderboard:start -->"):
+        update_readme(readme, "| t |")

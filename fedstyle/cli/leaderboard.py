@@ -101,6 +101,11 @@ def _cmd_show(args: argparse.Namespace) -> int:
     written = write_show(args.out, args.grid_dir, args.csv_dir, figures=not args.no_figures)
     for path in written:
         print(f"wrote {path}")
+    if args.readme:
+        from fedstyle.experiments.leaderboard.page import readme_table, update_readme
+
+        changed = update_readme(args.readme, readme_table(args.grid_dir, args.csv_dir))
+        print(f"{'wrote' if changed else 'unchanged:'} the multi-source table in {args.readme}")
     print(f"rendered from the CSVs in {time.perf_counter() - start:.1f} s")
     return 0
 
@@ -171,6 +176,8 @@ def add_leaderboard_command(sub: argparse._SubParsersAction) -> None:
     show.add_argument("--grid-dir", type=Path, default=GRID_DIR, help="the tables' sweep files (default: %(default)s)")
     show.add_argument("--csv-dir", type=Path, default=CSV_DIR, help="the per-seed CSVs (default: %(default)s)")
     show.add_argument("--no-figures", action="store_true", help="no diagrams (the page only)")
+    show.add_argument("--readme", type=Path, metavar="README.md", help="also put the multi-source table between the "
+                      "file's <!-- leaderboard:start --> and <!-- leaderboard:end --> markers")
     show.set_defaults(func=_cmd_show)
 
     grid = board_sub.add_parser("grid", help="the tables' rows; --write puts the registry's rows into the sweep files")

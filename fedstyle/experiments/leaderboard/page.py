@@ -55,6 +55,23 @@ def readme_table(grid_dir: Path = GRID_DIR, csv_dir: Path = CSV_DIR) -> str:
     return markdown_table(load_boards(grid_dir, csv_dir)[README_TABLE])
 
 
+def update_readme(path: Path, table: str) -> bool:
+    """Put ``table`` between README's leaderboard markers (what its test checks); returns whether the file
+    changed. A file without both markers is a ConfigError naming them."""
+    from fedstyle.errors import ConfigError
+    from fedstyle.io import atomic_write_text
+
+    text = Path(path).read_text()
+    if README_START not in text or README_END not in text.split(README_START, 1)[1]:
+        raise ConfigError(f"{path} has no {README_START} ... {README_END} markers; add them where the table goes")
+    head, rest = text.split(README_START, 1)
+    tail = rest.split(README_END, 1)[1]
+    new = f"{head}{README_START}\n{table.rstrip()}\n{README_END}{tail}"
+    if new != text:
+        atomic_write_text(Path(path), new)
+    return new != text
+
+
 def figure_name(board: Board, suffix: str) -> str:
     return f"leaderboard-cd-{board.key}.{suffix}"
 
