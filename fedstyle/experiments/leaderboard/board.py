@@ -22,7 +22,6 @@ import math
 import statistics
 import tomllib
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from fedstyle.errors import ConfigError
