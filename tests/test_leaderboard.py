@@ -333,6 +333,9 @@ def test_the_table_renders_the_same_numbers_in_markdown_csv_and_latex(small_boar
     assert "below: +10.0" in rows["C"]
     assert "not learned (d1): not ranked" in rows["Dull"] and "cells missing: not ranked" in rows["Short"]
     assert "| 62.0 ± 2.0 |" in rows["A"]
+    compact = markdown_table(small_board, compact=True).splitlines()
+    assert compact[0] == "| Method | Rank | d1 avg | d2 avg | Avg | Src-val | Seeds | vs best |"
+    assert compact[2].startswith(f"| A | 1.00 | {_row(small_board, 'a').dataset_average['d1']:.1f} |")
     text = csv_table(small_board)
     header, first = text.splitlines()[:2]
     assert header.startswith("method,label,rank,d1 → a mean,d1 → a std,d1 → a seeds")

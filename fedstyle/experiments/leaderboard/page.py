@@ -52,7 +52,7 @@ def readme_table(grid_dir: Path = GRID_DIR, csv_dir: Path = CSV_DIR) -> str:
     """The multi-source table as Markdown: what README.md shows between its leaderboard markers."""
     from fedstyle.experiments.leaderboard.render import markdown_table
 
-    return markdown_table(load_boards(grid_dir, csv_dir)[README_TABLE])
+    return markdown_table(load_boards(grid_dir, csv_dir)[README_TABLE], compact=True)
 
 
 def update_readme(path: Path, table: str) -> bool:
@@ -160,9 +160,7 @@ def board_section(board: Board) -> list[str]:
     done = board.runs_expected() - board.runs_missing()
     out = [f"## {board.title}", "", f"{board.description[:1].upper()}{board.description[1:]}; **{board.rounds} rounds** "
            f"(`benchmarks/leaderboard/{board.key}.toml`). {done} of {board.runs_expected()} runs in "
-           f"`benchmarks/per_seed/{board.csv}.csv`.", "",
-           *((README_START,) if board.key == README_TABLE else ()), markdown_table(board).rstrip("\n"),
-           *((README_END,) if board.key == README_TABLE else ()), "",
+           f"`benchmarks/per_seed/{board.csv}.csv`.", "", markdown_table(board).rstrip("\n"), "",
            f"Cells: accuracy (%) on the held-out {'target' if board.cells and board.cells[0].kind == 'target' else 'domains, mean over a source’s targets'}, "
            f"mean ± sample std over seeds; **Avg** over every cell (the best in bold); Src-val: mean source "
            f"validation; Seeds: per cell. {STANDING_HELP}."]
@@ -180,6 +178,7 @@ def board_section(board: Board) -> list[str]:
 def render_page(boards: dict[str, Board], claim_rows, budget: str = "") -> str:
     """docs/results/leaderboard.md's text (``budget``: :func:`budget_text`'s paragraph)."""
     from fedstyle.experiments.leaderboard.claims import claims_markdown
+    from fedstyle.experiments.leaderboard.render import markdown_table
 
     out = [GENERATED, "", "# Leaderboard", "",
            "Every method side by side on every leave-one-domain-out target of digits4 and fashion4 (issue 51), "
@@ -193,6 +192,10 @@ def render_page(boards: dict[str, Board], claim_rows, budget: str = "") -> str:
            "One headline claim per paper, judged by the rule on the leaderboard's cells, on the pretrained "
            "track and on the paper's preset run from scratch (benchmarks/leaderboard/claims.toml names the rows "
            "and files).", "", claims_markdown(claim_rows).rstrip("\n"), ""]
+    glance = boards.get(README_TABLE)
+    if glance is not None:  # the README's table, between the markers it has there
+        out += [f"## {glance.title} at a glance", "", "The averages of the table below (the README shows this).", "",
+                README_START, markdown_table(glance, compact=True).rstrip("\n"), README_END, ""]
     for board in boards.values():
         out += board_section(board)
     return "\n".join(out).rstrip("\n") + "\n"

@@ -46,27 +46,30 @@ def cell_text(board: Board, row: BoardRow, cell) -> str:
     return f"{mean:.1f} ± {std:.1f}" if std is not None else f"{mean:.1f}"
 
 
-def header(board: Board) -> list[str]:
-    return (["Method", "Rank"] + [c.short for c in board.cells] + [f"{d} avg" for d in board.datasets]
+def header(board: Board, compact: bool = False) -> list[str]:
+    """The columns; ``compact`` leaves out the per-cell ones (the README's table)."""
+    cells = [] if compact else [c.short for c in board.cells]
+    return (["Method", "Rank"] + cells + [f"{d} avg" for d in board.datasets]
             + ["Avg", "Src-val", "Seeds", "vs best"])
 
 
-def row_cells(board: Board, row: BoardRow, bold=lambda text: f"**{text}**") -> list[str]:
+def row_cells(board: Board, row: BoardRow, bold=lambda text: f"**{text}**", compact: bool = False) -> list[str]:
     rank = board.friedman.mean_ranks.get(row.label) if board.friedman else None
     avg = fmt(row.average)
     if row is board.best:
         avg = bold(avg)
-    return ([row.label, fmt(rank, 2)] + [cell_text(board, row, c) for c in board.cells]
-            + [fmt(row.dataset_average.get(d)) for d in board.datasets]
+    cells = [] if compact else [cell_text(board, row, c) for c in board.cells]
+    return ([row.label, fmt(rank, 2)] + cells + [fmt(row.dataset_average.get(d)) for d in board.datasets]
             + [avg, fmt(row.source_val_mean()), seeds_text(board, row), standing(board, row)])
 
 
-def markdown_table(board: Board) -> str:
-    """The table as Markdown (rows best first; see the module docstring)."""
-    head = header(board)
+def markdown_table(board: Board, compact: bool = False) -> str:
+    """The table as Markdown (rows best first; see the module docstring); ``compact``: without the per-cell
+    columns, the averages only (the README's table)."""
+    head = header(board, compact)
     lines = ["| " + " | ".join(head) + " |", "|:--|" + "--:|" * (len(head) - 2) + ":--|"]
     for row in board.ordered_rows():
-        lines.append("| " + " | ".join(row_cells(board, row)) + " |")
+        lines.append("| " + " | ".join(row_cells(board, row, compact=compact)) + " |")
     return "\n".join(lines) + "\n"
 
 
