@@ -151,7 +151,7 @@ def leaders_text(board: Board) -> str:
         parts.append(f"{dataset}: **{best.label}** leads ({best.dataset_average[dataset]:.1f}); tied with it by the "
                      f"rule: {ties}")
     time = "; ".join(f"{int(n)} runs on {device}, {sec / 3600:.1f} h" for device, (n, sec) in sorted(board.run_time.items()))
-    return ("**Per benchmark.** " + ". ".join(parts) + "." + (f" Run time of the runs behind it: {time}." if time else ""))
+    return ("**Per benchmark.** " + ". ".join(parts) + "." + (f" Summed run time of its runs (each run's own wall time; parallel runs overlap): {time}." if time else ""))
 
 
 def board_section(board: Board) -> list[str]:
