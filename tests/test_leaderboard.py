@@ -87,7 +87,8 @@ def test_the_tables_share_one_budget():
         base = table.data["base"]
         budgets.add((base["rounds"], base["local_steps"], base["batch_size"], base["lr"], base["lr_schedule"],
                      base["momentum"], base["weight_decay"], base["backbone"]))
-        assert all(rounds % base["eval_every"] == 0 for rounds in (8, 16, 32))  # --set rounds=8, 16 or 32 evaluates last
+        # --set rounds=8, 16 or 32 evaluates the last round
+        assert all(rounds % base["eval_every"] == 0 for rounds in (8, 16, 32))
         assert base["selection"] == "source_val"
         assert table.data["seeds"] == [0, 1, 2]
     assert len(budgets) == 1
@@ -103,7 +104,8 @@ def test_every_run_of_every_table_validates(tmp_path, monkeypatch):
     with the tests' empty dataset cache, so the datasets are stood in for by their domain names here.)"""
     from fedstyle.experiments.grid import plan as grid_plan
 
-    monkeypatch.setattr(grid_plan._Datasets, "get", lambda self, config: SimpleNamespace(domains=DOMAINS[config.dataset]))
+    monkeypatch.setattr(grid_plan._Datasets, "get",
+                        lambda self, config: SimpleNamespace(domains=DOMAINS[config.dataset]))
     monkeypatch.setattr(grid_plan._Datasets, "check", lambda self, config: None)
     counts = {}
     for table in load_tables():

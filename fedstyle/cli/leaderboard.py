@@ -159,10 +159,11 @@ def add_leaderboard_command(sub: argparse._SubParsersAction) -> None:
     export = board_sub.add_parser("export", help="merge the finished runs of a sweep of a table's file into its CSV")
     export.add_argument("table", help="multi_source, p2p or single_source")
     export.add_argument("roots", nargs="+", type=Path, metavar="OUT", help="the sweep's --out folder(s)")
-    export.add_argument("--grid-dir", type=Path, default=GRID_DIR, help="the tables' sweep files (default: %(default)s)")
+    export.add_argument("--grid-dir", type=Path, default=GRID_DIR,
+                        help="the tables' sweep files (default: %(default)s)")
     export.add_argument("--csv-dir", type=Path, default=CSV_DIR, help="the per-seed CSVs (default: %(default)s)")
-    export.add_argument("--csv", metavar="NAME", help="merge into CSV_DIR/NAME.csv instead of the table's (the budget's "
-                        "FedAvg runs: --csv leaderboard-budget)")
+    export.add_argument("--csv", metavar="NAME", help="merge into CSV_DIR/NAME.csv instead of the table's (the "
+                        "budget's FedAvg runs: --csv leaderboard-budget)")
     export.set_defaults(func=_cmd_export)
 
     from fedstyle.experiments.leaderboard.page import DEFAULT_OUT
@@ -170,8 +171,8 @@ def add_leaderboard_command(sub: argparse._SubParsersAction) -> None:
     show = board_sub.add_parser("show", help="render the tables, ranks, diagrams and claims from the kept CSVs",
                                 description="Render the leaderboard from the kept per-seed CSVs only (no training, no "
                                 "data): DIR/leaderboard.md (tables, ranks, missing cells, the papers' claims at a "
-                                "glance), and per table DIR/leaderboard-<table>.csv and .tex and the critical-difference "
-                                "diagram DIR/leaderboard-cd-<table>.png and .pdf.")
+                                "glance), and per table DIR/leaderboard-<table>.csv and .tex and the "
+                                "critical-difference diagram DIR/leaderboard-cd-<table>.png and .pdf.")
     show.add_argument("--out", type=Path, default=DEFAULT_OUT, help="the folder written (default: %(default)s)")
     show.add_argument("--grid-dir", type=Path, default=GRID_DIR, help="the tables' sweep files (default: %(default)s)")
     show.add_argument("--csv-dir", type=Path, default=CSV_DIR, help="the per-seed CSVs (default: %(default)s)")

@@ -155,7 +155,8 @@ def claim_rows(boards: Mapping[str, Any], grid_dir: Path, csv_dir: Path, classes
         for key in ("pretrained", "preset_runs"):
             entry = paper[key]
             if not entry.get("csv"):
-                judged.append(Judgement(entry.get("says", ""), note=f"not judged ({entry.get('why', 'no per-seed values')})"))
+                why = entry.get("why", "no per-seed values")
+                judged.append(Judgement(entry.get("says", ""), note=f"not judged ({why})"))
                 continue
             lines = [line for name in entry["csv"] for line in read_rows(Path(csv_dir) / f"{name}.csv")]
             judged.append(judge(entry["says"], csv_lookup(lines), classes,

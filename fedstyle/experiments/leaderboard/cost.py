@@ -3,8 +3,8 @@ benchmarks/leaderboard/measure_cost.py; its ``basis`` says how it was measured).
 
 A row's run costs ``s(row, 1 round) x s(reference, whole run) / s(reference, 1 round) x R / R_whole`` CPU
 seconds: its measured one-round run scaled by the table's reference row's (FedAvg, DSGD) measured ratio of a whole
-run (``R_whole`` rounds) to one round, and by the run's rounds ``R`` over ``R_whole``. A row the file lacks (a method registered after the measurement) is charged the table's median row and
-named as not measured.
+run (``R_whole`` rounds) to one round, and by the run's rounds ``R`` over ``R_whole``. A row the file lacks (a
+method registered after the measurement) is charged the table's median row and named as not measured.
 """
 
 from __future__ import annotations

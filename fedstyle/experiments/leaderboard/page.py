@@ -125,7 +125,8 @@ def budget_text(rule: dict, lines, rounds: int) -> str:
     chosen = chosen or rule["cap"]
     n = {len(v) for v in by.values()}
     text = (f"**The budget.** {rounds} rounds x 15 local steps of batch 64 per client (SGD lr 0.05 cosine, momentum "
-            f"0.9). FedAvg's mean source validation over a benchmark's targets (seed 0, {'/'.join(map(str, sorted(n)))} "
+            f"0.9). FedAvg's mean source validation over a benchmark's targets (seed 0, "
+            f"{'/'.join(map(str, sorted(n)))} "
             f"targets per benchmark; rounds in brackets): {figures}; gains {'; '.join(gains)} "
             f"(`benchmarks/per_seed/{rule['csv']}.csv`). The rule, written before the grid ran: the smallest R of "
             f"{', '.join(map(str, rule['candidates']))} whose gain from R to 2R is at most {rule['gain']:g} point on "
@@ -150,18 +151,23 @@ def leaders_text(board: Board) -> str:
         ties = ", ".join(f"{r.label} ({r.dataset_average[dataset]:.1f})" for r in tied) or "none"
         parts.append(f"{dataset}: **{best.label}** leads ({best.dataset_average[dataset]:.1f}); tied with it by the "
                      f"rule: {ties}")
-    time = "; ".join(f"{int(n)} runs on {device}, {sec / 3600:.1f} h" for device, (n, sec) in sorted(board.run_time.items()))
-    return ("**Per benchmark.** " + ". ".join(parts) + "." + (f" Summed run time of its runs (each run's own wall time; parallel runs overlap): {time}." if time else ""))
+    time = "; ".join(f"{int(n)} runs on {device}, {sec / 3600:.1f} h"
+                     for device, (n, sec) in sorted(board.run_time.items()))
+    spent = f" Summed run time of its runs (each run's own wall time; parallel runs overlap): {time}." if time else ""
+    return "**Per benchmark.** " + ". ".join(parts) + "." + spent
 
 
 def board_section(board: Board) -> list[str]:
     from fedstyle.experiments.leaderboard.render import STANDING_HELP, markdown_table
 
     done = board.runs_expected() - board.runs_missing()
-    out = [f"## {board.title}", "", f"{board.description[:1].upper()}{board.description[1:]}; **{board.rounds} rounds** "
+    held_out = ("target" if board.cells and board.cells[0].kind == "target"
+                else "domains, mean over a source’s targets")
+    out = [f"## {board.title}", "",
+           f"{board.description[:1].upper()}{board.description[1:]}; **{board.rounds} rounds** "
            f"(`benchmarks/leaderboard/{board.key}.toml`). {done} of {board.runs_expected()} runs in "
            f"`benchmarks/per_seed/{board.csv}.csv`.", "", markdown_table(board).rstrip("\n"), "",
-           f"Cells: accuracy (%) on the held-out {'target' if board.cells and board.cells[0].kind == 'target' else 'domains, mean over a source’s targets'}, "
+           f"Cells: accuracy (%) on the held-out {held_out}, "
            f"mean ± sample std over seeds; **Avg** over every cell (the best in bold); Src-val: mean source "
            f"validation; Seeds: per cell. {STANDING_HELP}."]
     out += ["", leaders_text(board)]
