@@ -516,3 +516,24 @@ def test_the_readme_update_replaces_what_lies_between_the_markers(tmp_path):
     readme.write_text("no markers\n")
     with pytest.raises(ConfigError, match="has no <!-- leaderboard:start -->"):
         update_readme(readme, "| t |")
+
+
+def test_the_dry_run_counts_runs_and_adds_up_the_estimate():
+    from fedstyle.experiments.leaderboard.run import TablePlan, dry_run_lines
+
+    table = load_table("p2p")
+    runs = [_run("dsgd", "digits4", s) for s in range(3)] + [_run("styleddg", "digits4", 0)]
+    planned = TablePlan(table, plan=SimpleNamespace(runs=runs), in_csv=runs[:1], to_run=runs[1:])
+    cost = {"dsgd": 1800.0, "styleddg": 3600.0}
+    lines = dry_run_lines([planned], lambda key, run, unmeasured: cost[run.variant])
+    assert lines[0].startswith("p2p (Peer to peer): 4 runs, every one validated; 1 in leaderboard-p2p.csv, 3 left "
+                               "(0 finished in their folders, to export; 0 to resume; 3 new)")
+    assert lines[0].endswith("about 2.0 CPU hours left of 2.5")  # (2 x 1800 + 3600) s left, + 1800 s done
+    assert lines[-1].startswith("all tables: about 2.0 CPU hours left of 2.5")
+
+
+def test_run_refuses_changed_settings_into_the_kept_csvs(capsys):
+    from fedstyle.cli.main import main
+
+    assert main(["leaderboard", "run", "--set", "rounds=1"]) == 2
+    assert "--set changes the tables' settings" in capsys.readouterr().err
