@@ -251,6 +251,10 @@ def build_parser() -> argparse.ArgumentParser:
     from fedstyle.cli.audit import add_audit_command
 
     add_audit_command(sub)
+
+    from fedstyle.cli.leaderboard import add_leaderboard_command
+
+    add_leaderboard_command(sub)
     return parser
 
 
