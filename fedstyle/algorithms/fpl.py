@@ -142,6 +142,8 @@ class FPL(Algorithm):
     """FPL (see the module docstring)."""
 
     name = "fpl"
+    family = "domain-invariance"
+    shares = "weights; each round, per-class prototypes"
     label = "FPL"
     summary = ("clients upload per-class prototypes; the server clusters each class's prototypes (FINCH) into "
                "cluster prototypes and averages them into unbiased ones; local loss CE + prototype contrastive "
