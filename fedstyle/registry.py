@@ -14,13 +14,14 @@ from fedstyle.errors import UnknownNameError
 T = TypeVar("T")
 
 
-def close_names(word: str, names: Iterable[str], n: int = 3) -> list[str]:
+def close_names(word: str, names: Iterable[str], n: int = 3, cutoff: float = 0.6) -> list[str]:
     """The names nearest to ``word`` (difflib's ratio, case ignored), best first: a name equal but for case
-    comes first, then up to ``n`` close ones."""
-    names = list(dict.fromkeys(names))
-    lowered = {name.lower(): name for name in names}
+    comes first, then up to ``n`` close ones (ratio >= ``cutoff``)."""
+    lowered: dict[str, str] = {}
+    for name in names:
+        lowered.setdefault(name.lower(), name)  # the first spelling of a name wins (a method before its label)
     exact = [lowered[word.lower()]] if word.lower() in lowered else []
-    near = difflib.get_close_matches(word.lower(), list(lowered), n=n, cutoff=0.6)
+    near = difflib.get_close_matches(word.lower(), list(lowered), n=n, cutoff=cutoff)
     return list(dict.fromkeys([*exact, *(lowered[name] for name in near)]))[:n]
 
 

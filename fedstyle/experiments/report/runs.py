@@ -105,7 +105,7 @@ def _read_json(path: Path) -> dict:
     return value
 
 
-def _read_metrics(path: Path, complete: bool) -> list[dict]:
+def read_metrics(path: Path, complete: bool) -> list[dict]:
     if not path.is_file():
         return []
     try:
@@ -158,7 +158,7 @@ def load_run(run_dir: Path) -> RunRecord:
     config_path = run_dir / "config.json"
     config = _read_json(config_path) if config_path.exists() else {}
     complete = (run_dir / "done").exists()
-    metrics = _read_metrics(run_dir / "metrics.jsonl", complete)
+    metrics = read_metrics(run_dir / "metrics.jsonl", complete)
     return RunRecord(path=run_dir, config=config, summary=summary, metrics=metrics, complete=complete)
 
 
