@@ -112,7 +112,11 @@ def test_presets_ship_as_data_and_are_listed(capsys):
                        match="no preset 'nope'; presets: ccst, fedccrl, fedgca, fediir, fedomg, gperxan, pardon, stablefdg, styleddg"):
         preset_path("nope")
     assert main(["reproduce", "--list"]) == 0
-    text = capsys.readouterr().out
+    assert [line.split()[0] for line in capsys.readouterr().out.splitlines()[:len(PRESETS)]] == PRESETS
+    text = ""
+    for name in ("ccst", "pardon", "fedgca", "stablefdg", "styleddg"):  # `--list PAPER`: its tracks, scales and numbers
+        assert main(["reproduce", "--list", name]) == 0
+        text += capsys.readouterr().out
     assert "ccst" in text and "--scale smoke" in text and "--scale full" in text and "PACS, ResNet-50" in text
     assert "pardon" in text and "PACS, LODO" in text and "fedgca" in text and "Digits, MNIST ->" in text
     assert "stablefdg" in text and "PACS, multi-domain clients" in text and "PACS, m = 9, RGG radius 0.8" in text
@@ -408,5 +412,5 @@ def test_reproduce_runs_the_pretrained_track(tiny_root, tmp_path, capsys):
     assert all(c["backbone"] == "efficientnet_lite0" and c["pretrained"] and c["batchnorm"] == "eval"
                and c["per_class"] == 50 for c in configs)
     assert "The pretrained track:" in (out / "report.md").read_text()
-    assert main(["reproduce", "--list"]) == 0
+    assert main(["reproduce", "--list", "ccst"]) == 0
     assert "--track pretrained: ImageNet-pretrained EfficientNet-Lite0" in capsys.readouterr().out

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Iterable, Sequence
 
 from fedstyle.errors import ConfigError, DataError
-from fedstyle.experiments.config import TRACKER_SETTINGS
+from fedstyle.experiments.config import TRACKER_SETTINGS, inactive_settings
 
 WHICH = {"selected": "model chosen by the run's selection rule", "last": "last round"}
 #: config keys that do not make two runs' results different settings (where and how a run ran, its
@@ -53,9 +53,12 @@ class RunRecord:
         return self.summary.get("label") or self.summary["method"]
 
     def settings(self) -> dict[str, object]:
-        """The run's comparable settings: config.json without where and how it ran, the method's
+        """The run's comparable settings: config.json without where and how it ran and without the settings its
+        other settings leave unread (:func:`~fedstyle.experiments.config.inactive_settings`), the method's
         hyperparameters as ``hp.NAME``."""
-        out = {k: _plain(v) for k, v in self.config.items() if k not in NOT_SETTINGS and k != "hparams"}
+        unread = inactive_settings(self.config)
+        out = {k: _plain(v) for k, v in self.config.items()
+               if k not in NOT_SETTINGS and k != "hparams" and k not in unread}
         out.update({f"hp.{k}": _plain(v) for k, v in (self.config.get("hparams") or {}).items()})
         return out
 
