@@ -12,6 +12,7 @@ import pytest
 from fedstyle.cli.main import main
 from fedstyle.errors import ConfigError
 from fedstyle.experiments.config import RunConfig
+from fedstyle.experiments.verdict import NOT_LEARNED_STATUS
 from fedstyle.experiments.grid import PlannedRun, parse_grid, plan_grid, read_toml
 from fedstyle.experiments.paper import (
     Claim,
@@ -173,15 +174,18 @@ def test_reproduce_puts_the_papers_numbers_beside_fedstyles_with_a_verdict_per_c
     expected = sum(len(parse_claim_text(c["says"], "")) for c in preset["claim"])
     assert len(claims) == expected == 17
     first = claims[0]
-    assert first["claim"] == "ccst-overall-k3 > fedavg" and first["status"] == "not judged"  # one seed
+    # one seed: not judged; the tiny rows may also sit at chance, which says so (issue 53)
+    assert first["claim"] == "ccst-overall-k3 > fedavg" and first["status"] in ("not judged", NOT_LEARNED_STATUS)
     assert first["paper"] == "86.52 vs 82.37 (+4.15, PACS)" and first["n_better"] == 1
     assert first["cells"] == ["folder → grey"] and first["seeds"] == [0]
-    assert {c["status"] for c in claims[1:]} <= {"holds", "fails", "within noise", "not judged", "not run"}
+    assert {c["status"] for c in claims[1:]} <= {"holds", "fails", "within noise", "not judged", "not run",
+                                                 NOT_LEARNED_STATUS}
     assert "mixstyle is not in this sweep" in claims[1]["text"]
     table = report.split("### The paper's claims, checked here")[1]
     assert sum(table.count(f"\n| {row}") for row in ("ccst", "mixstyle", "feddg", "jigen", "rsc")) == expected
     assert re.search(r"\| ccst-overall-k3 > fedavg \(Table 1\) \| 86\.52 vs 82\.37 \(\+4\.15, PACS\) \| "
-                     r"\d+\.\d \(n=1\) \| \d+\.\d \(n=1\) \| \*\*not judged\*\*: [+-]\d+\.\d points, one paired seed",
+                     r"\d+\.\d \(n=1\) \| \d+\.\d \(n=1\) \| \*\*not judged( \(a row did not learn\))?\*\*: "
+                     r"(source validation [^;]*; )?[+-]\d+\.\d points, one paired seed",
                      report)
 
 
