@@ -6,7 +6,6 @@ every listing, CLI choice and parametrized test reads the registry.
 
 from __future__ import annotations
 
-import difflib
 from typing import Callable, Generic, Iterable, Iterator, TypeVar
 
 from fedstyle.errors import UnknownNameError
@@ -17,6 +16,8 @@ T = TypeVar("T")
 def close_names(word: str, names: Iterable[str], n: int = 3, cutoff: float = 0.6) -> list[str]:
     """The names nearest to ``word`` (difflib's ratio, case ignored), best first: a name equal but for case
     comes first, then up to ``n`` close ones (ratio >= ``cutoff``)."""
+    import difflib  # only when a name is wrong
+
     lowered: dict[str, str] = {}
     for name in names:
         lowered.setdefault(name.lower(), name)  # the first spelling of a name wins (a method before its label)

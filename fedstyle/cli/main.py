@@ -184,7 +184,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=MAIN_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--version", action="version", version=f"fedstyle {_version()}")
+    parser.add_argument("--version", action=_VersionAction)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     run = sub.add_parser("run", help="train one configuration into a run directory", usage=RUN_USAGE,
@@ -284,6 +284,18 @@ def _version() -> str:
         return version("fedstyle")
     except PackageNotFoundError:
         return "unknown (not installed)"
+
+
+class _VersionAction(argparse.Action):
+    """--version: the installed package's version, looked up only when asked (importlib.metadata is slow)."""
+
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, help=None):
+        super().__init__(option_strings, dest=dest, default=default, nargs=0,
+                         help="print fedstyle's version and exit")
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(f"fedstyle {_version()}")
+        parser.exit()
 
 
 def _plain_warning(message, category, filename, lineno, file=None, line=None) -> None:
