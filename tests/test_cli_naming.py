@@ -134,8 +134,10 @@ def test_only_variant_takes_methods_names_and_labels():
     from fedstyle.experiments.grid.spec import VariantSpec
 
     variants = [VariantSpec("fedavg", "fedavg", "FedAvg", {}, {}), VariantSpec("ccst-k1", "ccst", "CCST (K=1)", {}, {}),
-                VariantSpec("ccst-k3", "ccst", "CCST (K=3)", {}, {})]
-    assert resolve_variants(["ccst"], variants, "grid") == ["ccst-k1", "ccst-k3"]
+                VariantSpec("ccst-k3", "ccst", "CCST (K=3)", {}, {}), VariantSpec("fedbn", "fedbn", "FedBN", {}, {}),
+                VariantSpec("fedbn-mixstyle", "fedbn", "FedBN + MixStyle", {}, {})]
+    assert resolve_variants(["ccst"], variants, "grid") == ["ccst-k1", "ccst-k3"]  # every row of the method
+    assert resolve_variants(["fedbn"], variants, "grid") == ["fedbn"]  # its variant of that name
     assert resolve_variants(["CCST-K3", "FedAvg"], variants, "grid") == ["ccst-k3", "fedavg"]
     assert resolve_variants(["ccst (k=1)"], variants, "grid") == ["ccst-k1"]
     with pytest.raises(ConfigError, match="did you mean 'fedavg'"):

@@ -121,15 +121,17 @@ def row_resolver(labels: Sequence[str], row_methods: Mapping[str, Iterable[str]]
 
 
 def resolve_variants(names: Sequence[str], variants: Sequence[Any], where: str) -> list[str]:
-    """``--only variant=...`` of a sweep or preset: each name a method (all its variants), a variant name or
-    a row label of ``variants`` (VariantSpec objects), in that order; the variant names they stand for."""
+    """``--only variant=...`` of a sweep or preset: each name a method, a variant name or a row label of
+    ``variants`` (VariantSpec objects), in that order; the variant names they stand for. A method stands for
+    its variant of the same name when there is one (``fedbn``, not also ``fedbn-mixstyle``: as a claim's
+    method name stands for its plain row), else for all its variants."""
     out: list[str] = []
     for name in names:
         key = name.strip().lower()
-        by_method = [v.name for v in variants if v.method.lower() == key]
         by_name = [v.name for v in variants if v.name.lower() == key]
+        by_method = [v.name for v in variants if v.method.lower() == key]
         by_label = [v.name for v in variants if v.label.lower() == key]
-        found = by_method or by_name or by_label
+        found = (by_name if by_method and by_name else by_method) or by_name or by_label
         if not found:
             choices = [*(v.name for v in variants), *(v.label for v in variants)]
             raise ConfigError(f"--only variant={name}: no variant of {where} is that method, variant or row; "
