@@ -240,15 +240,18 @@ def test_fedstyle_run_seeds_the_noise_a_deployment_draws_it_from_the_os():
     assert deployment_noise(fedavg) is fedavg  # a method without the defence is left alone
 
 
-def test_a_site_outside_the_simulation_engine_is_a_deployment():
+def test_a_site_outside_the_simulation_engine_is_a_deployment(monkeypatch):
     pytest.importorskip("flwr")
     from types import SimpleNamespace
 
-    from fedstyle.runtimes.flower.node_config import in_simulation_engine
+    from fedstyle.runtimes.flower.node_config import SIMULATION_MARKER_ENV, SIMULATION_MARKER_VALUE, in_simulation_engine
 
     def node(**config):
         return SimpleNamespace(node_config=config)
 
+    monkeypatch.delenv(SIMULATION_MARKER_ENV, raising=False)
+    assert not in_simulation_engine(node(**{"partition-id": 0, "num-partitions": 3}))  # Flower's deployment guides
+    monkeypatch.setenv(SIMULATION_MARKER_ENV, SIMULATION_MARKER_VALUE)  # fedstyle's flower-sim workers
     assert in_simulation_engine(node(**{"partition-id": 0, "num-partitions": 3}))  # Flower's simulation engine
     assert not in_simulation_engine(node(**{"partition-id": 0, "state-dir": "/s"}))  # fedstyle deploy / site
     assert not in_simulation_engine(node(**{"partition-id": 0}))  # a hand-started SuperNode

@@ -167,7 +167,8 @@ def _run(grid, out: Path, args: argparse.Namespace) -> int:
     launcher = make_launcher(args)
     only = [(key, resolve_variants(values, grid.variants, grid.where) if key == "variant" else values)
             for key, values in _only(args.only)]
-    plan = plan_grid(grid, out, progress=not args.quiet, only=only)
+    # a dry run lists the runs even where the data is not there yet (marked), so a plan can be read before a download
+    plan = plan_grid(grid, out, progress=not args.quiet, only=only, without_data=args.dry_run)
     if args.dry_run:
         dry_run(plan)
         return 0
