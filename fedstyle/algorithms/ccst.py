@@ -49,6 +49,8 @@ REFERENCE = {
 @register_method
 class CCST(StyleBackendExchange):
     name = "ccst"
+    family = "style-sharing"
+    shares = "weights; once, each client's style statistics (a style bank)"
     label = "CCST"
     summary = ("cross-client style transfer: clients share styles, every image gets K styles of the bank "
                "(own domain = original; keep_original=always: original + K others), then FedAvg on the images")

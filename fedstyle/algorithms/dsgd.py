@@ -14,6 +14,8 @@ from fedstyle.algorithms.registry import register_method
 @register_method
 class DSGD(Algorithm):
     name = "dsgd"
+    family = "peer-to-peer"
+    shares = "weights, with graph neighbours only"
     label = "DSGD"
     summary = "decentralized SGD with Metropolis-Hastings mixing (peer-to-peer only)"
     paper = "Lian et al., Can decentralized algorithms outperform centralized algorithms?, NeurIPS 2017"

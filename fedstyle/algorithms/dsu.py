@@ -31,6 +31,8 @@ REFERENCE = {"style_stages": "stem,layer1,layer2,layer3,layer4"}
 @register_method
 class LocalDSU(Algorithm):
     name = "dsu"
+    family = "feature augmentation"
+    shares = "weights"
     label = "DSU"
     summary = "FedAvg with DSU style uncertainty inside each client (stages 1-3, p=0.5)"
     paper = "Li et al., Uncertainty modeling for out-of-distribution generalization, ICLR 2022"

@@ -90,6 +90,8 @@ MAX_GENERATOR_WEIGHTS = 2**28
 @register_method
 class FedADG(Algorithm):
     name = "fedadg"
+    family = "domain-invariance"
+    shares = "weights (feature extractor, classifier, generator)"
     label = "FedADG"
     summary = ("adversarial alignment of each client's features to a generated class-conditional reference "
                "distribution (generator averaged, discriminator local)")

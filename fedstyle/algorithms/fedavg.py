@@ -12,6 +12,8 @@ class FedAvg(Algorithm):
     """Plain federated averaging; the base class already implements it."""
 
     name = "fedavg"
+    family = "FL heterogeneity"
+    shares = "weights"
     label = "FedAvg"
     summary = "federated averaging of locally trained models (size-weighted)"
     paper = "McMahan et al., Communication-efficient learning of deep networks from decentralized data, AISTATS 2017"

@@ -14,6 +14,8 @@ from fedstyle.algorithms.registry import register_method
 @register_method
 class FedBN(Algorithm):
     name = "fedbn"
+    family = "FL heterogeneity"
+    shares = "weights except BatchNorm layers"
     label = "FedBN"
     summary = "FedAvg with client-local BatchNorm layers (evaluation model: averaged BatchNorm)"
     paper = "Li et al., FedBN: Federated learning on non-IID features via local batch normalization, ICLR 2021"

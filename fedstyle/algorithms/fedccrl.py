@@ -76,6 +76,8 @@ class FedCCRL(Algorithm):
     """Statistics pool, MixStyle towards it, AugMix, SupCon + JS alignment (docs/methods/fedccrl.md)."""
 
     name = "fedccrl"
+    family = "style-sharing"
+    shares = "weights; once, per-image input statistics"
     label = "FedCCRL"
     summary = ("clients share per-image input statistics; each restyles its images towards other clients' (MixStyle), "
                "perturbs them (AugMix) and aligns representations (SupCon) and predictions (JS) with the originals")

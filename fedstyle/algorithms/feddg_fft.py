@@ -65,6 +65,8 @@ class FedDGFFT(StyleExchange):
     """FedDG's amplitude exchange across clients without its episodic meta-learning (docs/methods/feddg_fft.md)."""
 
     name = "feddg_fft"
+    family = "style-sharing"
+    shares = "weights; once, images' amplitude spectra"
     label = "FedDG-FFT"
     summary = ("FedDG's amplitude exchange only (NO episodic meta-learning): clients share amplitude spectra, "
                "each image gets copies with low-frequency amplitude interpolated to another client's, then FedAvg")

@@ -93,6 +93,8 @@ class FedDGGA(Algorithm):
     """Generalization adjustment of the aggregation weights (docs/methods/feddg_ga.md)."""
 
     name = "feddg_ga"
+    family = "domain-invariance"
+    shares = "weights; each round, losses for the aggregation weights"
     label = "FedDG-GA"
     summary = ("FedAvg whose per-client aggregation weights move each round towards the clients with the larger "
                "generalization gap (global model's loss on local data minus the local model's), step decayed")

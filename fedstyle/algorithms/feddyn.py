@@ -67,6 +67,8 @@ class DynamicRegularizer:
 @register_method
 class FedDyn(Algorithm):
     name = "feddyn"
+    family = "FL heterogeneity"
+    shares = "weights"
     label = "FedDyn"
     summary = "federated learning with dynamic regularisation (client gradient correction + server state)"
     paper = "Acar et al., Federated learning based on dynamic regularization, ICLR 2021"

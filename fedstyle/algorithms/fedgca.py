@@ -56,6 +56,8 @@ def check_cam_support(model: nn.Module) -> None:
 @register_method
 class FedGCA(Algorithm):
     name = "fedgca"
+    family = "single-source"
+    shares = "weights"
     label = "FedGCA"
     summary = ("single-source FedDG: style-complement views, local/global prediction and CAM consistency, "
                "FedDyn's class-consistency regulariser")

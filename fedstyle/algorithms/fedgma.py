@@ -52,6 +52,8 @@ class FedGMA(Algorithm):
     """Gradient-masked averaging (docs/methods/fedgma.md)."""
 
     name = "fedgma"
+    family = "domain-invariance"
+    shares = "weights"
     label = "FedGMA"
     summary = "FedAvg whose averaged update is masked by the clients' sign agreement (soft mask, threshold tau)"
     paper = "Tenison et al., Gradient masked averaging for federated learning, TMLR 2023"

@@ -67,6 +67,8 @@ class FedIIR(Algorithm):
     """Inter-client alignment of the classifier's gradients (docs/methods/fediir.md)."""
 
     name = "fediir"
+    family = "domain-invariance"
+    shares = "weights; each round, classifier gradients"
     label = "FedIIR"
     summary = ("each client's classifier gradient is pulled towards the clients' mean (an EMA the server keeps "
                "from a query each round), so the classifier learns relationships that hold on every client")

@@ -187,6 +187,8 @@ class FedOMG(Algorithm):
     """FedAvg's clients with the ``omg`` server optimiser (docs/methods/fedomg.md)."""
 
     name = "fedomg"
+    family = "domain-invariance"
+    shares = "weights"
     label = "FedOMG"
     summary = ("FedAvg's clients; the server moves along the direction that maximises the least inner product with "
                "the clients' updates within a ball around their average (on-server gradient matching, no extra "

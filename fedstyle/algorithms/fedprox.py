@@ -16,6 +16,8 @@ from fedstyle.algorithms.registry import register_method
 @register_method
 class FedProx(Algorithm):
     name = "fedprox"
+    family = "FL heterogeneity"
+    shares = "weights"
     label = "FedProx"
     summary = "FedAvg with a proximal term pulling local weights to the downloaded model"
     paper = "Li et al., Federated optimization in heterogeneous networks, MLSys 2020"

@@ -44,6 +44,8 @@ def _running_stats(model: nn.Module) -> list[torch.Tensor]:
 @register_method
 class FedSAM(Algorithm):
     name = "fedsam"
+    family = "FL heterogeneity"
+    shares = "weights"
     label = "FedSAM"
     summary = "FedAvg with sharpness-aware local steps (two forward-backward passes per step)"
     paper = "Qu et al., Generalized federated learning via sharpness aware minimization, ICML 2022"

@@ -31,6 +31,8 @@ from fedstyle.models.necks import PREDICT_RULES, GaussianNeck
 @register_method
 class FedSR(Algorithm):
     name = "fedsr"
+    family = "domain-invariance"
+    shares = "weights"
     label = "FedSR"
     summary = "probabilistic representation z ~ N(mu, sigma^2) with L2 and conditional-mutual-information regularisers"
     paper = "Nguyen, Torr, Lim, FedSR: a simple and effective domain generalization method for federated learning, NeurIPS 2022"

@@ -94,6 +94,8 @@ class FPL(Algorithm):
     """FPL (docs/methods/fpl.md)."""
 
     name = "fpl"
+    family = "domain-invariance"
+    shares = "weights; each round, per-class prototypes"
     label = "FPL"
     summary = ("clients upload per-class prototypes; the server clusters each class's prototypes (FINCH) into "
                "cluster prototypes and averages them into unbiased ones; local loss CE + prototype contrastive "

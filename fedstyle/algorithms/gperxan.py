@@ -41,6 +41,8 @@ class GPerXAN(Algorithm):
     """Assembled BatchNorm + InstanceNorm, the BatchNorm branch personalised, guided by the global classifier."""
 
     name = "gperxan"
+    family = "domain-invariance"
+    shares = "weights except the BatchNorm branches"
     label = "gPerXAN"
     summary = ("every BatchNorm becomes a learned mix of BatchNorm and InstanceNorm; the InstanceNorm branch is "
                "averaged, the BatchNorm branch stays on its client; local features are also trained to suit the "

@@ -95,6 +95,8 @@ def shuffle_tiles(x: torch.Tensor, orders: torch.Tensor, index: torch.Tensor) ->
 @register_method
 class JiGen(Algorithm):
     name = "jigen"
+    family = "feature augmentation"
+    shares = "weights (with the jigsaw head)"
     label = "JiGen"
     summary = "FedAvg with a jigsaw-puzzle head beside the classifier on every client (self-supervised auxiliary task)"
     paper = "Carlucci, D'Innocente, Bucci, Caputo, Tommasi, Domain generalization by solving jigsaw puzzles, CVPR 2019"

@@ -29,6 +29,8 @@ from fedstyle.style.mixstyle import MixStyle
 @register_method
 class LocalMixStyle(Algorithm):
     name = "mixstyle"
+    family = "feature augmentation"
+    shares = "weights"
     label = "MixStyle"
     summary = "FedAvg with MixStyle inside each client (stages 1-3, p=0.5)"
     paper = "Zhou et al., Domain generalization with MixStyle, ICLR 2021"

@@ -67,6 +67,8 @@ class _FrozenCopy:
 @register_method
 class MOON(Algorithm):
     name = "moon"
+    family = "FL heterogeneity"
+    shares = "weights"
     label = "MOON"
     summary = "FedAvg with a model-contrastive loss: local representation towards the global, away from the previous local"
     paper = "Li, He, Song, Model-contrastive federated learning, CVPR 2021"

@@ -47,6 +47,8 @@ class PARDON(StyleBackendExchange):
     """PARDON (docs/methods/pardon.md)."""
 
     name = "pardon"
+    family = "style-sharing"
+    shares = "weights; once, clustered style statistics per client"
     label = "PARDON"
     summary = ("clients cluster their image styles (FINCH), the server takes the median of the clustered client "
                "styles as one interpolation style S_g; local training pairs each image with its transfer to S_g "

@@ -65,6 +65,8 @@ def muted_samples(before: torch.Tensor, after: torch.Tensor, share: float, margi
 @register_method
 class RSC(Algorithm):
     name = "rsc"
+    family = "feature augmentation"
+    shares = "weights"
     label = "RSC"
     summary = "FedAvg whose clients mute the representation's most predictive features (Representation Self-Challenging)"
     paper = "Huang, Wang, Xing, Huang, Self-challenging improves cross-domain generalization, ECCV 2020"

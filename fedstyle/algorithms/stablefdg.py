@@ -45,6 +45,8 @@ EXPLORE_REPEATS = ("once", "every_firing_stage")
 @register_method
 class StableFDG(Algorithm):
     name = "stablefdg"
+    family = "style-sharing"
+    shares = "weights; each round, feature style statistics"
     label = "StableFDG"
     summary = ("style sharing (per-round Phi exchange), k-means++ selective style shifting, class-balanced "
                "oversampling with style exploration, MixStyle, and the attention-based feature highlighter")

@@ -50,6 +50,8 @@ STEPS = ("shift", "explore", "mix")
 @register_method
 class StyleDDG(Algorithm):
     name = "styleddg"
+    family = "peer-to-peer"
+    shares = "weights and batch styles, with graph neighbours only"
     label = "StyleDDG"
     summary = ("decentralized SGD with neighbours' batch styles: StyleShift + StyleExplore + MixStyle "
                "(peer-to-peer only)")

@@ -9,7 +9,7 @@ import os
 import sys
 from pathlib import Path
 
-from fedstyle.cli.flags import add_run_flags, check_resume_flags, config_from_args, print_summary
+from fedstyle.cli.flags import add_run_flags, check_resume_flags, check_run_names, config_from_args, print_summary
 
 DEPLOY_DESCRIPTION = """\
 Run a star-topology method on a real Flower federation: a SuperLink (the coordinator) and one
@@ -211,6 +211,7 @@ def _new_run(args, settings):
     require_flower("fedstyle deploy")
     if not args.out:
         raise ConfigError("give --out DIR for the run directory (or --resume DIR to continue one)")
+    check_run_names(args)  # the naming scheme of `fedstyle run --method`, and its refusals
     # a style defence's noise from the OS CSPRNG: the coordinator knows the config and the seed
     config = deployment_noise(config_from_args(args))
     # the ServerApp and the sites run in other folders: paths in config.json must be absolute

@@ -4,20 +4,31 @@ from __future__ import annotations
 
 import argparse
 import sys
+import warnings
 from pathlib import Path
 
 from fedstyle.cli.flags import (
     add_run_flags,
     check_resume_flags,
+    check_run_names,
     config_from_args,
     fetch_pretrained_weights,
     print_summary,
     resume_settings,
     stop_on_sigterm,
 )
+from fedstyle.cli.parser import FedstyleParser
 from fedstyle.errors import FedstyleError
 
+RUN_USAGE = """fedstyle run --method NAME [--hp NAME=VALUE ...] [RUN SETTINGS ...] --out DIR
+       fedstyle run --config FILE.toml [RUN SETTINGS ...] --out DIR
+       fedstyle run --resume DIR [--restart] [--quiet]"""
+
 RUN_EXAMPLES = """\
+Train one federated configuration; writes config.json, partition.json, metrics.jsonl, a checkpoint,
+summary.json and finally `done` into --out. --method takes a method name (`fedstyle methods`, any case),
+a preset's variant name or a row label (`fedstyle reproduce --list PAPER`).
+
 examples:
   # leave MNIST out; 6 single-domain clients, half of them each round
   fedstyle run --method fedavg --dataset digits4 --target mnist --partition per_domain \\
@@ -32,6 +43,8 @@ examples:
   fedstyle run --config exp.toml --seed 1 --out runs/s1
   # continue an interrupted run (Ctrl-C or killed) from its last checkpoint
   fedstyle run --resume runs/x
+  # a preset's row by its variant name: CCST with overall styles, K = 3
+  fedstyle run --method ccst-overall-k3 --target syn --out runs/ccst
 """
 
 MAIN_EPILOG = """\
@@ -40,7 +53,7 @@ a 5-minute tour:
   fedstyle data list                  datasets (built-in and folder benchmarks)
   fedstyle data show digits4          PNG grid: a row per domain, a column per class
   fedstyle data download pacs --data-root data   PACS, VLCS, Office-Home, DomainNet ... fetched and verified
-  fedstyle methods                    every method with its hyperparameters and defaults
+  fedstyle methods                    every method, one line each; `fedstyle methods NAME` its hyperparameters
   fedstyle run --help                 train one configuration into a run directory
   fedstyle report runs/*              the papers' table (mean ± std over seeds) + CSV + plot
   fedstyle sweep --help               a grid of runs from one TOML file, on this machine or a Ray cluster
@@ -53,6 +66,9 @@ a 5-minute tour:
 
 def _cmd_run(args: argparse.Namespace) -> int:
     from fedstyle.errors import ConfigError
+
+    if not args.resume:
+        check_run_names(args)  # names and options refused here, before torch is imported
     from fedstyle.experiments.runner import resume_experiment, run_experiment
 
     stop_on_sigterm()
@@ -75,13 +91,33 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
-    from fedstyle.experiments.report import to_text, write_report
-    from fedstyle.experiments.verdict import judge_labelled_claims
+    from fedstyle.cli.names import row_resolver
+    from fedstyle.experiments.report import collect, plan_rows, results_table, to_text, write_report
+    from fedstyle.experiments.verdict import claim_rows, judge_labelled_claims, parse_ordering
 
-    table, paths = write_report([Path(p) for p in args.runs], Path(args.out), which=args.which)
+    for claim in args.claim:  # a malformed claim is refused before any run is read
+        parse_ordering(claim)
+    runs = [Path(p) for p in args.runs]
+    resolve = None
+    if args.claim:  # every claim checked before anything is written
+        records = collect(runs)
+        table = results_table(records, args.which)
+        row_of = plan_rows([r for r in records if r.dataset == table.dataset]).row_of
+        row_methods: dict[str, set[str]] = {}
+        for record in records:
+            if record.path in row_of:
+                row_methods.setdefault(row_of[record.path], set()).add(record.summary.get("method", ""))
+        resolve = row_resolver([row.label for row in table.rows], row_methods)
+        claim_rows(table, args.claim, resolve)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        table, paths = write_report(runs, Path(args.out), which=args.which)
+    for message in dict.fromkeys(str(w.message) for w in caught):
+        if message != table.warning:  # that one is printed under the table
+            _plain_warning(message, UserWarning, "", 0)
     print(to_text(table))
     if args.claim:
-        lines = judge_labelled_claims(table, args.claim, Path(args.out) / "claims.json")
+        lines = judge_labelled_claims(table, args.claim, Path(args.out) / "claims.json", resolve)
         print("\n".join(lines))
         paths["claims"] = Path(args.out) / "claims.json"
     for p in paths.values():
@@ -98,26 +134,17 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _cmd_methods(args: argparse.Namespace) -> int:
-    from fedstyle.algorithms import METHODS
+    from fedstyle.cli.listing import method_detail, method_lines
 
-    for name, cls in METHODS.items():
-        print(f"{name}  ({cls.label}; topologies: {', '.join(cls.topologies)})")
-        print(f"    {cls.summary}")
-        if cls.paper:
-            print(f"    paper: {cls.paper}")
-        reason = cls.batching_support(cls.resolve({}))  # --client-batching, with the default hyperparameters
-        print(f"    client batching: {'yes' if reason is None else f'no ({reason})'}")
-        for h in cls.declared_hparams():
-            print(f"    --hp {h.describe()}")
-        print()
+    print("\n".join(method_detail(args.name) if args.name else method_lines()))
     return 0
 
 
 def _cmd_data_list(args: argparse.Namespace) -> int:
-    from fedstyle.data import DATASETS
+    from fedstyle.cli import catalog
 
-    for name, entry in DATASETS.items():
-        print(f"{name:12s} {getattr(entry, 'description', '')}")
+    for name, entry in sorted(catalog.load()["datasets"].items()):
+        print(f"{name:12s} {entry['description']}")
     print(f"{'hf:OWNER/NAME':12s} a Hugging Face image dataset with a domain column, from its cache (e.g. "
           "hf:flwrlabs/pacs; pip install 'fedstyle[hf]')")
     return 0
@@ -155,19 +182,18 @@ def _cmd_data_show(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = FedstyleParser(
         prog="fedstyle",
         description="Federated domain generalization: train one classifier across clients whose images come "
         "from different visual domains, and test it on a domain no client has.",
         epilog=MAIN_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    parser.add_argument("--version", action=_VersionAction)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
-    run = sub.add_parser("run", help="train one configuration into a run directory",
-                         description="Train one federated configuration; writes config.json, partition.json, "
-                         "metrics.jsonl, a checkpoint, summary.json and finally `done` into --out.",
-                         epilog=RUN_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    run = sub.add_parser("run", help="train one configuration into a run directory", usage=RUN_USAGE,
+                         description=RUN_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_run_flags(run, resume_help="continue the interrupted run in DIR (its config.json is used)")
     run.add_argument("--download", action="store_true", help="with --pretrained: fetch torchvision's ResNet file "
                      "from its official URL into the torch hub cache (its hash checked) when it is not there")
@@ -182,8 +208,10 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--which", choices=("selected", "last"), default="selected",
                         help="accuracy of the selected model or of the last round (default: selected)")
     report.add_argument("--claim", action="append", default=[], metavar="'A > B'",
-                        help="judge a claim between two rows, named as the table names them (e.g. 'PARDON > FPL', "
-                        "or a chain 'A > B > C'), by fedstyle's rule: paired seeds per held-out target, the 95 %% "
+                        help="judge a claim between two rows, each named by its method, a preset's variant name or its "
+                        "label in the table, in that order (e.g. 'pardon > fpl', or a chain 'A > B > C'); checked "
+                        "before anything is written; a row within 10 points of chance on source validation is not "
+                        "judged. By fedstyle's rule: paired seeds per held-out target, the 95 %% "
                         "interval of the mean difference (holds / fails / within noise); repeatable; writes claims.json")
     report.set_defaults(func=_cmd_report)
 
@@ -200,7 +228,11 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--quiet", action="store_true", help="no progress bars")
     demo.set_defaults(func=_cmd_demo)
 
-    methods = sub.add_parser("methods", help="list every method with its hyperparameters and defaults")
+    methods = sub.add_parser("methods", help="every method, one line each; with NAME its hyperparameters",
+                             description="Every method: name, family, paper and what it shares besides nothing "
+                             "private. `fedstyle methods NAME` (a method, a preset's variant or a row label): its "
+                             "summary, hyperparameters (--hp NAME=VALUE) and defaults.")
+    methods.add_argument("name", nargs="?", metavar="NAME", help="a method (any case), a preset's variant or a row label")
     methods.set_defaults(func=_cmd_methods)
 
     cache = sub.add_parser("cache", help="what the cache holds (datasets, stylized copies), or clear parts of it",
@@ -258,15 +290,38 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("fedstyle")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
+
+
+class _VersionAction(argparse.Action):
+    """--version: the installed package's version, looked up only when asked (importlib.metadata is slow)."""
+
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, help=None):
+        super().__init__(option_strings, dest=dest, default=default, nargs=0,
+                         help="print fedstyle's version and exit")
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(f"fedstyle {_version()}")
+        parser.exit()
+
+
+def _plain_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """A warning reaches the user as one line, without the source path and line Python would print."""
+    text = " ".join(str(message).split())
+    print(f"fedstyle: warning: {text}", file=file or sys.stderr)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     argv = sys.argv[1:] if argv is None else list(argv)
-    args, extra = parser.parse_known_args(argv)
-    if extra:
-        hint = ""
-        if "--hp" in argv:
-            hint = "; --hp takes one NAME=VALUE word (e.g. --hp mu=0.1), repeated for each hyperparameter"
-        parser.error(f"unrecognized arguments: {' '.join(extra)}{hint}")
+    args = parser.parse_args(argv)
+    warnings.showwarning = _plain_warning
     try:
         return args.func(args)
     except FedstyleError as err:

@@ -28,6 +28,9 @@ class DatasetEntry:
     needs_data_root: bool = False
     #: whether the loader reads official split lists (it then takes ``official_splits``)
     has_official_splits: bool = False
+    #: the domain names when they are known before loading (None: read from the data); the CLI checks
+    #: --target against them without loading anything
+    domains: tuple[str, ...] | None = None
 
     def load(
         self,
@@ -75,6 +78,7 @@ DATASETS.add(
         "digits4",
         "MNIST / MNIST-M / optdigits / synthetic font digits, 32 x 32, 10 classes (built offline)",
         _lazy_loader("fedstyle.data.digits4", "load_digits4"),
+        domains=("mnist", "mnistm", "optdigits", "syn"),  # fedstyle.data.digits4.DOMAINS (a test keeps them equal)
     ),
 )
 DATASETS.add(
@@ -84,11 +88,12 @@ DATASETS.add(
         "Fashion-MNIST rendered as photo / art / cartoon / sketch, 32 x 32, 10 classes "
         "(needs the Fashion-MNIST idx files: apt install dataset-fashion-mnist or --data-root)",
         _lazy_loader("fedstyle.data.fashion4", "load_fashion4"),
+        domains=("photo", "art", "cartoon", "sketch"),  # fedstyle.data.fashion4.DOMAINS (a test keeps them equal)
     ),
 )
 for _name, _benchmark in BENCHMARKS.items():
     DATASETS.add(_name, DatasetEntry(_name, _benchmark.description, _folder_loader(_benchmark), needs_data_root=True,
-                                     has_official_splits=True))
+                                     has_official_splits=True, domains=_benchmark.domains))
 DATASETS.add(
     "camelyon17",
     DatasetEntry(

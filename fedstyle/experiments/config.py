@@ -32,6 +32,27 @@ TOPOLOGIES = ("star", "complete", "ring", "rgg", "erdos_renyi")
 #: where a run is also logged (--tracker and its locations): never what it computes, so resume may
 #: change them, grids reuse runs whatever they were, and reports do not count them as settings
 TRACKER_SETTINGS = ("trackers", "mlflow_uri", "tensorboard_dir")
+#: settings read only under another setting's value: setting -> (the deciding setting, the values it is read at)
+APPLIES_WHEN: dict[str, tuple[str, tuple[str, ...]]] = {
+    "radius": ("topology", ("rgg",)),
+    "edge_prob": ("topology", ("erdos_renyi",)),
+    "fraction": ("topology", ("star",)),
+    "clients_per_round": ("topology", ("star",)),
+    "lam": ("partition", ("lambda",)),
+    "alpha": ("partition", ("dirichlet", "label_dirichlet")),
+    "min_client_size": ("partition", ("dirichlet", "label_dirichlet")),
+    "val_domain": ("protocol", ("ltdo",)),
+    "source": ("protocol", ("single_source",)),
+    "momentum": ("optimizer", ("sgd",)),
+    "batchnorm_fix_round": ("batchnorm", ("train",)),
+}
+
+
+def inactive_settings(values: Mapping[str, Any]) -> set[str]:
+    """The settings of a run config (``config.json``'s mapping) that its other settings leave unread
+    (:data:`APPLIES_WHEN`): a report lists only the settings that shape its rows (no ``radius`` for a star run)."""
+    return {name for name, (decider, at) in APPLIES_WHEN.items()
+            if name in values and decider in values and values[decider] not in at}
 
 
 def _opt(default: Any, help: str, *, flag: str | None = None, choices: tuple | None = None, repeat: bool = False, **kw):

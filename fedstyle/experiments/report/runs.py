@@ -16,7 +16,7 @@ from typing import Iterable, Sequence
 
 from fedstyle.environment import describe, differences
 from fedstyle.errors import ConfigError, DataError
-from fedstyle.experiments.config import TRACKER_SETTINGS
+from fedstyle.experiments.config import TRACKER_SETTINGS, inactive_settings
 
 WHICH = {"selected": "model chosen by the run's selection rule", "last": "last round"}
 #: config keys that do not make two runs' results different settings (where and how a run ran, its
@@ -54,9 +54,12 @@ class RunRecord:
         return self.summary.get("label") or self.summary["method"]
 
     def settings(self) -> dict[str, object]:
-        """The run's comparable settings: config.json without where and how it ran, the method's
+        """The run's comparable settings: config.json without where and how it ran and without the settings its
+        other settings leave unread (:func:`~fedstyle.experiments.config.inactive_settings`), the method's
         hyperparameters as ``hp.NAME``."""
-        out = {k: _plain(v) for k, v in self.config.items() if k not in NOT_SETTINGS and k != "hparams"}
+        unread = inactive_settings(self.config)
+        out = {k: _plain(v) for k, v in self.config.items()
+               if k not in NOT_SETTINGS and k != "hparams" and k not in unread}
         out.update({f"hp.{k}": _plain(v) for k, v in (self.config.get("hparams") or {}).items()})
         return out
 
@@ -106,7 +109,7 @@ def _read_json(path: Path) -> dict:
     return value
 
 
-def _read_metrics(path: Path, complete: bool) -> list[dict]:
+def read_metrics(path: Path, complete: bool) -> list[dict]:
     if not path.is_file():
         return []
     try:
@@ -159,7 +162,7 @@ def load_run(run_dir: Path) -> RunRecord:
     config_path = run_dir / "config.json"
     config = _read_json(config_path) if config_path.exists() else {}
     complete = (run_dir / "done").exists()
-    metrics = _read_metrics(run_dir / "metrics.jsonl", complete)
+    metrics = read_metrics(run_dir / "metrics.jsonl", complete)
     return RunRecord(path=run_dir, config=config, summary=summary, metrics=metrics, complete=complete)
 
 
