@@ -20,6 +20,7 @@ from pathlib import Path
 import torch.hub
 
 from fedstyle.errors import ConfigError
+from fedstyle.io import not_a_readable_file
 from fedstyle.models.resnet import RESNET18_URL, RESNET50_URL
 
 #: backbone -> (torchvision's file name, its official URL: the IMAGENET1K_V1 weights)
@@ -60,9 +61,11 @@ def cached_torchvision_weights(backbone: str) -> Path:
     a ConfigError with the command that fetches it when it is not there."""
     filename, url = TORCHVISION_FILES[backbone]
     path = hub_checkpoints_dir() / filename
-    if not path.is_file():
+    problem = not_a_readable_file(path)
+    if problem:
+        where = "is not there" if problem == "does not exist" else problem
         raise ConfigError(f"--pretrained {backbone} loads torchvision's {filename} from the torch hub cache, and "
-                          f"{path} is not there; fetch it with `{fetch_command(filename, url)}` (or give "
+                          f"{path} {where}; fetch it with `{fetch_command(filename, url)}` (or give "
                           "--weights FILE; TORCH_HOME moves the cache)")
     check_hash_prefix(path, url)
     return path
