@@ -268,3 +268,87 @@ def test_resume_of_a_relative_certs_folder_from_elsewhere_names_the_folder_not_a
     with pytest.raises(ConfigError, match="resume from that folder, or give --certs DIR") as err:
         _resume_settings(SimpleNamespace(), deployment_dir)
     assert "deploy certs" not in str(err.value)
+
+
+# -- issue 55 item 9: an expired certificate is named, and no message names a log that was removed ------
+def expire_server_certificate(certs: Path, days_ago: int = 2) -> str:
+    """Sign a new server.crt for server.key with the folder's CA, valid until ``days_ago`` days ago; the
+    expiry date as the refusal writes it."""
+    import datetime as dt
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+
+    ca_key = serialization.load_pem_private_key((certs / "ca.key").read_bytes(), password=None)
+    ca_cert = x509.load_pem_x509_certificate((certs / "ca.crt").read_bytes())
+    old = x509.load_pem_x509_certificate((certs / "server.crt").read_bytes())
+    now = dt.datetime.now(dt.timezone.utc)
+    expired = now - dt.timedelta(days=days_ago)
+    builder = (x509.CertificateBuilder().subject_name(old.subject).issuer_name(ca_cert.subject)
+               .public_key(old.public_key()).serial_number(x509.random_serial_number())
+               .not_valid_before(now - dt.timedelta(days=400)).not_valid_after(expired))
+    for extension in old.extensions:
+        builder = builder.add_extension(extension.value, extension.critical)
+    (certs / "server.crt").write_bytes(builder.sign(ca_key, hashes.SHA256()).public_bytes(serialization.Encoding.PEM))
+    return f"{expired:%Y-%m-%d %H:%M} UTC"
+
+
+@pytest.fixture
+def no_federation(monkeypatch):
+    """Fail at once should a federation start (the refusals below must come before it)."""
+    pytest.importorskip("flwr", reason="fedstyle deploy needs fedstyle[flower]")
+    from fedstyle.runtimes.flower import deployment
+
+    def refuse(self, timeout=120.0):
+        raise AssertionError("the federation started on an expired certificate")
+
+    monkeypatch.setattr(deployment.Federation, "start_superlink", refuse)
+
+
+def test_an_expired_server_certificate_is_named_with_its_date_before_anything_starts(tiny_root, tmp_path, capsys,
+                                                                                     no_federation):
+    # the TLS handshake refuses it only as the sites connect: the deployment waited out --wait-timeout, then named
+    # serverapp.log, which it removed with the run directory, and never the certificate
+    from fedstyle.runtimes.flower.certs import make_certificates
+
+    certs = tmp_path / "certs"
+    make_certificates(certs, sites=2)
+    expiry = expire_server_certificate(certs)
+    out = tmp_path / "dep"
+    assert main(deploy_argv(out, tiny_root, "--certs", str(certs))) == 2
+    err = capsys.readouterr().err.strip()
+    assert f"{certs / 'server.crt'} expired on {expiry}" in err and "\n" not in err
+    assert "fedstyle deploy certs --out" in err and ".log" not in err
+    assert not out.exists()
+
+
+def test_a_resume_on_expired_certificates_names_them_and_the_command_that_continues(deployment_dir, tmp_path,
+                                                                                     capsys, no_federation):
+    from fedstyle.runtimes.flower.certs import make_certificates
+
+    certs = tmp_path / "certs"
+    make_certificates(certs, sites=2)
+    (deployment_dir / "flower" / "deploy.json").write_text(json.dumps({"sites": 2, "certs": str(certs)}))
+    expiry = expire_server_certificate(certs)  # it expired while the deployment was stopped
+    assert main(["deploy", "--resume", str(deployment_dir)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert f"{certs / 'server.crt'} expired on {expiry}" in err and "\n" not in err
+    assert f"fedstyle deploy --resume {deployment_dir} --certs " in err
+    assert not (deployment_dir / "metrics.jsonl").exists()
+
+
+def test_a_failed_start_quotes_its_log_instead_of_naming_the_removed_file(tiny_root, tmp_path, capsys, monkeypatch):
+    pytest.importorskip("flwr", reason="fedstyle deploy needs fedstyle[flower]")
+    from fedstyle.runtimes.flower import deployment
+
+    def superlink_fails(self, timeout=120.0):
+        log = self.flower_dir / "superlink.log"
+        log.write_text("starting\nssl: the key does not match\n")
+        raise DeployError("the SuperLink exited (code 1)", log)
+
+    monkeypatch.setattr(deployment.Federation, "start_superlink", superlink_fails)
+    out = tmp_path / "dep"
+    assert main(deploy_argv(out, tiny_root, "--insecure")) == 2
+    err = capsys.readouterr().err
+    assert "ssl: the key does not match" in err and "superlink.log (removed with the rest)" in err
+    assert str(out / "flower") not in err and not out.exists()

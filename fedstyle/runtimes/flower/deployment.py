@@ -51,7 +51,6 @@ from fedstyle.runtimes.flower.processes import (
     check_port_free,
     check_stopped,
     free_port,
-    tail,
     wait_for_port,
 )
 from fedstyle.runtimes.flower.warm_site import site_command
@@ -134,7 +133,8 @@ class DeploySettings:
     round_timeout: float = 1800.0
     site_data_roots: list[str] = field(default_factory=list)
 
-    def validate(self) -> None:
+    def validate(self, resume: Path | None = None) -> None:
+        """Refuse (one line) settings that cannot start; ``resume``: the run directory being resumed."""
         if self.sites < 1:
             raise ConfigError("--sites must be at least 1")
         if not 1 <= self.min_sites <= self.sites:
@@ -153,7 +153,7 @@ class DeploySettings:
             if missing:
                 raise ConfigError(f"--certs {self.certs} lacks {', '.join(missing)}; make them with "
                                   f"`fedstyle deploy certs --out {self.certs} --sites {self.sites}`")
-            check_certificates(self.certs)
+            check_certificates(self.certs, resume)
         if self.node_auth:
             from fedstyle.runtimes.flower.certs import site_key_paths
 
@@ -357,8 +357,8 @@ class Federation(Supervisor):
                 if finished:
                     break
                 if "superlink" in self.procs and self.procs["superlink"].poll() is not None:
-                    raise DeployError(f"the SuperLink exited (code {self.procs['superlink'].returncode}); "
-                                      f"see {self.flower_dir / 'superlink.log'}:\n{tail(self.flower_dir / 'superlink.log')}")
+                    raise DeployError(f"the SuperLink exited (code {self.procs['superlink'].returncode})",
+                                      self.flower_dir / "superlink.log")
                 time.sleep(0.2)
         finally:
             if bar is not None:
@@ -366,8 +366,7 @@ class Federation(Supervisor):
         if submitted.poll() is not None:
             self.procs.pop("serverapp", None)  # ended by itself; otherwise stop_all stops it with the sites
         if not (self.run_dir / DONE).exists():  # what to do next is the caller's to say (fedstyle deploy: resume)
-            raise DeployError(f"the run did not finish; see {self.flower_dir / 'serverapp.log'}:\n"
-                              f"{tail(self.flower_dir / 'serverapp.log', 30)}")
+            raise DeployError("the run did not finish", self.flower_dir / "serverapp.log", lines=30)
 
 
 def sites_joined(flower_dir: Path, sites: int) -> tuple[int, int] | None:

@@ -64,21 +64,34 @@ _DIE_WITH_PARENT = (
 
 
 class DeployError(FedstyleError):
-    """A Flower process failed to start or the run failed."""
+    """A Flower process failed to start or the run failed; ``log``: the log that tells more, whose last
+    ``lines`` lines are kept from the moment of the error (the log itself may be removed with a run
+    directory that failed before its first checkpoint: :meth:`without_log` then says so)."""
+
+    def __init__(self, message: str, log: Path | None = None, lines: int = 20):
+        self.message, self.log = message, log
+        self.log_tail = tail(log, lines) if log is not None else ""
+        super().__init__(f"{message}; see {log}" + (f":\n{self.log_tail}" if self.log_tail else "")
+                         if log is not None else message)
+
+    def without_log(self) -> str:
+        """The error for when its log has been removed: the log's end quoted, its path not named."""
+        if self.log is None or not self.log_tail:
+            return self.message
+        return f"{self.message}; the end of {self.log.name} (removed with the rest):\n{self.log_tail}"
 
 
 def wait_for_port(host: str, port: int, timeout: float, proc: subprocess.Popen | None = None, log: Path | None = None) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc is not None and proc.poll() is not None:
-            raise DeployError(f"process exited with code {proc.returncode} before listening on {host}:{port}"
-                              + (f"; see {log}:\n{tail(log)}" if log else ""))
+            raise DeployError(f"process exited with code {proc.returncode} before listening on {host}:{port}", log)
         try:
             with socket.create_connection((host, port), timeout=1.0):
                 return
         except OSError:
             time.sleep(0.2)
-    raise DeployError(f"nothing listens on {host}:{port} after {timeout:.0f} s" + (f"; see {log}" if log else ""))
+    raise DeployError(f"nothing listens on {host}:{port} after {timeout:.0f} s", log)
 
 
 def free_port(host: str = "127.0.0.1") -> int:
