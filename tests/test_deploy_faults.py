@@ -352,3 +352,36 @@ def test_a_failed_start_quotes_its_log_instead_of_naming_the_removed_file(tiny_r
     err = capsys.readouterr().err
     assert "ssl: the key does not match" in err and "superlink.log (removed with the rest)" in err
     assert str(out / "flower") not in err and not out.exists()
+
+
+#: a live deployment's owner: a Supervisor for the run directory's flower/ with one site process; argv: flower/
+LIVE_OWNER = """
+import os, sys, time
+from pathlib import Path
+from fedstyle.runtimes.flower.processes import Supervisor
+with Supervisor(Path(sys.argv[1])) as supervisor:
+    supervisor.launch("site-0", [sys.executable, "-c", "import time; time.sleep(120)"], dict(os.environ))
+    print(supervisor.marker, flush=True)
+    time.sleep(120)
+"""
+
+
+def test_a_resume_beside_a_live_deployment_names_it_as_running(deployment_dir, capsys):
+    # not "processes OWNER SITE... of its earlier deployment are still running; kill ...": the deploy is no orphan
+    out = deployment_dir
+    owner = subprocess.Popen([sys.executable, "-c", LIVE_OWNER, str(out / "flower")], stdout=subprocess.PIPE, text=True)
+    marker = owner.stdout.readline().strip()
+    try:
+        wait_for(lambda: len(marked_processes(marker)) == 1, 20, "the site")
+        (site,) = marked_processes(marker)
+        assert main(["deploy", "--resume", str(out)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert f"a deployment is running (pid {owner.pid})" in err and "\n" not in err
+        assert str(site) not in err.replace(str(out), "")
+        owner.terminate()  # what the refusal says to do: the deploy stops its processes itself
+        owner.wait(timeout=60)
+        assert marked_processes(marker) == []
+    finally:
+        owner.kill()
+        owner.wait()
+        kill_all(marked_processes(marker))

@@ -225,9 +225,28 @@ def die_with_owner() -> None:
     threading.Thread(target=watch, name="fedstyle-owner-watch", daemon=True).start()
 
 
+def ancestors(pid: int) -> list[int]:
+    """The parent of ``pid``, its parent, and so on up to init (Linux /proc; empty elsewhere)."""
+    found: list[int] = []
+    while pid > 1:
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+            pid = int(stat[stat.rindex(")") + 2 :].split()[1])
+        except (OSError, ValueError, IndexError):
+            break
+        if pid <= 0 or pid in found:
+            break
+        found.append(pid)
+    return found
+
+
 def check_stopped(log_dir: Path) -> None:
     """Refuse (one line) while a process of the last Supervisor that used ``log_dir`` is alive, its owner
-    included: a second federation must never run beside the orphans of a killed one."""
+    included: a second federation must never run beside the orphans of a killed one.
+
+    A live owner is a deployment running (``fedstyle deploy``): named as such, with the one pid to stop
+    (it stops its federation itself), not as orphans. This process and its ancestors never count: a
+    command started from inside the federation's environment (its marker inherited) is not its orphan."""
     try:
         record = json.loads((Path(log_dir) / RECORD).read_text())
         marker, owner, host = str(record["marker"]), str(record["owner"]), record.get("host")
@@ -235,9 +254,12 @@ def check_stopped(log_dir: Path) -> None:
         return  # no Supervisor ran here (or its record is unreadable: nothing to look for)
     if host not in (None, socket.gethostname()):
         return  # its processes ran on another machine, out of this one's sight
-    live = set(marked_processes(marker))
-    if _is_process(owner) and owner != f"{os.getpid()}:{start_time(os.getpid())}":  # not this process's own
-        live.add(int(owner.split(":")[0]))
+    ourselves = {os.getpid(), *ancestors(os.getpid())}
+    live = set(marked_processes(marker)) - ourselves
+    owner_pid = int(owner.split(":")[0]) if owner.split(":")[0].isdigit() else 0
+    if _is_process(owner) and owner_pid not in ourselves:
+        raise DeployError(f"{Path(log_dir).parent}: a deployment is running (pid {owner_pid}); wait for it to end, "
+                          f"or stop it with `kill {owner_pid}` (it stops its own Flower processes), then start it again")
     if live:
         pids = " ".join(map(str, sorted(live)))
         raise DeployError(f"{Path(log_dir).parent}: processes {pids} of its earlier deployment are still running; "
