@@ -385,3 +385,67 @@ def test_a_resume_beside_a_live_deployment_names_it_as_running(deployment_dir, c
         owner.kill()
         owner.wait()
         kill_all(marked_processes(marker))
+
+
+# -- issue 55 item 11: a killed ServerApp is noticed at once, and no <defunct> one is left -------------
+#: a SuperLink stand-in: its SuperExec, in a session of its own, starts the ServerApp and never waits for it
+#: (Flower's SubprocessExecutor drops its Popen); argv: the ServerApp program, a file for the ServerApp's pid
+FAKE_SUPERLINK = """
+import subprocess, sys, time
+superexec = ("import subprocess, sys, time\\n"
+             "server = subprocess.Popen([sys.argv[1]])\\n"
+             "open(sys.argv[2], 'w').write(str(server.pid))\\n"
+             "time.sleep(120)\\n")
+subprocess.Popen([sys.executable, "-c", superexec, *sys.argv[1:]], start_new_session=True)
+time.sleep(120)
+"""
+
+
+def fake_serverapp(folder: Path, code: str) -> Path:
+    """An executable named flwr-serverapp running ``code``."""
+    folder.mkdir()
+    program = folder / "flwr-serverapp"
+    program.write_text(f"#!{sys.executable}\n{code}\n")
+    program.chmod(0o755)
+    return program
+
+
+def start_fake_federation(federation, tmp_path, serverapp_code: str, flwr_run_seconds: float):
+    """The fake SuperLink and `flwr run --stream` (a process that ends after ``flwr_run_seconds``, as the real one
+    once the SuperLink has declared the run over); (that process, the ServerApp's pid)."""
+    program = fake_serverapp(tmp_path / "bin", serverapp_code)
+    pid_file = tmp_path / "serverapp.pid"
+    federation.launch("superlink", [sys.executable, "-c", FAKE_SUPERLINK, str(program), str(pid_file)], federation.env())
+    submitted = federation.launch("serverapp", [sys.executable, "-c", f"import time; time.sleep({flwr_run_seconds})"],
+                                  federation.env())
+    wait_for(lambda: pid_file.exists() and pid_file.read_text().strip(), 30, "the ServerApp to start")
+    return submitted, int(pid_file.read_text())
+
+
+def test_a_killed_serverapp_is_noticed_within_seconds(deployment_dir, tmp_path):
+    # Flower's SuperLink declares the run over only after two missed heartbeats (51 s measured); `fedstyle deploy`
+    # waited for that, then said "the run did not finish"
+    from fedstyle.runtimes.flower.deployment import DeploySettings, Federation
+
+    with Federation(deployment_dir, DeploySettings(sites=2, insecure=True), quiet=True) as federation:
+        submitted, server = start_fake_federation(federation, tmp_path, "import time; time.sleep(120)", 30)
+        time.sleep(1.5)  # the deployment watches the ServerApp from its first look on
+        os.kill(server, signal.SIGKILL)
+        killed = time.monotonic()
+        with pytest.raises(DeployError, match=f"the ServerApp \\(pid {server}\\) ended before the run finished"):
+            federation.wait(submitted, rounds=1)
+        noticed = time.monotonic() - killed
+    print(f"a SIGKILLed ServerApp noticed after {noticed:.2f} s")
+    assert noticed < 5
+
+
+def test_no_defunct_serverapp_is_left_when_the_federation_returns(deployment_dir, tmp_path):
+    # the ServerApp ended, unreaped by its SuperExec; once the SuperExec is stopped it was init's to reap, which
+    # took up to 2 s here (`[flwr-serverapp] <defunct>` in ps after deploy returned)
+    from fedstyle.runtimes.flower.deployment import DeploySettings, Federation
+
+    with Federation(deployment_dir, DeploySettings(sites=2, insecure=True), quiet=True) as federation:
+        _, server = start_fake_federation(federation, tmp_path, "pass", 120)
+        wait_for(lambda: Path(f"/proc/{server}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z", 30,
+                 "the ServerApp to end")
+    assert not Path(f"/proc/{server}").exists()  # reaped, not <defunct>

@@ -50,7 +50,9 @@ from fedstyle.runtimes.flower.processes import (
     Supervisor,
     check_port_free,
     check_stopped,
+    find_program,
     free_port,
+    is_process,
     wait_for_port,
 )
 from fedstyle.runtimes.flower.warm_site import site_command
@@ -86,6 +88,12 @@ round-timeout = 1800.0
 """
 
 
+#: the ServerApp's program (Flower's SuperExec starts it for the run)
+SERVERAPP_PROGRAM = "flwr-serverapp"
+#: seconds `flwr run --stream` gets, once the ServerApp has ended without finishing the run, to end by
+#: itself with the ServerApp's last log lines (a ServerApp that raised reports it, and the stream ends
+#: within about LOG_STREAM_INTERVAL, 1 s); a killed one never reports
+SERVERAPP_GRACE = 2.0
 #: Flower's SuperExec task polling interval (its default is 1 s per ServerApp / ClientApp process start)
 POLL_ENV = "FLWR_SUPEREXEC_TASK_POLL_INTERVAL"
 SUPEREXEC_POLL_INTERVAL = 0.25
@@ -331,8 +339,15 @@ class Federation(Supervisor):
 
             bar = tqdm(total=rounds, desc=f"deploy {self.settings.sites} sites", unit="round", file=sys.stderr)
         shown, seen_events = 0, 0
+        server, next_look, server_gone = None, 0.0, None
         try:
             while True:
+                # the ServerApp process (Flower's SuperExec starts it, not us): found once, then watched, since
+                # the SuperLink notices a killed one only after two missed heartbeats (51 s measured)
+                if server is None and time.monotonic() >= next_look:
+                    server, next_look = find_program(self.marker, SERVERAPP_PROGRAM), time.monotonic() + 1.0
+                if server is not None and server_gone is None and not is_process(server):
+                    server_gone = time.monotonic()
                 # `done` is the run directory's last write: the run is complete even while Flower is still
                 # winding down (`flwr run --stream` notices the end of the run a few seconds later)
                 finished = submitted.poll() is not None or (self.run_dir / DONE).exists()
@@ -356,6 +371,10 @@ class Federation(Supervisor):
                         bar.set_postfix(tgt=f"{sum(acc.values()) / max(1, len(acc)):.3f}", refresh=True)
                 if finished:
                     break
+                if server_gone is not None and time.monotonic() - server_gone >= SERVERAPP_GRACE:
+                    raise DeployError(f"the ServerApp (pid {server.split(':')[0]}) ended before the run finished "
+                                      "(killed, or it crashed before it could say why)",
+                                      self.flower_dir / "serverapp.log", lines=30)
                 if "superlink" in self.procs and self.procs["superlink"].poll() is not None:
                     raise DeployError(f"the SuperLink exited (code {self.procs['superlink'].returncode})",
                                       self.flower_dir / "superlink.log")

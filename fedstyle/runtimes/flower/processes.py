@@ -153,15 +153,56 @@ def _signal_all(groups, pids, sig: int) -> None:
             pass
 
 
+def parent_of(pid: int) -> int | None:
+    """The parent pid of ``pid`` (/proc/PID/stat), also of a zombie; None when it is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return int(stat[stat.rindex(")") + 2 :].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def reap(pids, keep=()) -> None:
+    """Reap those of ``pids`` that have exited and are this process's children, except ``keep`` (the
+    ones a ``Popen`` of ours waits for). They came to us as orphans, this process being a child
+    subreaper (:func:`set_subreaper`): a process Flower started and never waited for (the ServerApp,
+    whose SuperExec was stopped) stays a ``<defunct>`` entry until its new parent reaps it."""
+    own = os.getpid()
+    for pid in set(pids) - set(keep):
+        if parent_of(pid) == own and watchdog.process_state(pid) == "Z":
+            try:
+                os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                pass
+
+
+def set_subreaper(on: bool) -> bool:
+    """Make this process a child subreaper (Linux ``PR_SET_CHILD_SUBREAPER``), or stop it being one: the
+    orphans of the processes below it become its children, not init's, so that it reaps them (:func:`reap`)
+    before it returns, instead of leaving them ``<defunct>`` until init gets round to it (about 1.5 s
+    here). Returns whether it was one before; False where the call is unavailable."""
+    if not _LINUX:
+        return False
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    before = ctypes.c_int(0)
+    libc.prctl(37, ctypes.byref(before), 0, 0, 0)  # PR_GET_CHILD_SUBREAPER
+    libc.prctl(36, int(on), 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+    return bool(before.value)
+
+
 def stop_processes(procs: list[subprocess.Popen], sig: int = signal.SIGTERM, grace: float = 10.0,
                    marker: str | None = None) -> list[int]:
     """Stop ``procs`` together: each one's process group and descendants (and, with ``marker``, every
     process carrying it) get ``sig``; whatever is alive after ``grace`` s gets SIGKILL. Returns once
-    all of them have exited; the pids still alive 5 s after SIGKILL (none in practice)."""
+    all of them have exited, and those of them that became this process's children are reaped; the
+    pids still alive 5 s after SIGKILL (none in practice)."""
     groups = {p.pid for p in procs}  # started with start_new_session: a pgid is its leader's pid
-    pids = {pid for p in procs for pid in (p.pid, *descendants(p.pid))}
+    pids = {pid for p in procs for pid in (p.pid, *descendants(p.pid))}  # exited ones too: reaped at the end
     if marker is not None:
         pids.update(marked_processes(marker))
+    seen = set(pids)
     for s in (sig, signal.SIGKILL):
         _signal_all(groups, pids, s)
         signalled = set(pids)  # each process gets each signal once (a second SIGTERM cuts Flower's clean exit short)
@@ -174,6 +215,7 @@ def stop_processes(procs: list[subprocess.Popen], sig: int = signal.SIGTERM, gra
             pids.update(d for p in list(pids) for d in descendants(p))
             if marker is not None:
                 pids.update(marked_processes(marker))
+            seen |= pids
             if not pids or time.monotonic() > deadline:
                 break
             _signal_all((), pids - signalled, s)  # the late ones
@@ -186,6 +228,7 @@ def stop_processes(procs: list[subprocess.Popen], sig: int = signal.SIGTERM, gra
             proc.wait(timeout=1.0)
         except subprocess.TimeoutExpired:
             pass
+    reap(seen, keep=groups)
     return sorted(pids)
 
 
@@ -203,7 +246,20 @@ def start_time(pid: int) -> str:
         return ""
 
 
-def _is_process(identity: str) -> bool:
+def find_program(marker: str, program: str) -> str | None:
+    """``PID:START`` of a live process carrying ``marker`` that runs ``program`` (an argument of its
+    command line ending in ``/program``, or equal to it, as a Python script's path), None if there is none."""
+    for pid in marked_processes(marker):
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        if any(arg == program or arg.endswith("/" + program) for arg in argv[:2]):
+            return f"{pid}:{start_time(pid)}"
+    return None
+
+
+def is_process(identity: str) -> bool:
     """Whether the process ``PID:START`` (see :func:`start_time`) is alive."""
     pid, _, started = identity.partition(":")
     return pid.isdigit() and _alive(int(pid)) and (not started or start_time(int(pid)) in ("", started))
@@ -218,7 +274,7 @@ def die_with_owner() -> None:
         return
 
     def watch() -> None:
-        while _is_process(owner):
+        while is_process(owner):
             time.sleep(0.2)
         os.kill(os.getpid(), signal.SIGKILL)
 
@@ -229,14 +285,10 @@ def ancestors(pid: int) -> list[int]:
     """The parent of ``pid``, its parent, and so on up to init (Linux /proc; empty elsewhere)."""
     found: list[int] = []
     while pid > 1:
-        try:
-            stat = Path(f"/proc/{pid}/stat").read_text()
-            pid = int(stat[stat.rindex(")") + 2 :].split()[1])
-        except (OSError, ValueError, IndexError):
+        parent = parent_of(pid)
+        if not parent or parent in found:
             break
-        if pid <= 0 or pid in found:
-            break
-        found.append(pid)
+        found.append(pid := parent)
     return found
 
 
@@ -257,7 +309,7 @@ def check_stopped(log_dir: Path) -> None:
     ourselves = {os.getpid(), *ancestors(os.getpid())}
     live = set(marked_processes(marker)) - ourselves
     owner_pid = int(owner.split(":")[0]) if owner.split(":")[0].isdigit() else 0
-    if _is_process(owner) and owner_pid not in ourselves:
+    if is_process(owner) and owner_pid not in ourselves:
         raise DeployError(f"{Path(log_dir).parent}: a deployment is running (pid {owner_pid}); wait for it to end, "
                           f"or stop it with `kill {owner_pid}` (it stops its own Flower processes), then start it again")
     if live:
@@ -285,6 +337,7 @@ class Supervisor:
         self.marker = uuid.uuid4().hex  # in the environment of every process started for this supervisor
         self.owner = f"{os.getpid()}:{start_time(os.getpid())}"
         self.watchdog: subprocess.Popen | None = None
+        self._was_subreaper: bool | None = None
 
     def __enter__(self):
         check_stopped(self.log_dir)
@@ -294,6 +347,7 @@ class Supervisor:
         atomic_write_json(self.log_dir / RECORD, {"marker": self.marker, "owner": self.owner,
                                                   "host": socket.gethostname()})
         atexit.register(self.stop_all)
+        self._was_subreaper = set_subreaper(True)  # the orphans below come to us, and stop_all reaps them
         for sig in (signal.SIGTERM, signal.SIGHUP):
             try:
                 self._previous_handlers[sig] = signal.signal(sig, self._on_signal)
@@ -312,6 +366,8 @@ class Supervisor:
         for sig, handler in self._previous_handlers.items():
             signal.signal(sig, handler)
         atexit.unregister(self.stop_all)
+        if self._was_subreaper is False:
+            set_subreaper(False)
 
     def _on_signal(self, signum, frame) -> None:
         raise KeyboardInterrupt(f"signal {signum}")
