@@ -413,12 +413,16 @@ def fake_serverapp(folder: Path, code: str) -> Path:
 def start_fake_federation(federation, tmp_path, serverapp_code: str, flwr_run_seconds: float):
     """The fake SuperLink and `flwr run --stream` (a process that ends after ``flwr_run_seconds``, as the real one
     once the SuperLink has declared the run over); (that process, the ServerApp's pid)."""
-    program = fake_serverapp(tmp_path / "bin", serverapp_code)
+    # as fedstyle's ServerApp, once it began the run: it says so (flower/serverapp.pid)
+    began = ("from pathlib import Path\nfrom fedstyle.runtimes.flower.deployment import record_serverapp\n"
+             f"record_serverapp(Path({str(federation.run_dir)!r}))\n")
+    program = fake_serverapp(tmp_path / "bin", began + serverapp_code)
     pid_file = tmp_path / "serverapp.pid"
     federation.launch("superlink", [sys.executable, "-c", FAKE_SUPERLINK, str(program), str(pid_file)], federation.env())
     submitted = federation.launch("serverapp", [sys.executable, "-c", f"import time; time.sleep({flwr_run_seconds})"],
                                   federation.env())
-    wait_for(lambda: pid_file.exists() and pid_file.read_text().strip(), 30, "the ServerApp to start")
+    began = federation.flower_dir / "serverapp.pid"
+    wait_for(lambda: pid_file.exists() and pid_file.read_text().strip() and began.exists(), 60, "the ServerApp to start")
     return submitted, int(pid_file.read_text())
 
 
@@ -427,14 +431,24 @@ def test_a_killed_serverapp_is_noticed_within_seconds(deployment_dir, tmp_path):
     # waited for that, then said "the run did not finish"
     from fedstyle.runtimes.flower.deployment import DeploySettings, Federation
 
+    import threading
+
+    killed = []
+
+    def kill(pid):
+        os.kill(pid, signal.SIGKILL)
+        killed.append(time.monotonic())
+
     with Federation(deployment_dir, DeploySettings(sites=2, insecure=True), quiet=True) as federation:
         submitted, server = start_fake_federation(federation, tmp_path, "import time; time.sleep(120)", 30)
-        time.sleep(1.5)  # the deployment watches the ServerApp from its first look on
-        os.kill(server, signal.SIGKILL)
-        killed = time.monotonic()
-        with pytest.raises(DeployError, match=f"the ServerApp \\(pid {server}\\) ended before the run finished"):
-            federation.wait(submitted, rounds=1)
-        noticed = time.monotonic() - killed
+        timer = threading.Timer(2.0, kill, (server,))  # while the deployment waits for the run, as in a real one
+        timer.start()
+        try:
+            with pytest.raises(DeployError, match=f"the ServerApp \\(pid {server}\\) ended before the run finished"):
+                federation.wait(submitted, rounds=1)
+        finally:
+            timer.join()
+        noticed = time.monotonic() - killed[0]
     print(f"a SIGKILLed ServerApp noticed after {noticed:.2f} s")
     assert noticed < 5
 

@@ -23,6 +23,7 @@ Flower layout under ``<run dir>/flower/``::
     home/                 FLWR_HOME: the `flwr` CLI's SuperLink connection, installed apps
     deploy.json           how the federation was started (for --resume); its presence marks a deployment
     supervisor.json       the last start's process marker and owner (a resume refuses while they live)
+    serverapp.pid         the ServerApp process of the last start, once it began the run (watched while it runs)
     state/                the sites' per-client state (run-<config digest>/client-K/)
     superlink.log, site-K.log, serverapp.log, watchdog.log
 
@@ -50,8 +51,8 @@ from fedstyle.runtimes.flower.processes import (
     Supervisor,
     check_port_free,
     check_stopped,
-    find_program,
     free_port,
+    identity,
     is_process,
     wait_for_port,
 )
@@ -88,8 +89,10 @@ round-timeout = 1800.0
 """
 
 
-#: the ServerApp's program (Flower's SuperExec starts it for the run)
-SERVERAPP_PROGRAM = "flwr-serverapp"
+#: in flower/: ``PID:START`` of the ServerApp process, written when fedstyle's ServerApp begins the run, so
+#: that `fedstyle deploy` notices at once when that process ends (Flower's SuperLink notices only after two
+#: missed heartbeats, 51 s measured). Flower relaunches a ServerApp that died before it got there.
+SERVERAPP_RECORD = "serverapp.pid"
 #: seconds `flwr run --stream` gets, once the ServerApp has ended without finishing the run, to end by
 #: itself with the ServerApp's last log lines (a ServerApp that raised reports it, and the stream ends
 #: within about LOG_STREAM_INTERVAL, 1 s); a killed one never reports
@@ -327,6 +330,7 @@ class Federation(Supervisor):
         """Submit the run (``flwr run --stream``); the returned process ends when the run ends."""
         argv = [flower_bin("flwr"), "run", str(self.app_dir), CONNECTION, "--run-config",
                 self.settings.run_config(self.run_dir), "--stream"]
+        (self.flower_dir / SERVERAPP_RECORD).unlink(missing_ok=True)  # an earlier start's: not this run's ServerApp
         return self._start("serverapp", argv)
 
     def wait(self, submitted: subprocess.Popen, rounds: int) -> None:
@@ -339,15 +343,14 @@ class Federation(Supervisor):
 
             bar = tqdm(total=rounds, desc=f"deploy {self.settings.sites} sites", unit="round", file=sys.stderr)
         shown, seen_events = 0, 0
-        server, next_look, server_gone = None, 0.0, None
+        server, server_ended = None, None  # the ServerApp process once it began the run; when it was seen gone
         try:
             while True:
-                # the ServerApp process (Flower's SuperExec starts it, not us): found once, then watched, since
-                # the SuperLink notices a killed one only after two missed heartbeats (51 s measured)
-                if server is None and time.monotonic() >= next_look:
-                    server, next_look = find_program(self.marker, SERVERAPP_PROGRAM), time.monotonic() + 1.0
-                if server is not None and server_gone is None and not is_process(server):
-                    server_gone = time.monotonic()
+                # before `done` is read: a ServerApp writes it, then exits
+                if server is None:
+                    server = read_serverapp_record(self.flower_dir)
+                elif server_ended is None and not is_process(server):
+                    server_ended = time.monotonic()
                 # `done` is the run directory's last write: the run is complete even while Flower is still
                 # winding down (`flwr run --stream` notices the end of the run a few seconds later)
                 finished = submitted.poll() is not None or (self.run_dir / DONE).exists()
@@ -371,7 +374,7 @@ class Federation(Supervisor):
                         bar.set_postfix(tgt=f"{sum(acc.values()) / max(1, len(acc)):.3f}", refresh=True)
                 if finished:
                     break
-                if server_gone is not None and time.monotonic() - server_gone >= SERVERAPP_GRACE:
+                if server_ended is not None and time.monotonic() - server_ended >= SERVERAPP_GRACE:
                     raise DeployError(f"the ServerApp (pid {server.split(':')[0]}) ended before the run finished "
                                       "(killed, or it crashed before it could say why)",
                                       self.flower_dir / "serverapp.log", lines=30)
@@ -386,6 +389,22 @@ class Federation(Supervisor):
             self.procs.pop("serverapp", None)  # ended by itself; otherwise stop_all stops it with the sites
         if not (self.run_dir / DONE).exists():  # what to do next is the caller's to say (fedstyle deploy: resume)
             raise DeployError("the run did not finish", self.flower_dir / "serverapp.log", lines=30)
+
+
+def record_serverapp(run_dir: Path) -> None:
+    """In the ServerApp, once it has begun the run: write :data:`SERVERAPP_RECORD` for `fedstyle deploy`."""
+    flower_dir = Path(run_dir) / "flower"
+    if flower_dir.is_dir():  # a deployment's run directory (see save_settings)
+        atomic_write_text(flower_dir / SERVERAPP_RECORD, identity())
+
+
+def read_serverapp_record(flower_dir: Path) -> str | None:
+    """The ServerApp's ``PID:START`` from :data:`SERVERAPP_RECORD`; None before it has begun the run."""
+    try:
+        text = (Path(flower_dir) / SERVERAPP_RECORD).read_text().strip()
+    except OSError:
+        return None
+    return text if text.partition(":")[0].isdigit() else None
 
 
 def sites_joined(flower_dir: Path, sites: int) -> tuple[int, int] | None:

@@ -246,17 +246,11 @@ def start_time(pid: int) -> str:
         return ""
 
 
-def find_program(marker: str, program: str) -> str | None:
-    """``PID:START`` of a live process carrying ``marker`` that runs ``program`` (an argument of its
-    command line ending in ``/program``, or equal to it, as a Python script's path), None if there is none."""
-    for pid in marked_processes(marker):
-        try:
-            argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
-        except OSError:
-            continue
-        if any(arg == program or arg.endswith("/" + program) for arg in argv[:2]):
-            return f"{pid}:{start_time(pid)}"
-    return None
+def identity(pid: int | None = None) -> str:
+    """``PID:START`` of ``pid`` (this process by default): it names one process even after the pid is reused
+    (see :func:`start_time`, :func:`is_process`)."""
+    pid = os.getpid() if pid is None else pid
+    return f"{pid}:{start_time(pid)}"
 
 
 def is_process(identity: str) -> bool:
@@ -335,7 +329,7 @@ class Supervisor:
         self.procs: dict[str, subprocess.Popen] = {}
         self._previous_handlers: dict[int, Any] = {}
         self.marker = uuid.uuid4().hex  # in the environment of every process started for this supervisor
-        self.owner = f"{os.getpid()}:{start_time(os.getpid())}"
+        self.owner = identity()
         self.watchdog: subprocess.Popen | None = None
         self._was_subreaper: bool | None = None
 
