@@ -1,7 +1,9 @@
 """Deployments that lose or corrupt work (issue 39): a `fedstyle deploy` killed outright (SIGKILL, the OOM
 killer) leaves no Flower process, the ServerApp holds the run directory's lock itself, and no federation
 starts beside the orphans of another (item 1); a deployment that never started leaves nothing, and a
-deployment's run directory resumes only on a federation (item 6).
+deployment's run directory resumes only on a federation (item 6). Issue 55: resume flags (item 3); expired
+certificates, a resume beside a live deployment, logs removed with a failed start (item 9); a killed ServerApp
+noticed at once, no <defunct> ServerApp left (item 11, on fake Flower processes).
 
 One test kills a real deployment; the others need no Flower process. The supervision code on plain Python
 processes: test_deploy_processes.py; the other real deployments: test_flower_deploy.py.

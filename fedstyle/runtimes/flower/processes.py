@@ -25,6 +25,11 @@ none of that code runs. Three layers stop the federation then (Linux), each for 
 
 Each Supervisor records its marker and owner in ``<log dir>/supervisor.json``; the next one for the
 same folder refuses to start while any process of the earlier one is alive (:func:`check_stopped`).
+
+While it runs, the owner is a child subreaper (Linux): a process whose parent exits is handed to it
+rather than to init, so the processes Flower starts and never waits for (its SuperExec drops the
+ServerApp's ``Popen``) are reaped by :meth:`Supervisor.stop_all` before it returns, not left
+``<defunct>`` until init reaps them (about 1.5 s later here).
 """
 
 from __future__ import annotations
