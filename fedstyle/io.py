@@ -382,3 +382,29 @@ def aligned(tensor):
     if tensor.device.type == "cpu" and tensor.data_ptr() % 64:
         return tensor.clone()
     return tensor
+
+
+# -- files given by the user ----------------------------------------------------------------------
+def not_a_readable_file(path: str | Path) -> str | None:
+    """Why ``path`` cannot be read as a file, said as the rest of a sentence ("does not exist", "is a
+    directory", "is not a regular file (a FIFO)"); None for a regular file, also through a symbolic link.
+    ``os.path.isfile`` alone turns a directory or a FIFO into "does not exist", which sends the user
+    looking for a file that is there."""
+    import stat
+
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return "is a broken symbolic link" if os.path.islink(path) else "does not exist"
+    except NotADirectoryError:
+        return "does not exist (a folder on its path is a file)"
+    except OSError as err:
+        return f"cannot be read ({err.strerror or err})"
+    if stat.S_ISREG(mode):
+        return None
+    if stat.S_ISDIR(mode):
+        return "is a directory, not a file"
+    kinds = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
+             (stat.S_ISBLK, "a block device"))
+    kind = next((name for test, name in kinds if test(mode)), "a special file")
+    return f"is not a regular file ({kind})"

@@ -192,9 +192,9 @@ def _resume_settings(args, out: Path):
             raise ConfigError(f"{out}/flower/deploy.json names the certificates folder {settings.certs!r} relative to "
                               f"the folder the deployment was started from; resume from that folder, or give --certs DIR")
         changes["certs"] = str(Path(settings.certs).resolve())
+    settings = dataclasses.replace(settings, **changes)
+    settings.validate(resume=out)  # new certificates, or old ones expired since: checked before the federation starts
     if changes:
-        settings = dataclasses.replace(settings, **changes)
-        settings.validate()  # new certificates: checked before the federation starts on them
         save_settings(out, settings)
     return settings
 
@@ -293,8 +293,9 @@ def _new_locked(args, command) -> int:
         if isinstance(err, KeyboardInterrupt) and (out / CONFIG).exists():
             raise  # interrupted: resumable (from round 0)
         remove_new_run(out, created)
-        if isinstance(err, DeployError):
-            raise DeployError(f"{err}\nnothing was kept in {out}: run the same command again once this is fixed") from None
+        if isinstance(err, DeployError):  # its log went with the rest: quoted, never named
+            raise DeployError(f"{err.without_log()}\nnothing was kept in {out}: run the same command again once "
+                              "this is fixed") from None
         raise
     finally:
         lock.release()

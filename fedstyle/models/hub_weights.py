@@ -27,6 +27,7 @@ from pathlib import Path
 import torch.hub
 
 from fedstyle.errors import ConfigError
+from fedstyle.io import not_a_readable_file
 from fedstyle.models.resnet import RESNET18_URL, RESNET50_URL
 
 #: backbone -> (torchvision's file name, its official URL: the IMAGENET1K_V1 weights)
@@ -78,10 +79,12 @@ def cached_torchvision_weights(backbone: str) -> Path:
     legacy = LEGACY_TORCHVISION_FILES.get(backbone)
     if not path.is_file() and legacy and (hub_checkpoints_dir() / legacy).is_file():
         path = hub_checkpoints_dir() / legacy  # a cache from an older torchvision, checked against its own hash
-    if not path.is_file():
+    problem = not_a_readable_file(path)
+    if problem:
+        where = "is not there" if problem == "does not exist" else problem
         older = f" (or its older name {legacy})" if legacy else ""
         raise ConfigError(f"--pretrained {backbone} loads torchvision's {filename}{older} from the torch hub cache, "
-                          f"and {path} is not there; add --download to fetch it, or fetch it with "
+                          f"and {path} {where}; add --download to fetch it, or fetch it with "
                           f"`{fetch_command(filename, url)}` (or give --weights FILE; TORCH_HOME moves the cache)")
     check_hash_prefix(path, url, fetched_as=filename)
     return path
