@@ -25,7 +25,7 @@ from fedstyle.federation.states import (
     parse_budget,
     state_nbytes,
 )
-from tests.tiny import SETTINGS, TRANSFORM, make_clients, make_model
+from tiny import SETTINGS, TRANSFORM, make_clients, make_model  # tests/tiny.py (not tests.tiny: autorank installs a top-level "tests" package)
 
 #: one state of this test: 1000 float32 values (4,000 bytes) + one tensor's overhead
 STATE_BYTES = 4000 + TENSOR_OVERHEAD

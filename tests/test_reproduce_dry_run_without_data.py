@@ -19,7 +19,7 @@ def test_reproduce_dry_run_lists_the_papers_runs_with_the_data_missing(tmp_path,
     assert main(["reproduce", "pardon", "--data-root", str(absent), "--track", "paper-pacs", "--dry-run", "--out",
                  str(out), "--quiet"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].startswith("paper-pacs (full):") and lines[0].endswith(f"data: pacs from {absent / 'PACS'}")
+    assert lines[0].startswith("paper-pacs (full):") and f"data: pacs from {absent / 'PACS'}; splits: " in lines[0]
     assert "72 runs" in lines[1] and "72 new" in lines[1]
     assert lines[2].startswith(f"data missing: pacs: dataset root {absent / 'PACS'} does not exist")
     runs = lines[3:]
