@@ -28,6 +28,8 @@ class DatasetEntry:
     needs_data_root: bool = False
     #: whether the loader reads official split lists (it then takes ``official_splits``)
     has_official_splits: bool = False
+    #: whether the loader decodes only a run's per-class pick (it then takes ``pick_per_class``)
+    picks_per_class: bool = False
 
     def load(
         self,
@@ -37,11 +39,15 @@ class DatasetEntry:
         seed: int = 0,
         progress: bool = True,
         official_splits: bool = True,
+        per_class: int | None = None,
     ) -> DomainDataset:
         """Load the dataset; ``seed`` drives generated datasets, folder datasets ignore it;
-        ``official_splits=False`` leaves the dataset's official split lists unread."""
+        ``official_splits=False`` leaves the dataset's official split lists unread; ``per_class``: the
+        dataset's :meth:`~DomainDataset.subset_per_class`, decoded alone where the loader can."""
         extra = {"official_splits": official_splits} if self.has_official_splits else {}
-        return self.loader(
+        if per_class is not None and self.picks_per_class:
+            extra["pick_per_class"] = per_class
+        dataset = self.loader(
             data_root=data_root,
             resolution=resolution,
             skip_bad_images=skip_bad_images,
@@ -49,6 +55,9 @@ class DatasetEntry:
             progress=progress,
             **extra,
         )
+        if per_class is not None and not self.picks_per_class:
+            dataset = dataset.subset_per_class(per_class)
+        return dataset
 
 
 def _lazy_loader(module: str, function: str) -> Callable[..., DomainDataset]:
@@ -84,6 +93,7 @@ DATASETS.add(
         "Fashion-MNIST rendered as photo / art / cartoon / sketch, 32 x 32, 10 classes "
         "(needs the Fashion-MNIST idx files: apt install dataset-fashion-mnist or --data-root)",
         _lazy_loader("fedstyle.data.fashion4", "load_fashion4"),
+        picks_per_class=True,
     ),
 )
 for _name, _benchmark in BENCHMARKS.items():
@@ -112,7 +122,9 @@ def load_dataset(name: str, **kwargs) -> DomainDataset:
     if name.startswith(HUB_PREFIX):
         from fedstyle.data.hub import load_hub_dataset
 
-        return load_hub_dataset(name[len(HUB_PREFIX):], **kwargs)
+        per_class = kwargs.pop("per_class", None)
+        dataset = load_hub_dataset(name[len(HUB_PREFIX):], **kwargs)
+        return dataset if per_class is None else dataset.subset_per_class(per_class)
     given = [option for option in COLUMN_OPTIONS if kwargs.pop(option, None) is not None]
     if given:
         raise ConfigError(f"--{given[0].replace('_', '-')} names a column of a Hugging Face dataset "

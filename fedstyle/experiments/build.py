@@ -119,9 +119,8 @@ def load_config_dataset(config: RunConfig, progress: bool = True) -> DomainDatas
     dataset = load_dataset(config.dataset, data_root=config.data_root, resolution=config.resolution,
                            skip_bad_images=config.skip_bad_images, progress=progress,
                            official_splits=config.official_splits, image_column=config.image_column,
-                           domain_column=config.domain_column, label_column=config.label_column)
-    if config.per_class is not None:
-        dataset = dataset.subset_per_class(config.per_class)
+                           domain_column=config.domain_column, label_column=config.label_column,
+                           per_class=config.per_class)  # a loader that can decodes only the run's pick (issue 54)
     return dataset
 
 
