@@ -30,6 +30,7 @@ free disk.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import os
 import multiprocessing
@@ -158,15 +159,24 @@ class ChunkedImages:
         self._unflushed_from = self.written
         self.flushes += 1
 
+    def discard(self) -> None:
+        """Close the file without checks (after a failed build; the staging folder is removed anyway)."""
+        if self._fd is not None:
+            try:
+                os.close(self._fd)
+            except OSError:
+                pass
+            self._fd = None
+
     def close(self) -> np.ndarray:
         """Flush, close and return the file as a read-only memory map (every row must be written)."""
         if self.written != self.shape[0]:
-            os.close(self._fd)
+            self.discard()
             raise ValueError(f"{self.path.name}: {self.written} of {self.shape[0]} rows written")
         try:
             self.flush()
         finally:
-            os.close(self._fd)
+            self.discard()
         return np.load(self.path, mmap_mode="r")
 
 
@@ -250,11 +260,15 @@ def ordered_map(function: Callable[[Any], Any], items: Iterable[Any], workers: i
     (so memory holds a few chunks, not the dataset). ``workers == 1`` runs in this process.
 
     ``function`` must be picklable (a module-level function or a ``functools.partial`` of one) and must
-    compute each item on its own terms: then the results do not depend on ``workers``.
+    compute each item on its own terms: then the results do not depend on ``workers``. A single item is
+    computed in this process too (a pool would cost more than it saves).
     """
-    if workers <= 1:
-        yield from map(function, items)
+    items = iter(items)
+    first = list(itertools.islice(items, 2))
+    if workers <= 1 or len(first) < 2:
+        yield from map(function, itertools.chain(first, items))
         return
+    items = itertools.chain(first, items)
     # fork, as torch's DataLoader does on Linux (no re-import, works from `python -`); the initializer
     # gives each child one torch thread. spawn where fork does not exist.
     methods = multiprocessing.get_all_start_methods()

@@ -71,8 +71,9 @@ def _lazy_loader(module: str, function: str) -> Callable[..., DomainDataset]:
 
 def _folder_loader(benchmark: FolderBenchmark) -> Callable[..., DomainDataset]:
     def load(data_root=None, resolution=None, skip_bad_images=False, seed=0, progress=True,
-             official_splits=True) -> DomainDataset:
-        return load_folder_benchmark(benchmark, data_root, resolution, skip_bad_images, progress, official_splits)
+             official_splits=True, pick_per_class=None) -> DomainDataset:
+        return load_folder_benchmark(benchmark, data_root, resolution, skip_bad_images, progress, official_splits,
+                                     pick_per_class)
 
     return load
 
@@ -98,7 +99,7 @@ DATASETS.add(
 )
 for _name, _benchmark in BENCHMARKS.items():
     DATASETS.add(_name, DatasetEntry(_name, _benchmark.description, _folder_loader(_benchmark), needs_data_root=True,
-                                     has_official_splits=True))
+                                     has_official_splits=True, picks_per_class=True))
 DATASETS.add(
     "camelyon17",
     DatasetEntry(
