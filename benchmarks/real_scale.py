@@ -105,6 +105,7 @@ def write_jpegs(root: Path, per_domain: int, side: int, classes: int = 10, seed:
 def child_build(args: argparse.Namespace) -> None:
     """Build one cache entry in this (child) process and print its figures as one JSON line."""
     os.environ["FEDSTYLE_DECODE_WORKERS"] = str(args.workers)
+    torch.set_num_threads(1)  # one core per decoding process: 1 worker is the 1-core baseline of the speed-up
     start = time.perf_counter()
     dataset = load_dataset(args.dataset, data_root=args.data_root, resolution=args.resolution,
                            per_class=args.per_class or None, progress=False)

@@ -81,7 +81,7 @@ def resolve_config(config: RunConfig, dataset: DomainDataset) -> RunConfig:
     method = METHODS.get(config.method)
     backbone = config.backbone
     if backbone == "auto":
-        backbone = "convnet" if dataset.resolution <= 64 else "resnet18"
+        backbone = "convnet" if (config.input_resolution or dataset.resolution) <= 64 else "resnet18"
     return config.updated(
         backbone=backbone,
         resolution=dataset.resolution,
@@ -152,10 +152,11 @@ def build_experiment(config: RunConfig, progress: bool = True) -> Experiment:
         norm = input_normalization(config.backbone)
         if norm is not None:
             mean, std = norm
-    transform = BatchTransform(mean, std, config.augment)
+    transform = BatchTransform(mean, std, config.augment, output_size=config.input_resolution)
 
     seed_everything(derive_seed(config.seed, "model-init"))
-    model = build_model(config.backbone, dataset.num_classes, dataset.resolution, config.pretrained, config.weights)
+    model = build_model(config.backbone, dataset.num_classes, config.input_resolution or dataset.resolution,
+                        config.pretrained, config.weights)
     algorithm = method_cls(config.hparams, num_classes=dataset.num_classes, num_clients=len(specs))
     algorithm.configure_model(model)
     # after configure_model: a method's neck may add BatchNorm layers
