@@ -12,7 +12,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def run(script: str, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+def run(script: str, *args: str, timeout: float = 180) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     return subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), *args], env=env, capture_output=True,
                           text=True, timeout=timeout)
