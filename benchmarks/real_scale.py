@@ -354,8 +354,9 @@ def markdown(data: dict) -> str:
                 lines.append(f"| {key} | {row.get('skipped') or row.get('error')} | | | | |")
                 continue
             rss = (f"{row['peak_rss_mb']:,.0f} / {row['worker_peak_rss_mb']:,.0f} MB" if "peak_rss_mb" in row else "")
+            rate = f"{row['img_per_s']:,.0f}" if "img_per_s" in row else "(extrapolated)"
             lines.append(f"| {key} | {row.get('images', DOMAINNET_IMAGES):,} | {row['seconds']:,.1f} | "
-                         f"{row.get('img_per_s', 0):,.0f} | {row['disk_bytes'] / 1e9:,.2f} GB | {rss} |")
+                         f"{rate} | {row['disk_bytes'] / 1e9:,.2f} GB | {rss} |")
         lines.append("")
     if data.get("training"):
         lines += ["| training | img/s | of bare | time per step vs FedAvg |", "|---|---:|---:|---:|"]
