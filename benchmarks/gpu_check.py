@@ -142,7 +142,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--resolution", type=int, default=224)
     parser.add_argument("--backbone", default="resnet18")
     parser.add_argument("--big-backbone", default="resnet50", help="the one extra bare row ('' to skip)")
-    parser.add_argument("--methods", default=DEFAULT_METHODS)
+    parser.add_argument("--methods", default=None, help=f"comma-separated (default {DEFAULT_METHODS}; --quick: "
+                        "fedavg,mixstyle)")
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--per-class", type=int, default=60, help="images per class and domain (fashion4: 2,400)")
     parser.add_argument("--local-steps", type=int, default=10)
@@ -150,15 +151,19 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--warmup-rounds", type=int, default=1)
     parser.add_argument("--bare-steps", type=int, default=30)
     parser.add_argument("--pipeline-seconds", type=float, default=3.0)
-    parser.add_argument("--deadline", type=float, default=450.0, help="seconds before the script stops itself")
+    parser.add_argument("--deadline", type=float, default=None,
+                        help="seconds before the script stops itself (default 450; --quick: 100)")
     parser.add_argument("--out", default="gpu_check.json")
     parser.add_argument("--markdown", default="gpu_check.md")
     args = parser.parse_args(argv)
     if args.quick:
         args.data, args.resolution, args.backbone, args.big_backbone = "synthetic", 32, "convnet", ""
         args.batch_size, args.per_class, args.local_steps, args.rounds, args.warmup_rounds = 4, 1, 1, 1, 0
-        args.bare_steps, args.pipeline_seconds, args.methods = 1, 0.3, "fedavg,mixstyle"
-        args.deadline = min(args.deadline, 100.0)  # ~20 s on an idle 2-core machine
+        args.bare_steps, args.pipeline_seconds = 1, 0.3
+        args.methods = args.methods or "fedavg,mixstyle"
+    args.methods = args.methods or DEFAULT_METHODS
+    if args.deadline is None:
+        args.deadline = 100.0 if args.quick else 450.0  # quick: ~20 s on an idle 2-core machine
     return args
 
 
