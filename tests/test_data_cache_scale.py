@@ -14,8 +14,8 @@ import pytest
 import torch
 from PIL import Image
 
-from fedstyle.data import cache, fashion4, folder
-from fedstyle.data.cache import ChunkedImages, DecodedArrays, cached_dataset, decode_workers, ordered_map
+from fedstyle.data import fashion4, folder
+from fedstyle.data.cache import ChunkedImages, cached_dataset, decode_workers, ordered_map
 from fedstyle.data.registry import load_dataset
 from fedstyle.errors import ConfigError, DataError
 from test_data_fashion4 import write_fashion

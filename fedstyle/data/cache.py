@@ -13,8 +13,9 @@ Memory does not grow with the dataset (issue 54). Builders write large image arr
 descriptor and, every :data:`FLUSH_BYTES`, makes them durable (``fdatasync``) and drops them
 from the page cache (``posix_fadvise(DONTNEED)``): neither the process nor its container holds
 dirty pages of the whole file, so a 10 GB cache is built in a few hundred MB. Cold decoding runs
-in :func:`decode_workers` processes (:func:`ordered_map`; ``FEDSTYLE_DECODE_WORKERS`` or the CPU
-count), each chunk decoded on its own terms, so the cache is bit-identical to a serial build.
+in :func:`decode_workers` processes (:meth:`ChunkedImages.fill`; ``FEDSTYLE_DECODE_WORKERS`` or the
+CPU count): each worker decodes a chunk on its own terms and writes its rows at their place in the
+file itself, so no image crosses a pipe and the cache is bit-identical to a serial build.
 
 A run builds only the images it uses: a loader given ``pick_per_class`` (the run's
 ``--per-class``) decodes the same seeded pick :meth:`DomainDataset.subset_per_class` makes, into
@@ -147,6 +148,30 @@ class ChunkedImages:
         if self.written - self._unflushed_from >= self.flush_every:
             self.flush()
 
+    def fill(self, jobs: Iterable[tuple[Callable[[Any], tuple[np.ndarray, Any]], Any, int]], workers: int
+             ) -> Iterator[Any]:
+        """Append rows that ``workers`` processes compute and write themselves; yields each job's extra, in order.
+
+        A job is ``(function, item, rows)``: ``function(item)`` returns ``(images, extra)`` with ``rows`` images.
+        Each job's place in the file is known before it runs, so a worker ``pwrite``s its rows there and sends
+        back only ``extra`` (no image crosses a pipe; the bytes do not depend on ``workers``). The flushes stay
+        here: ``fdatasync`` and ``posix_fadvise`` act on the file, whichever process wrote its pages.
+        """
+        def placed():
+            planned = self.written
+            for function, item, rows in jobs:
+                if planned + rows > self.shape[0]:
+                    raise ValueError(f"{rows} more rows do not fit {self.shape} after {planned} rows")
+                yield _WriteJob(function, item, str(self.path), self.offset + planned * self.row_bytes, rows,
+                                self.shape[1:])
+                planned += rows
+
+        for rows, extra in ordered_map(_compute_and_write, placed(), workers):
+            self.written += rows
+            if self.written - self._unflushed_from >= self.flush_every:
+                self.flush()
+            yield extra
+
     def flush(self) -> None:
         """Make the rows written since the last flush durable and drop them from the page cache."""
         if self.written == self._unflushed_from:
@@ -178,6 +203,34 @@ class ChunkedImages:
         finally:
             self.discard()
         return np.load(self.path, mmap_mode="r")
+
+
+@dataclass(frozen=True)
+class _WriteJob:
+    """A chunk of rows a worker computes (``function(item)``) and writes at byte ``at`` of ``path``."""
+
+    function: Callable[[Any], tuple[np.ndarray, Any]]
+    item: Any
+    path: str
+    at: int
+    rows: int
+    row_shape: tuple[int, ...]
+
+
+def _compute_and_write(job: _WriteJob) -> tuple[int, Any]:
+    images, extra = job.function(job.item)
+    images = np.ascontiguousarray(images, dtype=np.uint8)
+    if images.shape != (job.rows, *job.row_shape):
+        raise ValueError(f"a chunk of {job.rows} rows of {job.row_shape} came back as {images.shape}")
+    fd = os.open(job.path, os.O_WRONLY)
+    try:
+        view, at = memoryview(images.reshape(-1)), job.at
+        while len(view):
+            done = os.pwrite(fd, view, at)
+            view, at = view[done:], at + done
+    finally:
+        os.close(fd)
+    return job.rows, extra
 
 
 class ArrayWriter:

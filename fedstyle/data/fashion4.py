@@ -304,10 +304,10 @@ def _render_job(job: tuple[str, np.ndarray, np.random.SeedSequence]) -> np.ndarr
     return render_domain(domain, garments, np.random.default_rng(seed_sequence))
 
 
-def _resize_job(job: tuple[np.ndarray, int]) -> np.ndarray:
-    """A chunk of base-resolution images resized (a worker process's job)."""
+def _resize_job(job: tuple[np.ndarray, int]) -> tuple[np.ndarray, None]:
+    """A chunk of base-resolution images resized (a worker process's job; see ``ChunkedImages.fill``)."""
     images, resolution = job
-    return resize_uint8(images, resolution)
+    return resize_uint8(images, resolution), None
 
 
 def build_fashion4(
@@ -351,11 +351,14 @@ def build_resized(writer: ArrayWriter, base: DomainDataset, rows: list[torch.Ten
     images, labels, sources = {}, {}, {}
     for index, (domain, keep) in enumerate(zip(base.domains, rows)):
         out = writer.image_rows(index, len(keep), resolution, resolution)
-        chunks = ((base.images[domain][keep[start : start + RESIZE_CHUNK]].numpy(), resolution)
-                  for start in range(0, len(keep), RESIZE_CHUNK))
-        for resized in ordered_map(_resize_job, chunks, workers):
-            out.append(resized)
-        images[domain] = writer.finish(index, out)
+        jobs = ((_resize_job, (base.images[domain][part].numpy(), resolution), len(part))
+                for part in keep.split(RESIZE_CHUNK))
+        try:
+            for _ in out.fill(jobs, workers):
+                pass
+            images[domain] = writer.finish(index, out)
+        finally:
+            out.discard()
         labels[domain] = base.labels[domain][keep].numpy()
         sources[domain] = np.asarray(base.info["source_indices"][domain])[keep.numpy()].tolist()
     return DecodedArrays(

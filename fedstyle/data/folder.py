@@ -31,7 +31,7 @@ import torch
 from PIL import Image
 from tqdm.auto import tqdm
 
-from fedstyle.data.cache import ArrayWriter, DecodedArrays, cached_dataset, decode_workers, ordered_map
+from fedstyle.data.cache import ArrayWriter, DecodedArrays, cached_dataset, decode_workers
 from fedstyle.data.contract import DomainDataset, check_build_options
 from fedstyle.data.contract import pick_per_class as pick_per_class_rows
 from fedstyle.errors import ConfigError, DataError
@@ -266,14 +266,30 @@ BlockDecoder = Callable[[Iterable[Sequence]], Iterator[list]]
 
 
 def _decode_block(block: Sequence, resolution: int) -> list[np.ndarray | str]:
-    """A block of images decoded in order (a worker process's job)."""
+    """A block of images decoded in order (a thread pool's or a worker process's job)."""
     return [_decode_or_error(item, resolution) for item in block]
 
 
-def process_decoder(workers: int, resolution: int) -> BlockDecoder:
-    """Blocks decoded in ``workers`` processes (:func:`fedstyle.data.cache.ordered_map`): PIL's resize and
-    colour conversion hold the GIL, so threads do not scale past one core."""
-    return lambda blocks: ordered_map(partial(_decode_block, resolution=resolution), blocks, workers)
+def _decode_rows(block: Sequence, resolution: int) -> tuple[np.ndarray, list[tuple[int, str]]]:
+    """A block decoded to (n, 3, resolution, resolution) rows, an unreadable image's row left 0, and the
+    (offset, reason) of those (a worker process's job: it writes the rows itself, ``ChunkedImages.fill``)."""
+    rows = np.zeros((len(block), 3, resolution, resolution), dtype=np.uint8)
+    errors = []
+    for offset, result in enumerate(_decode_block(block, resolution)):
+        if isinstance(result, str):
+            errors.append((offset, result))
+        else:
+            rows[offset] = result.transpose(2, 0, 1)
+    return rows, errors
+
+
+class ProcessDecoder:
+    """Blocks decoded in ``workers`` processes that write their rows into the cache file themselves
+    (:meth:`fedstyle.data.cache.ChunkedImages.fill`): PIL's resize and colour conversion hold the GIL, so
+    threads do not scale past one core, and no decoded image crosses a pipe."""
+
+    def __init__(self, workers: int, resolution: int):
+        self.workers, self.resolution = workers, resolution
 
 
 def thread_decoder(executor: ThreadPoolExecutor, resolution: int) -> BlockDecoder:
@@ -289,7 +305,7 @@ def decode_domain(
     paths: Sequence[Path | BinaryIO],
     resolution: int,
     skip_bad_images: bool,
-    decode_blocks: BlockDecoder | ThreadPoolExecutor,
+    decode_blocks: "ProcessDecoder | BlockDecoder | ThreadPoolExecutor",
     bar: tqdm,
 ) -> tuple[np.ndarray, list[int], list[list[str]]]:
     """Decode into the cache file of one domain, a block at a time (memory bounded by a few blocks);
@@ -297,7 +313,7 @@ def decode_domain(
 
     ``paths`` may be any sequence of what :func:`decode_image` opens, read a block at a time (a lazy
     sequence keeps only one block of encoded images in memory); ``str(item)`` names an item in errors.
-    ``decode_blocks``: :func:`process_decoder` or :func:`thread_decoder` (an executor: its threads).
+    ``decode_blocks``: a :class:`ProcessDecoder` or :func:`thread_decoder` (an executor: its threads).
     """
     if isinstance(decode_blocks, ThreadPoolExecutor):
         decode_blocks = thread_decoder(decode_blocks, resolution)
@@ -305,6 +321,23 @@ def decode_domain(
     kept, bad = [], []
     blocks = (paths[start : start + DECODE_BLOCK] for start in range(0, len(paths), DECODE_BLOCK))
     try:
+        if isinstance(decode_blocks, ProcessDecoder):
+            jobs = ((partial(_decode_rows, resolution=resolution), block, len(block)) for block in blocks)
+            for number, errors in enumerate(out.fill(jobs, decode_blocks.workers)):
+                start, failed = number * DECODE_BLOCK, dict(errors)
+                size = min(DECODE_BLOCK, len(paths) - start)
+                for offset in range(size):
+                    if offset not in failed:
+                        kept.append(start + offset)
+                    elif not skip_bad_images:
+                        raise bad_image_error(paths[start + offset], failed[offset])
+                    else:
+                        bad.append([str(paths[start + offset]), failed[offset]])
+                bar.update(size)
+            images = writer.finish(domain_index, out)
+            if bad:
+                images = writer.keep_images(domain_index, np.asarray(kept, dtype=np.int64))
+            return images, kept, bad
         for number, results in enumerate(decode_blocks(blocks)):
             start = number * DECODE_BLOCK
             rows = np.zeros((len(results), 3, resolution, resolution), dtype=np.uint8)  # a bad image's row stays 0
@@ -345,7 +378,7 @@ def build_folder_dataset(
             paths = [p for c in classes for p in listing.files[c]]
             domain_labels = np.repeat(np.arange(len(classes)), [len(listing.files[c]) for c in classes])
             images[domain], kept, bad = decode_domain(
-                writer, domain_index, paths, resolution, skip_bad_images, process_decoder(workers, resolution), bar
+                writer, domain_index, paths, resolution, skip_bad_images, ProcessDecoder(workers, resolution), bar
             )
             labels[domain] = domain_labels[kept]
             bad_images += bad
