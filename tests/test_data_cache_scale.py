@@ -172,3 +172,19 @@ def test_ordered_map_keeps_order_and_worker_count_is_checked(monkeypatch):
     monkeypatch.setenv("FEDSTYLE_DECODE_WORKERS", "many")
     with pytest.raises(ConfigError, match="FEDSTYLE_DECODE_WORKERS"):
         decode_workers()
+
+
+def test_input_resolution_caches_the_small_side_and_trains_at_the_large_one(tmp_path):
+    """--resolution 16 --input-resolution 32: the cache holds 16 px images, the model gets 32 px batches."""
+    from fedstyle.experiments.build import build_experiment
+    from fedstyle.experiments.config import RunConfig
+
+    write_fashion(tmp_path / "fm", train=160, test=40)
+    config = RunConfig(dataset="fashion4", data_root=str(tmp_path / "fm"), resolution=16, input_resolution=32,
+                       per_class=1, targets=["sketch"], backbone="convnet", batch_size=4, local_steps=1, rounds=1)
+    exp = build_experiment(config, progress=False)
+    assert tuple(exp.dataset.images["photo"].shape[-2:]) == (16, 16)
+    seen = []
+    exp.model.register_forward_pre_hook(lambda module, inputs: seen.append(tuple(inputs[0].shape[-2:])))
+    exp.simulator.run_round(0)
+    assert seen and set(seen) == {(32, 32)}
