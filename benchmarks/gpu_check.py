@@ -82,7 +82,8 @@ def busy_share(run_round, device: torch.device) -> float | None:
         run_round()
         sync(device)
     wall = time.perf_counter() - start
-    kernels = sum(e.device_time_total for e in prof.key_averages()) / 1e6  # microseconds -> seconds
+    # self time: each kernel counted once (an op's total would count its kernels again)
+    kernels = sum(e.self_device_time_total for e in prof.key_averages()) / 1e6  # microseconds -> seconds
     return min(1.0, kernels / wall)
 
 
@@ -253,7 +254,10 @@ def main(argv: list[str] | None = None) -> dict:
         token = label.split(" + ")[0]
         try:
             row = method_row(config.updated(**changes), token, args, bare["img_per_s"], device, wrap)
-            row["gpu_busy"] = profiled_share(config.updated(**changes), token, device) if wrap is None else None
+            try:
+                row["gpu_busy"] = profiled_share(config.updated(**changes), token, device) if wrap is None else None
+            except Exception as err:  # the profiler's failure must not lose the row's rate
+                row["gpu_busy"], row["gpu_busy_error"] = None, f"{type(err).__name__}: {err}"
             if token != label and "fedavg" in data.get("methods", {}):
                 row["vs_fedavg"] = row["img_per_s"] / data["methods"]["fedavg"]["img_per_s"]
         except Exception as err:  # one method's failure must not lose the others' rows
