@@ -193,13 +193,18 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"{section}/{key}: {json.dumps(value, default=str)}", file=sys.stderr, flush=True)
         save()
 
-    deadline = Deadline(args.deadline, lambda: save(f"stopped at the {args.deadline:.0f} s deadline")).start()
+    scratch = Path(tempfile.mkdtemp(prefix="gpu_check-"))
+
+    def stop() -> None:
+        save(f"stopped at the {args.deadline:.0f} s deadline")
+        shutil.rmtree(scratch, ignore_errors=True)
+
+    deadline = Deadline(args.deadline, stop).start()
     data["environment"] = {"torch": torch.__version__, "device": str(device), "cpus": os.cpu_count(),
                            "load_average": os.getloadavg(),
                            "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
                            "bf16": device.type == "cuda" and torch.cuda.is_bf16_supported()}
     save()
-    scratch = Path(tempfile.mkdtemp(prefix="gpu_check-"))
     os.environ.setdefault("FEDSTYLE_CACHE", str(scratch / "cache"))
     data_root = args.data_root
     if args.data == "synthetic":
