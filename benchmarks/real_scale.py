@@ -229,7 +229,8 @@ def run_config(args: argparse.Namespace, data_root: str | None):
     return RunConfig(dataset=dataset, data_root=data_root, resolution=args.resolution, per_class=args.per_class,
                      targets=[target], backbone=args.backbone, batch_size=args.batch_size,
                      local_steps=args.local_steps, rounds=args.warmup_rounds + args.rounds, lr=0.01,
-                     lr_schedule="constant", device=args.device, seed=0, eval_every=10**6)
+                     lr_schedule="constant", device=args.device, seed=0, eval_every=10**6,
+                     selection="last")  # no model selection in a speed run: no validation images needed
 
 
 def method_rate(config, token: str, warmup: int, rounds: int, wrap=None) -> dict:

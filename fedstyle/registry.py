@@ -6,11 +6,33 @@ every listing, CLI choice and parametrized test reads the registry.
 
 from __future__ import annotations
 
-from typing import Callable, Generic, Iterator, TypeVar
+from typing import Callable, Generic, Iterable, Iterator, TypeVar
 
 from fedstyle.errors import UnknownNameError
 
 T = TypeVar("T")
+
+
+def close_names(word: str, names: Iterable[str], n: int = 3, cutoff: float = 0.6) -> list[str]:
+    """The names nearest to ``word`` (difflib's ratio, case ignored), best first: a name equal but for case
+    comes first, then up to ``n`` close ones (ratio >= ``cutoff``)."""
+    import difflib  # only when a name is wrong
+
+    lowered: dict[str, str] = {}
+    for name in names:
+        lowered.setdefault(name.lower(), name)  # the first spelling of a name wins (a method before its label)
+    exact = [lowered[word.lower()]] if word.lower() in lowered else []
+    near = difflib.get_close_matches(word.lower(), list(lowered), n=n, cutoff=cutoff)
+    return list(dict.fromkeys([*exact, *(lowered[name] for name in near)]))[:n]
+
+
+def did_you_mean(word: str, names: Iterable[str]) -> str:
+    """``"did you mean 'ccst'? "`` for the names close to ``word`` (empty when none is): the start of an
+    error's advice."""
+    close = close_names(word, names)
+    if not close:
+        return ""
+    return "did you mean " + " or ".join(repr(name) for name in close) + "? "
 
 
 class Registry(Generic[T]):
@@ -42,7 +64,8 @@ class Registry(Generic[T]):
             return self._items[name]
         except KeyError:
             valid = ", ".join(sorted(self._items)) or "(none registered)"
-            raise UnknownNameError(f"unknown {self.kind} {name!r}; choose one of: {valid}") from None
+            hint = did_you_mean(str(name), self._items)
+            raise UnknownNameError(f"unknown {self.kind} {name!r}; {hint}choose one of: {valid}") from None
 
     def __contains__(self, name: object) -> bool:
         return name in self._items

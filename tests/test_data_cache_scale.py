@@ -181,7 +181,7 @@ def test_input_resolution_caches_the_small_side_and_trains_at_the_large_one(tmp_
 
     write_fashion(tmp_path / "fm", train=160, test=40)
     config = RunConfig(dataset="fashion4", data_root=str(tmp_path / "fm"), resolution=16, input_resolution=32,
-                       per_class=1, targets=["sketch"], backbone="convnet", batch_size=4, local_steps=1, rounds=1)
+                       per_class=2, targets=["sketch"], backbone="convnet", batch_size=4, local_steps=1, rounds=1)
     exp = build_experiment(config, progress=False)
     assert tuple(exp.dataset.images["photo"].shape[-2:]) == (16, 16)
     seen = []

@@ -15,7 +15,15 @@ from pathlib import Path
 import pytest
 from process_waits import kill_all, signal_dispositions, wait_for
 
-from fedstyle.runtimes.flower.processes import MARKER_ENV, _alive, descendants, marked_processes, stop_processes
+from fedstyle.runtimes.flower.processes import (
+    MARKER_ENV,
+    DeployError,
+    _alive,
+    check_stopped,
+    descendants,
+    marked_processes,
+    stop_processes,
+)
 
 pytestmark = pytest.mark.skipif(not os.path.isdir("/proc"), reason="process discovery reads /proc (Linux)")
 
@@ -141,3 +149,41 @@ def test_the_run_directory_writers_die_with_the_owner_even_without_the_watchdog(
         owner.kill()
         owner.wait()
         kill_all(marked_processes(marker))
+
+
+# -- issue 55 item 9: a resume beside a live deployment ------------------------------------------------
+def test_a_live_deployment_is_named_as_running_not_as_orphans_to_kill(tmp_path):
+    owner, marker = start_owner(tmp_path / "flower", SLEEP)
+    try:
+        wait_for(lambda: len(marked_processes(marker)) == 3, 20, "the children and the grandchild")
+        with pytest.raises(DeployError) as err:
+            check_stopped(tmp_path / "flower")  # as `fedstyle deploy --resume` beside it
+        message = str(err.value)
+        assert f"a deployment is running (pid {owner.pid})" in message and f"`kill {owner.pid}`" in message
+        words = message.replace("(", " ").replace(")", " ").replace("`", " ").split()
+        assert not set(map(str, marked_processes(marker))) & set(words)  # its processes are its to stop
+    finally:
+        owner.kill()
+        owner.wait()
+        kill_all(marked_processes(marker))
+
+
+#: run with the marker of a federation whose owner is gone: a child (also marked) that checks for orphans
+CHECK_FROM_INSIDE = ("import subprocess, sys\n"
+                     "check = 'import sys; from pathlib import Path\\n"
+                     "from fedstyle.runtimes.flower.processes import check_stopped\\ncheck_stopped(Path(sys.argv[1]))'\n"
+                     "sys.exit(subprocess.run([sys.executable, '-c', check, sys.argv[1]]).returncode)\n")
+
+
+def test_a_check_run_inside_the_federations_environment_does_not_count_itself(tmp_path):
+    # a command started from a shell inside the federation (its marker inherited): neither it nor the
+    # process that started it is an orphan to kill
+    import json
+    import socket
+
+    marker = uuid.uuid4().hex
+    (tmp_path / "supervisor.json").write_text(json.dumps({"marker": marker, "owner": "999999999:1",
+                                                          "host": socket.gethostname()}))
+    done = subprocess.run([sys.executable, "-c", CHECK_FROM_INSIDE, str(tmp_path)], capture_output=True, text=True,
+                          env=dict(os.environ, **{MARKER_ENV: marker}), timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]

@@ -243,3 +243,42 @@ def test_ctrl_c_or_sigterm_stops_every_process(two_sites, tmp_path, sig):
     assert proc.returncode == 130, err[-2000:]
     assert f"fedstyle deploy --resume {out}" in err
     assert not left, left
+
+
+def test_a_killed_serverapp_is_noticed_within_seconds(tiny_config, tmp_path):
+    # Flower's SuperLink notices it only after two missed heartbeats (51-61 s measured); the deployment watches it
+    # once it began the run (issue 55 item 11). One killed earlier, still starting, Flower launches again (measured:
+    # another 30 s later, and the run finished): not reported. One site: red is the one source domain
+    import threading
+    import time
+
+    from fedstyle.runtimes.flower.deployment import read_serverapp_record
+    from fedstyle.runtimes.flower.processes import DeployError
+
+    out = tmp_path / "dep"
+    start_run_dir(tiny_config.updated(targets=["grey", "blue", "green"], rounds=50), out, quiet=True)
+    killed = []
+
+    def kill(pid):
+        os.kill(pid, signal.SIGKILL)
+        killed.append(time.monotonic())
+
+    with Federation(out, DeploySettings(sites=1, insecure=True, wait_timeout=120, round_timeout=300),
+                    quiet=True) as federation:
+        federation.start()
+        submitted = federation.submit()
+        wait_for(lambda: read_serverapp_record(out / "flower"), 300, "the ServerApp to begin the run")
+        server = int(read_serverapp_record(out / "flower").split(":")[0])
+        assert any(pid == server and "flwr-serverapp" in cmd for pid, cmd in pids_of(out))
+        timer = threading.Timer(1.0, kill, (server,))  # while the deployment waits for the run
+        timer.start()
+        try:
+            with pytest.raises(DeployError, match=f"the ServerApp \\(pid {server}\\) ended before the run finished"):
+                federation.wait(submitted, rounds=50)
+        finally:
+            timer.join()
+        noticed = time.monotonic() - killed[0]
+    stopped = time.monotonic() - killed[0]
+    print(f"the SIGKILLed ServerApp noticed after {noticed:.2f} s, every process stopped after {stopped:.2f} s")
+    assert noticed < 5
+    assert not processes_of(out)

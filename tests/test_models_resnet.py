@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import functools
 import math
+import os
+import pickle
 
 import pytest
 import torch
@@ -344,9 +346,49 @@ def test_missing_and_unreadable_files(tmp_path):
         load_torchvision_weights(resnet18(), tmp_path / "nope.pth")
     garbage = tmp_path / "garbage.pth"
     garbage.write_bytes(b"not a checkpoint")
-    with pytest.raises(ConfigError, match="cannot read weights file"):
+    with pytest.raises(ConfigError, match="garbage.pth' is not a PyTorch .* or safetensors weights file"):
         load_torchvision_weights(resnet18(), garbage)
     not_a_state = tmp_path / "list.pth"
     torch.save([torch.zeros(1)], not_a_state)
     with pytest.raises(ConfigError, match="does not hold a state dict"):
         load_torchvision_weights(resnet18(), not_a_state)
+
+
+# -- issue 55 item 9: what is wrong with a --weights path, in one line --------------------------------
+@pytest.mark.parametrize("make, said", [
+    (lambda path: path.mkdir(), "is a directory"),
+    (lambda path: os.mkfifo(path), r"is not a regular file \(a FIFO\)"),  # reading it would block forever
+    (lambda path: path.symlink_to(path.parent / "gone.pth"), "is a broken symbolic link"),
+], ids=["directory", "fifo", "broken-link"])
+def test_a_weights_path_that_is_not_a_file_is_named_for_what_it_is(tmp_path, make, said):
+    path = tmp_path / "weights.pth"
+    make(path)
+    with pytest.raises(ConfigError, match=said) as err:
+        load_torchvision_weights(resnet18(), path)
+    assert "does not exist" not in str(err.value) and "\n" not in str(err.value)
+
+
+def _pickled_numpy(path):
+    import numpy as np
+
+    torch.save({"conv1.weight": np.zeros(3)}, path)
+
+
+@pytest.mark.parametrize("write, detail", [
+    (lambda path: path.write_bytes(bytes(range(256)) * 8), ""),  # garbage: an unknown pickle opcode
+    (lambda path: path.write_bytes(b""), ""),
+    (lambda path: path.write_bytes(b"hello, not a checkpoint"), ""),
+    (lambda path: pickle.dump({"conv1.weight": [0.0]}, path.open("wb"), protocol=4), ""),  # a plain pickle
+    (_pickled_numpy, "it pickles numpy"),  # a real torch.save file, holding other objects than tensors
+], ids=["garbage", "empty", "text", "plain-pickle", "numpy-pickle"])
+def test_a_file_that_is_not_weights_is_refused_in_one_line_without_torch_advice(tmp_path, write, detail, recwarn):
+    # torch's own text is seven lines advising weights_only=False: loading so runs any code the file holds
+    path = tmp_path / "weights.pth"
+    write(path)
+    with pytest.raises(ConfigError) as err:
+        load_torchvision_weights(resnet18(), path)
+    message = str(err.value)
+    assert f"{str(path)!r} is not a PyTorch (torch.save) or safetensors weights file" in message
+    assert detail in message and "\n" not in message and "weights_only" not in message
+    assert err.value.__cause__ is None and err.value.__suppress_context__  # no traceback chain to print either
+    assert not [w for w in recwarn if "pickle protocol" in str(w.message)]  # nor torch's warning about the protocol

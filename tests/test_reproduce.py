@@ -12,6 +12,7 @@ import pytest
 from fedstyle.cli.main import main
 from fedstyle.errors import ConfigError
 from fedstyle.experiments.config import RunConfig
+from fedstyle.experiments.verdict import NOT_LEARNED_STATUS
 from fedstyle.experiments.grid import PlannedRun, parse_grid, plan_grid, read_toml
 from fedstyle.experiments.paper import (
     Claim,
@@ -112,7 +113,11 @@ def test_presets_ship_as_data_and_are_listed(capsys):
                        match="no preset 'nope'; presets: ccst, fedccrl, fedgca, fediir, fedomg, gperxan, pardon, stablefdg, styleddg"):
         preset_path("nope")
     assert main(["reproduce", "--list"]) == 0
-    text = capsys.readouterr().out
+    assert [line.split()[0] for line in capsys.readouterr().out.splitlines()[:len(PRESETS)]] == PRESETS
+    text = ""
+    for name in ("ccst", "pardon", "fedgca", "stablefdg", "styleddg"):  # `--list PAPER`: its tracks, scales and numbers
+        assert main(["reproduce", "--list", name]) == 0
+        text += capsys.readouterr().out
     assert "ccst" in text and "--scale smoke" in text and "--scale full" in text and "PACS, ResNet-50" in text
     assert "pardon" in text and "PACS, LODO" in text and "fedgca" in text and "Digits, MNIST ->" in text
     assert "stablefdg" in text and "PACS, multi-domain clients" in text and "PACS, m = 9, RGG radius 0.8" in text
@@ -169,15 +174,18 @@ def test_reproduce_puts_the_papers_numbers_beside_fedstyles_with_a_verdict_per_c
     expected = sum(len(parse_claim_text(c["says"], "")) for c in preset["claim"])
     assert len(claims) == expected == 17
     first = claims[0]
-    assert first["claim"] == "ccst-overall-k3 > fedavg" and first["status"] == "not judged"  # one seed
+    # one seed: not judged; the tiny rows may also sit at chance, which says so (issue 53)
+    assert first["claim"] == "ccst-overall-k3 > fedavg" and first["status"] in ("not judged", NOT_LEARNED_STATUS)
     assert first["paper"] == "86.52 vs 82.37 (+4.15, PACS)" and first["n_better"] == 1
     assert first["cells"] == ["folder → grey"] and first["seeds"] == [0]
-    assert {c["status"] for c in claims[1:]} <= {"holds", "fails", "within noise", "not judged", "not run"}
+    assert {c["status"] for c in claims[1:]} <= {"holds", "fails", "within noise", "not judged", "not run",
+                                                 NOT_LEARNED_STATUS}
     assert "mixstyle is not in this sweep" in claims[1]["text"]
     table = report.split("### The paper's claims, checked here")[1]
     assert sum(table.count(f"\n| {row}") for row in ("ccst", "mixstyle", "feddg", "jigen", "rsc")) == expected
     assert re.search(r"\| ccst-overall-k3 > fedavg \(Table 1\) \| 86\.52 vs 82\.37 \(\+4\.15, PACS\) \| "
-                     r"\d+\.\d \(n=1\) \| \d+\.\d \(n=1\) \| \*\*not judged\*\*: [+-]\d+\.\d points, one paired seed",
+                     r"\d+\.\d \(n=1\) \| \d+\.\d \(n=1\) \| \*\*not judged( \(a row did not learn\))?\*\*: "
+                     r"(source validation [^;]*; )?[+-]\d+\.\d points, one paired seed",
                      report)
 
 
@@ -408,5 +416,5 @@ def test_reproduce_runs_the_pretrained_track(tiny_root, tmp_path, capsys):
     assert all(c["backbone"] == "efficientnet_lite0" and c["pretrained"] and c["batchnorm"] == "eval"
                and c["per_class"] == 50 for c in configs)
     assert "The pretrained track:" in (out / "report.md").read_text()
-    assert main(["reproduce", "--list"]) == 0
+    assert main(["reproduce", "--list", "ccst"]) == 0
     assert "--track pretrained: ImageNet-pretrained EfficientNet-Lite0" in capsys.readouterr().out

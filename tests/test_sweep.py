@@ -223,11 +223,13 @@ def write_grid(tmp_path, tiny_root, **parts) -> Path:
 
 
 def summaries(out: Path) -> dict[str, dict]:
-    """Every run's summary, without what differs between identical runs (time)."""
+    """Every run's summary, without what differs between identical runs (time, and where it ran: a commit made
+    while the tests run changes fedstyle.environment's record, never the numbers)."""
     found = {}
     for path in sorted(out.rglob("summary.json")):
         summary = json.loads(path.read_text())
-        summary.pop("seconds")
+        for key in ("seconds", "environment", "environment_resumed"):
+            summary.pop(key, None)
         found[path.parent.relative_to(out).as_posix()] = summary
     return found
 

@@ -67,6 +67,9 @@ PHASE_HOOKS = {"setup": "setup_upload", "query": "round_query", "share": "p2p_sh
 #: topology names: the star (server + clients) and the peer-to-peer graphs of fedstyle.federation.topology
 STAR: tuple[str, ...] = ("star",)
 PEER_TO_PEER: tuple[str, ...] = ("complete", "ring", "rgg", "erdos_renyi")
+#: what a method is, for ``fedstyle methods``: the families a method's ``family`` names
+FAMILIES: tuple[str, ...] = ("style-sharing", "feature augmentation", "domain-invariance", "FL heterogeneity",
+                             "peer-to-peer", "single-source")
 
 
 class NonFiniteLossError(FedstyleError):
@@ -99,6 +102,10 @@ class Algorithm:
     label: ClassVar[str] = ""
     summary: ClassVar[str] = ""
     paper: ClassVar[str] = ""
+    #: one of :data:`FAMILIES`
+    family: ClassVar[str] = ""
+    #: what travels between sites, in a few words ("weights; once, style statistics")
+    shares: ClassVar[str] = "weights"
     topologies: ClassVar[tuple[str, ...]] = STAR
 
     HPARAMS: ClassVar[tuple[HParam, ...]] = (

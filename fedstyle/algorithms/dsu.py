@@ -16,6 +16,8 @@ and 229; there is no stage boundary there in fedstyle's ResNet); the firing draw
 ``np.random.random()`` there, torch's CPU generator here). A batch of one sample, or a 1 x 1 map (layer4
 on small inputs), passes through unchanged here; the authors' unbiased variance of one value is NaN
 (dsu.py:48 and 57), which makes their output NaN.
+
+Its card, with hyperparameters, results and parity: docs/methods/dsu.md.
 """
 
 from fedstyle.algorithms.base import Algorithm, apply_reference_code
@@ -29,6 +31,8 @@ REFERENCE = {"style_stages": "stem,layer1,layer2,layer3,layer4"}
 @register_method
 class LocalDSU(Algorithm):
     name = "dsu"
+    family = "feature augmentation"
+    shares = "weights"
     label = "DSU"
     summary = "FedAvg with DSU style uncertainty inside each client (stages 1-3, p=0.5)"
     paper = "Li et al., Uncertainty modeling for out-of-distribution generalization, ICLR 2022"

@@ -2,6 +2,8 @@
 
 The proximal term is a :meth:`~fedstyle.algorithms.base.Algorithm.weight_penalty` (a function of the
 weights alone), so FedProx keeps FedAvg's step and trains batched under ``--client-batching``.
+
+Its card, with hyperparameters, results and parity: docs/methods/fedprox.md.
 """
 
 import torch
@@ -14,6 +16,8 @@ from fedstyle.algorithms.registry import register_method
 @register_method
 class FedProx(Algorithm):
     name = "fedprox"
+    family = "FL heterogeneity"
+    shares = "weights"
     label = "FedProx"
     summary = "FedAvg with a proximal term pulling local weights to the downloaded model"
     paper = "Li et al., Federated optimization in heterogeneous networks, MLSys 2020"

@@ -82,8 +82,11 @@ def resolve_hparams(declared: Iterable[HParam], given: Mapping[str, Any], method
     table = {h.name: h for h in declared}
     unknown = sorted(set(given) - set(table))
     if unknown:
+        from fedstyle.registry import did_you_mean
+
         valid = ", ".join(sorted(table)) or "(it has none)"
-        raise ConfigError(f"unknown hyperparameter {unknown[0]!r} for method {method!r}; valid: {valid}")
+        raise ConfigError(f"unknown hyperparameter {unknown[0]!r} for method {method!r}; "
+                          f"{did_you_mean(unknown[0], table)}valid: {valid}")
     return {name: (h.parse(given[name], method) if name in given else h.default) for name, h in table.items()}
 
 

@@ -24,6 +24,7 @@ from fedstyle.algorithms.hparams import HParam
 from fedstyle.algorithms.context import ClientContext
 from fedstyle.data.lazy import LazyImages
 from fedstyle.errors import ConfigError
+from fedstyle.io import not_a_readable_file
 from fedstyle.payload import Payload
 from fedstyle.seeding import derive_seed
 from fedstyle.style.privacy import NOISE_SOURCES, StylePrivacy
@@ -102,8 +103,9 @@ def check_style_backend(method: str, hp: Mapping[str, Any], backend_key: str = "
 
         for option, filename in (("vgg_weights", VGG_FILE), ("decoder_weights", DECODER_FILE)):
             path = find_weights(hp.get(option) or None, filename, option)  # ConfigError when absent
-            if not path.is_file():
-                raise ConfigError(f"{option}={hp[option]} does not exist; pass the path of the public AdaIN "
+            problem = not_a_readable_file(path)
+            if problem:
+                raise ConfigError(f"{option}={hp[option]} {problem}; pass the path of the public AdaIN "
                                   f"{filename}, or use the offline backend {backend_key}=lite")
 
 
@@ -176,7 +178,9 @@ class StyleExchange(Algorithm):
         recipe = {"style_type": style_type, "count": count, "seed": seed}
         if privacy.enabled:  # absent when off: the clean style's cache key stays what it was
             recipe["privacy"] = privacy.recipe()
-        return self.computed_style(ctx, images, recipe, total, compute)[0].to_payload()
+        # a deployed site answers the same question again with the same release (docs/privacy.md)
+        return ctx.release(purpose, privacy,
+                           lambda: self.computed_style(ctx, images, recipe, total, compute)[0].to_payload())
 
     def computed_style(
         self,

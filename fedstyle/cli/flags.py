@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import sys
 from pathlib import Path
 
 
@@ -92,15 +93,96 @@ def resume_settings(args: argparse.Namespace) -> dict:
 
 
 def config_from_args(args: argparse.Namespace):
-    """The RunConfig of ``--config FILE.toml`` (if given) overridden by the flags given."""
-    from fedstyle.algorithms.hparams import parse_assignments
+    """The RunConfig of ``--config FILE.toml`` (if given) overridden by the flags given; a preset variant
+    named by --method (:func:`check_run_names`) brings its hyperparameters, below those of --hp."""
     from fedstyle.experiments.config import RunConfig
 
     config = RunConfig.from_toml(args.config) if args.config else RunConfig()
     changes = {name: getattr(args, name) for name in RunConfig.field_names() if hasattr(args, name)}
-    if "hparams" in changes:
-        changes["hparams"] = {**config.hparams, **parse_assignments(changes["hparams"])}
+    variant_hparams = getattr(args, "variant_hparams", {})
+    if "hparams" in changes or variant_hparams:
+        from fedstyle.algorithms.hparams import parse_assignments  # imports every method, and torch
+
+        changes["hparams"] = {**config.hparams, **variant_hparams, **parse_assignments(changes.get("hparams", []))}
     return config.updated(**changes)
+
+
+def _toml_keys(path: str) -> set[str]:
+    import tomllib
+
+    return set(tomllib.loads(Path(path).read_text()))
+
+
+def check_run_names(args: argparse.Namespace) -> None:
+    """The names of a new run, checked against the catalog before torch is imported: --method (a method in any
+    case, a preset's variant or a row label, :func:`fedstyle.cli.names.resolve_method`), --dataset, --target,
+    --val-domain, --source, --backbone and the --hp names, each refused with "did you mean". --method is
+    rewritten to the method's name; a variant's hyperparameters, settings and label fill what is not given."""
+    from fedstyle.cli import catalog
+    from fedstyle.cli.names import resolve_method
+    from fedstyle.errors import ConfigError, UnknownNameError
+    from fedstyle.experiments.config import RunConfig
+    from fedstyle.registry import did_you_mean
+
+    base = RunConfig.from_toml(args.config) if args.config else RunConfig()
+    choice = resolve_method(getattr(args, "method", base.method))
+    args.method = choice.method
+    if choice.hparams:
+        args.variant_hparams = choice.hparams
+    in_file = _toml_keys(args.config) if args.config else set()
+    for key, value in choice.settings.items():  # the variant's settings (e.g. its lr), below the flags and file
+        if not hasattr(args, key) and key not in in_file:
+            setattr(args, key, value)
+    if choice.label and not hasattr(args, "label") and not base.label:
+        args.label = choice.label
+
+    def value(name):
+        return getattr(args, name, getattr(base, name))
+
+    known = catalog.load()
+    dataset = value("dataset")
+    if not dataset.startswith("hf:") and dataset not in known["datasets"]:
+        raise UnknownNameError(f"unknown dataset {dataset!r}; {did_you_mean(dataset, known['datasets'])}choose one "
+                               f"of: {', '.join(sorted(known['datasets']))}; or hf:OWNER/NAME (`fedstyle data list`)")
+    domains = (known["datasets"].get(dataset) or {}).get("domains")
+    named = [("--target", t) for t in value("targets")] + [(flag, value(name)) for flag, name in
+                                                            (("--val-domain", "val_domain"), ("--source", "source"))
+                                                            if value(name) is not None]
+    for flag, domain in named if domains else []:
+        if domain not in domains:
+            raise ConfigError(f"{flag} {domain!r} is no domain of {dataset}; {did_you_mean(domain, domains)}"
+                              f"its domains: {', '.join(domains)}")
+    backbone = value("backbone")
+    if backbone != "auto" and backbone not in known["backbones"]:
+        raise UnknownNameError(f"unknown backbone {backbone!r}; {did_you_mean(backbone, known['backbones'])}choose "
+                               f"one of: auto, {', '.join(known['backbones'])}")
+    hparams = {h["name"] for h in known["methods"][choice.method]["hparams"]}
+    given = [*base.hparams, *choice.hparams, *(item.partition("=")[0].strip() for item in getattr(args, "hparams", []))]
+    for name in given:
+        if name and name not in hparams:
+            raise ConfigError(f"unknown hyperparameter {name!r} for method {choice.method!r}; "
+                              f"{did_you_mean(name, hparams)}see `fedstyle methods {choice.method}`")
+
+
+def fetch_pretrained_weights(config, quiet: bool = False) -> None:
+    """``--download``: put the torchvision file ``--pretrained`` loads into the torch hub cache (its hash checked);
+    the backbone ``auto`` picks is resolved on the dataset first. Nothing to fetch for EfficientNet-Lite0, whose
+    weights ship with its package."""
+    from fedstyle.errors import ConfigError
+    from fedstyle.models.hub_weights import TORCHVISION_FILES, download_torchvision_weights
+
+    if not config.pretrained or config.weights:
+        raise ConfigError("--download fetches the weights --pretrained loads; add --pretrained, or drop --download"
+                          + (" (--weights names the file already)" if config.weights else ""))
+    backbone = config.backbone
+    if backbone == "auto":
+        from fedstyle.experiments.build import load_config_dataset, resolve_config
+
+        backbone = resolve_config(config, load_config_dataset(config, progress=not quiet)).backbone
+    if backbone in TORCHVISION_FILES:
+        path = download_torchvision_weights(backbone, progress=not quiet)
+        if not quiet:
+            print(f"{backbone}: torchvision's ImageNet weights in {path}", file=sys.stderr)
 
 
 def print_summary(summary: dict, out: Path) -> None:

@@ -4,19 +4,31 @@ from __future__ import annotations
 
 import argparse
 import sys
+import warnings
 from pathlib import Path
 
 from fedstyle.cli.flags import (
     add_run_flags,
     check_resume_flags,
+    check_run_names,
     config_from_args,
+    fetch_pretrained_weights,
     print_summary,
     resume_settings,
     stop_on_sigterm,
 )
+from fedstyle.cli.parser import FedstyleParser
 from fedstyle.errors import FedstyleError
 
+RUN_USAGE = """fedstyle run --method NAME [--hp NAME=VALUE ...] [RUN SETTINGS ...] --out DIR
+       fedstyle run --config FILE.toml [RUN SETTINGS ...] --out DIR
+       fedstyle run --resume DIR [--restart] [--quiet]"""
+
 RUN_EXAMPLES = """\
+Train one federated configuration; writes config.json, partition.json, metrics.jsonl, a checkpoint,
+summary.json and finally `done` into --out. --method takes a method name (`fedstyle methods`, any case),
+a preset's variant name or a row label (`fedstyle reproduce --list PAPER`).
+
 examples:
   # leave MNIST out; 6 single-domain clients, half of them each round
   fedstyle run --method fedavg --dataset digits4 --target mnist --partition per_domain \\
@@ -31,6 +43,8 @@ examples:
   fedstyle run --config exp.toml --seed 1 --out runs/s1
   # continue an interrupted run (Ctrl-C or killed) from its last checkpoint
   fedstyle run --resume runs/x
+  # a preset's row by its variant name: CCST with overall styles, K = 3
+  fedstyle run --method ccst-overall-k3 --target syn --out runs/ccst
 """
 
 MAIN_EPILOG = """\
@@ -39,7 +53,7 @@ a 5-minute tour:
   fedstyle data list                  datasets (built-in and folder benchmarks)
   fedstyle data show digits4          PNG grid: a row per domain, a column per class
   fedstyle data download pacs --data-root data   PACS, VLCS, Office-Home, DomainNet ... fetched and verified
-  fedstyle methods                    every method with its hyperparameters and defaults
+  fedstyle methods                    every method, one line each; `fedstyle methods NAME` its hyperparameters
   fedstyle run --help                 train one configuration into a run directory
   fedstyle report runs/*              the papers' table (mean ± std over seeds) + CSV + plot
   fedstyle sweep --help               a grid of runs from one TOML file, on this machine or a Ray cluster
@@ -52,6 +66,9 @@ a 5-minute tour:
 
 def _cmd_run(args: argparse.Namespace) -> int:
     from fedstyle.errors import ConfigError
+
+    if not args.resume:
+        check_run_names(args)  # names and options refused here, before torch is imported
     from fedstyle.experiments.runner import resume_experiment, run_experiment
 
     stop_on_sigterm()
@@ -64,20 +81,43 @@ def _cmd_run(args: argparse.Namespace) -> int:
     else:
         if not args.out:
             raise ConfigError("give --out DIR for the run directory (or --resume DIR to continue one)")
-        summary = run_experiment(config_from_args(args), args.out, quiet=args.quiet)
+        config = config_from_args(args)
+        if args.download:
+            fetch_pretrained_weights(config, quiet=args.quiet)
+        summary = run_experiment(config, args.out, quiet=args.quiet)
         out = Path(args.out)
     print_summary(summary, out)
     return 0
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
-    from fedstyle.experiments.report import to_text, write_report
-    from fedstyle.experiments.verdict import judge_labelled_claims
+    from fedstyle.cli.names import row_resolver
+    from fedstyle.experiments.report import collect, plan_rows, results_table, to_text, write_report
+    from fedstyle.experiments.verdict import claim_rows, judge_labelled_claims, parse_ordering
 
-    table, paths = write_report([Path(p) for p in args.runs], Path(args.out), which=args.which)
+    for claim in args.claim:  # a malformed claim is refused before any run is read
+        parse_ordering(claim)
+    runs = [Path(p) for p in args.runs]
+    resolve = None
+    if args.claim:  # every claim checked before anything is written
+        records = collect(runs)
+        table = results_table(records, args.which)
+        row_of = plan_rows([r for r in records if r.dataset == table.dataset]).row_of
+        row_methods: dict[str, set[str]] = {}
+        for record in records:
+            if record.path in row_of:
+                row_methods.setdefault(row_of[record.path], set()).add(record.summary.get("method", ""))
+        resolve = row_resolver([row.label for row in table.rows], row_methods)
+        claim_rows(table, args.claim, resolve)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        table, paths = write_report(runs, Path(args.out), which=args.which)
+    for message in dict.fromkeys(str(w.message) for w in caught):
+        if message != table.warning:  # that one is printed under the table
+            _plain_warning(message, UserWarning, "", 0)
     print(to_text(table))
     if args.claim:
-        lines = judge_labelled_claims(table, args.claim, Path(args.out) / "claims.json")
+        lines = judge_labelled_claims(table, args.claim, Path(args.out) / "claims.json", resolve)
         print("\n".join(lines))
         paths["claims"] = Path(args.out) / "claims.json"
     for p in paths.values():
@@ -94,26 +134,17 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _cmd_methods(args: argparse.Namespace) -> int:
-    from fedstyle.algorithms import METHODS
+    from fedstyle.cli.listing import method_detail, method_lines
 
-    for name, cls in METHODS.items():
-        print(f"{name}  ({cls.label}; topologies: {', '.join(cls.topologies)})")
-        print(f"    {cls.summary}")
-        if cls.paper:
-            print(f"    paper: {cls.paper}")
-        reason = cls.batching_support(cls.resolve({}))  # --client-batching, with the default hyperparameters
-        print(f"    client batching: {'yes' if reason is None else f'no ({reason})'}")
-        for h in cls.declared_hparams():
-            print(f"    --hp {h.describe()}")
-        print()
+    print("\n".join(method_detail(args.name) if args.name else method_lines()))
     return 0
 
 
 def _cmd_data_list(args: argparse.Namespace) -> int:
-    from fedstyle.data import DATASETS
+    from fedstyle.cli import catalog
 
-    for name, entry in DATASETS.items():
-        print(f"{name:12s} {getattr(entry, 'description', '')}")
+    for name, entry in sorted(catalog.load()["datasets"].items()):
+        print(f"{name:12s} {entry['description']}")
     print(f"{'hf:OWNER/NAME':12s} a Hugging Face image dataset with a domain column, from its cache (e.g. "
           "hf:flwrlabs/pacs; pip install 'fedstyle[hf]')")
     return 0
@@ -139,8 +170,9 @@ def _cmd_cache(args: argparse.Namespace) -> int:
 def _cmd_data_show(args: argparse.Namespace) -> int:
     from fedstyle.data import load_dataset, save_grid
 
+    # a grid draws from every image: official splits play no part (and hf:DIR's extra splits need no flag here)
     dataset = load_dataset(args.name, data_root=args.data_root, resolution=args.resolution,
-                           skip_bad_images=args.skip_bad_images, progress=not args.quiet)
+                           skip_bad_images=args.skip_bad_images, progress=not args.quiet, official_splits=False)
     out = Path(args.out or f"{args.name.replace(':', '-').replace('/', '--')}.png")  # hf:OWNER/NAME: one file
     save_grid(dataset, out, per_cell=args.per_cell, seed=args.seed)
     sizes = ", ".join(f"{d} {dataset.size(d)}" for d in dataset.domains)
@@ -150,33 +182,36 @@ def _cmd_data_show(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = FedstyleParser(
         prog="fedstyle",
         description="Federated domain generalization: train one classifier across clients whose images come "
         "from different visual domains, and test it on a domain no client has.",
         epilog=MAIN_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    parser.add_argument("--version", action=_VersionAction)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
-    run = sub.add_parser("run", help="train one configuration into a run directory",
-                         description="Train one federated configuration; writes config.json, partition.json, "
-                         "metrics.jsonl, a checkpoint, summary.json and finally `done` into --out.",
-                         epilog=RUN_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    run = sub.add_parser("run", help="train one configuration into a run directory", usage=RUN_USAGE,
+                         description=RUN_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_run_flags(run, resume_help="continue the interrupted run in DIR (its config.json is used)")
+    run.add_argument("--download", action="store_true", help="with --pretrained: fetch torchvision's ResNet file "
+                     "from its official URL into the torch hub cache (its hash checked) when it is not there")
     run.set_defaults(func=_cmd_run)
 
     report = sub.add_parser("report", help="paper-style table over run directories (mean ± std over seeds)",
                             description="Collect run directories (searched recursively) into the papers' table: "
                             "rows are methods, columns held-out domains and their average, cells mean ± std over seeds. "
-                            "Writes report.md, report.csv and accuracy.png.")
+                            "Writes report.md, report.csv, report.tex and the figures (PNG and PDF).")
     report.add_argument("runs", nargs="+", metavar="DIR", help="run directories or folders containing them")
     report.add_argument("--out", default="report", metavar="DIR", help="where to write the report (default: report)")
     report.add_argument("--which", choices=("selected", "last"), default="selected",
                         help="accuracy of the selected model or of the last round (default: selected)")
     report.add_argument("--claim", action="append", default=[], metavar="'A > B'",
-                        help="judge a claim between two rows, named as the table names them (e.g. 'PARDON > FPL', "
-                        "or a chain 'A > B > C'), by fedstyle's rule: paired seeds per held-out target, the 95 %% "
+                        help="judge a claim between two rows, each named by its method, a preset's variant name or its "
+                        "label in the table, in that order (e.g. 'pardon > fpl', or a chain 'A > B > C'); checked "
+                        "before anything is written; a row within 10 points of chance on source validation is not "
+                        "judged. By fedstyle's rule: paired seeds per held-out target, the 95 %% "
                         "interval of the mean difference (holds / fails / within noise); repeatable; writes claims.json")
     report.set_defaults(func=_cmd_report)
 
@@ -193,7 +228,11 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--quiet", action="store_true", help="no progress bars")
     demo.set_defaults(func=_cmd_demo)
 
-    methods = sub.add_parser("methods", help="list every method with its hyperparameters and defaults")
+    methods = sub.add_parser("methods", help="every method, one line each; with NAME its hyperparameters",
+                             description="Every method: name, family, paper and what it shares besides nothing "
+                             "private. `fedstyle methods NAME` (a method, a preset's variant or a row label): its "
+                             "summary, hyperparameters (--hp NAME=VALUE) and defaults.")
+    methods.add_argument("name", nargs="?", metavar="NAME", help="a method (any case), a preset's variant or a row label")
     methods.set_defaults(func=_cmd_methods)
 
     cache = sub.add_parser("cache", help="what the cache holds (datasets, stylized copies), or clear parts of it",
@@ -209,7 +248,8 @@ def build_parser() -> argparse.ArgumentParser:
     clear.add_argument("kinds", nargs="*", metavar="KIND", help="datasets, ccst, feddg_fft, style or adain")
     clear.add_argument("--all", action="store_true", help="everything")
 
-    data = sub.add_parser("data", help="list datasets, draw one as a PNG grid, or download a benchmark")
+    data = sub.add_parser("data", help="list datasets, draw one as a PNG grid, check a folder of images, or download "
+                          "a benchmark")
     data_sub = data.add_subparsers(dest="data_command", metavar="ACTION", required=True)
     data_list = data_sub.add_parser("list", help="list datasets")
     data_list.set_defaults(func=_cmd_data_list)
@@ -223,9 +263,10 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("--seed", type=int, default=0, help="which images are drawn")
     show.add_argument("--quiet", action="store_true", help="no progress bar")
     show.set_defaults(func=_cmd_data_show)
-    from fedstyle.cli.data import add_download_command
+    from fedstyle.cli.data import add_check_command, add_download_command
 
     add_download_command(data_sub)
+    add_check_command(data_sub)
 
     from fedstyle.cli.style import add_style_commands
 
@@ -242,18 +283,45 @@ def build_parser() -> argparse.ArgumentParser:
     from fedstyle.cli.audit import add_audit_command
 
     add_audit_command(sub)
+
+    from fedstyle.cli.leaderboard import add_leaderboard_command
+
+    add_leaderboard_command(sub)
     return parser
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("fedstyle")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
+
+
+class _VersionAction(argparse.Action):
+    """--version: the installed package's version, looked up only when asked (importlib.metadata is slow)."""
+
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, help=None):
+        super().__init__(option_strings, dest=dest, default=default, nargs=0,
+                         help="print fedstyle's version and exit")
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(f"fedstyle {_version()}")
+        parser.exit()
+
+
+def _plain_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """A warning reaches the user as one line, without the source path and line Python would print."""
+    text = " ".join(str(message).split())
+    print(f"fedstyle: warning: {text}", file=file or sys.stderr)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     argv = sys.argv[1:] if argv is None else list(argv)
-    args, extra = parser.parse_known_args(argv)
-    if extra:
-        hint = ""
-        if "--hp" in argv:
-            hint = "; --hp takes one NAME=VALUE word (e.g. --hp mu=0.1), repeated for each hyperparameter"
-        parser.error(f"unrecognized arguments: {' '.join(extra)}{hint}")
+    args = parser.parse_args(argv)
+    warnings.showwarning = _plain_warning
     try:
         return args.func(args)
     except FedstyleError as err:

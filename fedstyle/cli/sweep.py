@@ -77,6 +77,7 @@ FROM_SCRATCH = "from-scratch"
 REPRODUCE_EPILOG = """\
 examples:
   fedstyle reproduce --list
+  fedstyle reproduce --list ccst                  its tracks, scales and rows
   fedstyle reproduce ccst                         the smoke scale: a first look, minutes on 2 CPU cores
   fedstyle reproduce ccst --track pretrained --scale small --workers 2
                                                   the paper's claims with an ImageNet-pretrained backbone
@@ -96,7 +97,7 @@ def _execution_flags(parser: argparse.ArgumentParser, default_out: str) -> None:
                        "--set hparams.style_backend=fft, --set seeds=[0,1] (repeatable)")
     group.add_argument("--only", action="append", default=[], metavar="KEY=V1,V2",
                        help="keep only these values of a crossed key: variant, seed, target or a crossed setting "
-                       "(repeatable)")
+                       "(repeatable); a variant is named by its method (all its rows), its name or its row label")
     group.add_argument("--device", help="cpu, cuda, cuda:1 or auto for every run (a finished run is reused whatever "
                        "its device)")
     group.add_argument("--dry-run", action="store_true", help="print the runs, one line each, and how many are done; "
@@ -161,8 +162,13 @@ def _run(grid, out: Path, args: argparse.Namespace) -> int:
     from fedstyle.experiments.report import to_text
     from fedstyle.experiments.sweep import dry_run, plan_grid, run_plan
 
+    from fedstyle.cli.names import resolve_variants
+
     launcher = make_launcher(args)
-    plan = plan_grid(grid, out, progress=not args.quiet, only=_only(args.only))
+    only = [(key, resolve_variants(values, grid.variants, grid.where) if key == "variant" else values)
+            for key, values in _only(args.only)]
+    # a dry run lists the runs even where the data is not there yet (marked), so a plan can be read before a download
+    plan = plan_grid(grid, out, progress=not args.quiet, only=only, without_data=args.dry_run)
     if args.dry_run:
         dry_run(plan)
         return 0
@@ -213,32 +219,30 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
 def _cmd_reproduce(args: argparse.Namespace) -> int:
     from fedstyle.cli.flags import stop_on_sigterm
     from fedstyle.errors import ConfigError
-    from fedstyle.experiments.grid import parse_grid, read_toml
     from fedstyle.experiments.paper import list_presets, preset_path
 
     if args.list:
+        from fedstyle.cli.listing import preset_detail, preset_lines
+
         presets = list_presets()
         tracks = {t for _, data in presets for t in data.get("tracks", {})}
         if args.track not in (None, FROM_SCRATCH) and args.track not in tracks:
             raise ConfigError(f"--track {args.track!r} is no preset's track; the tracks are {FROM_SCRATCH}"
                               + "".join(f", {t}" for t in sorted(tracks)))
-        for name, data in presets:
-            paper = data.get("paper", {})
-            print(f"{name:10s} {data.get('title', '')}" + (f" — {paper.get('cite')}" if paper.get("cite") else ""))
-            print(f"  --track {FROM_SCRATCH} (default)")
-            for scale, table in data.get("scales", {}).items():
-                print(f"    --scale {scale:6s} {table.get('description', '')}")
-            for track, table in data.get("tracks", {}).items():
-                print(f"  --track {track}: {table.get('description', '')}")
-                for scale, scale_table in table.get("scales", data.get("scales", {})).items():
-                    print(f"    --scale {scale:6s} {scale_table.get('description', '')}")
-            for result in paper.get("results", []):
-                print(f"  paper's numbers: {result.get('name', result.get('dataset'))} ({result.get('source', '')})")
+        if args.paper:
+            import tomllib
+
+            path = preset_path(args.paper)
+            print("\n".join(preset_detail(path.stem, tomllib.loads(path.read_text()))))
+        else:
+            print("\n".join(preset_lines(presets)))
         return 0
     if not args.paper:
         raise ConfigError("name a paper (`fedstyle reproduce --list` shows them), e.g. fedstyle reproduce ccst")
     stop_on_sigterm()
     path = preset_path(args.paper)
+    from fedstyle.experiments.grid import parse_grid, read_toml  # imports every method, and torch
+
     if args.data_root or args.dataset:
         from fedstyle.cli.real_data import reproduce_paper_setting
 
@@ -267,7 +271,8 @@ def add_sweep_commands(sub: argparse._SubParsersAction) -> None:
                                description=REPRODUCE_DESCRIPTION, epilog=REPRODUCE_EPILOG,
                                formatter_class=argparse.RawDescriptionHelpFormatter)
     reproduce.add_argument("paper", nargs="?", metavar="PAPER", help="a preset name (see --list) or a preset file")
-    reproduce.add_argument("--list", action="store_true", help="the presets, their scales and the paper's numbers")
+    reproduce.add_argument("--list", action="store_true", help="the presets, one line each; with PAPER its tracks, "
+                           "scales, rows and the paper's numbers")
     reproduce.add_argument("--scale", default=None,
                            help="smoke (minutes on 2 CPU cores), small, full (the benchmark's setting); default smoke "
                            "(with --data-root or --dataset: full, the paper's setting)")

@@ -30,6 +30,9 @@ class DatasetEntry:
     has_official_splits: bool = False
     #: whether the loader decodes only a run's per-class pick (it then takes ``pick_per_class``)
     picks_per_class: bool = False
+    #: the domain names when they are known before loading (None: read from the data); the CLI checks
+    #: --target against them without loading anything
+    domains: tuple[str, ...] | None = None
 
     def load(
         self,
@@ -85,6 +88,7 @@ DATASETS.add(
         "digits4",
         "MNIST / MNIST-M / optdigits / synthetic font digits, 32 x 32, 10 classes (built offline)",
         _lazy_loader("fedstyle.data.digits4", "load_digits4"),
+        domains=("mnist", "mnistm", "optdigits", "syn"),  # fedstyle.data.digits4.DOMAINS (a test keeps them equal)
     ),
 )
 DATASETS.add(
@@ -95,11 +99,12 @@ DATASETS.add(
         "(needs the Fashion-MNIST idx files: apt install dataset-fashion-mnist or --data-root)",
         _lazy_loader("fedstyle.data.fashion4", "load_fashion4"),
         picks_per_class=True,
+        domains=("photo", "art", "cartoon", "sketch"),  # fedstyle.data.fashion4.DOMAINS (a test keeps them equal)
     ),
 )
 for _name, _benchmark in BENCHMARKS.items():
     DATASETS.add(_name, DatasetEntry(_name, _benchmark.description, _folder_loader(_benchmark), needs_data_root=True,
-                                     has_official_splits=True, picks_per_class=True))
+                                     has_official_splits=True, picks_per_class=True, domains=_benchmark.domains))
 DATASETS.add(
     "camelyon17",
     DatasetEntry(

@@ -32,6 +32,27 @@ TOPOLOGIES = ("star", "complete", "ring", "rgg", "erdos_renyi")
 #: where a run is also logged (--tracker and its locations): never what it computes, so resume may
 #: change them, grids reuse runs whatever they were, and reports do not count them as settings
 TRACKER_SETTINGS = ("trackers", "mlflow_uri", "tensorboard_dir")
+#: settings read only under another setting's value: setting -> (the deciding setting, the values it is read at)
+APPLIES_WHEN: dict[str, tuple[str, tuple[str, ...]]] = {
+    "radius": ("topology", ("rgg",)),
+    "edge_prob": ("topology", ("erdos_renyi",)),
+    "fraction": ("topology", ("star",)),
+    "clients_per_round": ("topology", ("star",)),
+    "lam": ("partition", ("lambda",)),
+    "alpha": ("partition", ("dirichlet", "label_dirichlet")),
+    "min_client_size": ("partition", ("dirichlet", "label_dirichlet")),
+    "val_domain": ("protocol", ("ltdo",)),
+    "source": ("protocol", ("single_source",)),
+    "momentum": ("optimizer", ("sgd",)),
+    "batchnorm_fix_round": ("batchnorm", ("train",)),
+}
+
+
+def inactive_settings(values: Mapping[str, Any]) -> set[str]:
+    """The settings of a run config (``config.json``'s mapping) that its other settings leave unread
+    (:data:`APPLIES_WHEN`): a report lists only the settings that shape its rows (no ``radius`` for a star run)."""
+    return {name for name, (decider, at) in APPLIES_WHEN.items()
+            if name in values and decider in values and values[decider] not in at}
 
 
 def _opt(default: Any, help: str, *, flag: str | None = None, choices: tuple | None = None, repeat: bool = False, **kw):
@@ -107,7 +128,10 @@ class RunConfig:
                                     "(1 = the first) every client normalises with the global model's running "
                                     "statistics, frozen, as evaluation does; 0 = never. Half the rounds is the "
                                     "paper's choice; it closes the gap batch statistics leave when each client "
-                                    "holds one domain (benchmarks/RESULTS.md 'Fine-tuning with batch statistics')")
+                                    "holds one domain (benchmarks/RESULTS.md 'Fine-tuning with batch statistics'). "
+                                    "With BatchNorm kept on the clients (FedBN, --hp local_bn=true) there are no "
+                                    "global statistics: each client normalises with its own running statistics, "
+                                    "frozen, and the run says so")
     rounds: int = _opt(20, "communication rounds (peer-to-peer: epochs of iterations)")
     local_epochs: int = _opt(1, "local epochs per round")
     local_steps: int = _opt(0, "local steps per round (overrides --local-epochs when > 0)")
@@ -302,6 +326,19 @@ class RunConfig:
             raise ConfigError("--val-fraction 0 leaves no source validation data for --selection source_val; "
                               "give --val-fraction > 0 or choose --selection last")
 
+
+    def batchnorm_fix_note(self) -> str | None:
+        """One line for a run that fixes BatchNorm where it stays on the clients: FixBN (Zhong et al., 2024) fixes
+        the global model's statistics, which FedBN's local BatchNorm does not have; what it fixes there instead."""
+        if not self.batchnorm_fix_round:
+            return None
+        from fedstyle.algorithms import METHODS
+
+        if self.method not in METHODS or not METHODS.get(self.method).resolve(self.hparams).get("local_bn"):
+            return None
+        return (f"--batchnorm-fix-round {self.batchnorm_fix_round} with BatchNorm kept on the clients (local_bn): "
+                f"there are no global statistics to fix, so from round {self.batchnorm_fix_round} each client "
+                "normalises with its own running statistics, frozen; the evaluation model averages them")
 
     def check_scale_settings(self) -> None:
         """--state-budget is a size; the Ray settings are for --backend flower-sim and well formed."""

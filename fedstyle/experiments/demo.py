@@ -75,23 +75,57 @@ def _check_same_settings(run_dir: Path, config: RunConfig) -> None:
                           f"give the demo another --out or delete {run_dir.parent.parent}")
 
 
+def partition_line(runs: list[tuple[str, RunConfig]], out: Path) -> str:
+    """One partition summary for the whole table: how many clients a run trains and their sizes, over the
+    runs' partition.json files."""
+    clients = []
+    for name, _ in runs:
+        path = out / name / "partition.json"
+        if path.is_file():
+            clients.append([c["size"]
+                            for c in json.loads(path.read_text())["clients"]])
+    if not clients:
+        return ""
+    sizes = [size for run in clients for size in run]
+    per_run = sorted({len(run) for run in clients})
+    return (f"partition: each run trains {'/'.join(map(str, per_run))} clients, one per source domain "
+            f"({min(sizes):,}-{max(sizes):,} training images each), and tests on the held-out domain")
+
+
+def closing_lines(out: Path, report: Path) -> list[str]:
+    """Where the report is and the commands to try next."""
+    return [
+        f"report: {report}  (the table, accuracy per round and the training curves)",
+        "next:",
+        "  fedstyle methods                                     every method, one line each",
+        f"  fedstyle report {out}/fedavg {out}/ccst --claim 'ccst > fedavg' --out {out}/claim",
+        "                                                       judge a claim on these runs",
+        "  fedstyle run --method fedprox --hp mu=0.01 --target syn --out runs/prox   one run of your own",
+        "  fedstyle reproduce --list                            the papers' tables, their claims checked",
+    ]
+
+
 def run_demo(out: Path, quiet: bool = False, rounds: int | None = None, device: str = "auto",
              ccst_style_backend: str = "auto") -> None:
     start = time.perf_counter()
     load_dataset("digits4", progress=not quiet)  # build the cache once, with a progress bar
+    built = time.perf_counter() - start
     runs = demo_runs(rounds, device, ccst_style_backend)
     for i, (name, config) in enumerate(runs, 1):
         run_dir = out / name
-        if not quiet:
-            print(f"[{i}/{len(runs)}] {config.method}, target {config.targets[0]}", file=sys.stderr)
         if (run_dir / CONFIG).exists():
             _check_same_settings(run_dir, config)
-            if not (run_dir / DONE).exists():
-                resume_experiment(run_dir, quiet=quiet)
+            summary = None if (run_dir / DONE).exists() else resume_experiment(run_dir, quiet=True)
         else:
-            run_experiment(config, run_dir, quiet=quiet)
+            summary = run_experiment(config, run_dir, quiet=True)  # the runs' own chatter stays in their files
+        if not quiet:
+            done = (f"{100 * summary['target_avg']['selected']:.1f} % in {summary['seconds']:.0f} s"
+                    if summary else "done before, reused")
+            print(f"[{i}/{len(runs)}] {config.method}, target {config.targets[0]}: {done}", file=sys.stderr)
     table, paths = write_report([out / folder for folder, _, _ in DEMO_METHODS], out / "report", which="selected")
-    print(to_text(table))
-    for path in paths.values():
-        print(f"wrote {path}")
+    line = partition_line(runs, out)
+    print("\n".join([*([line, ""] if line else []), to_text(table)]))
+    print(f"s/run: a run's training from its setup exchange to its last round; the one-time dataset build "
+          f"({built:.0f} s) is not in it")
     print(f"demo finished in {time.perf_counter() - start:.0f} s")
+    print("\n".join(closing_lines(out, paths["markdown"])))

@@ -41,7 +41,7 @@ from typing import Any, Mapping, Sequence
 
 from fedstyle.errors import ConfigError
 from fedstyle.experiments.rundir import DONE, SUMMARY
-from fedstyle.experiments.verdict import RULE, STATUSES, judge_paired
+from fedstyle.experiments.verdict import NOT_LEARNED_STATUS, RULE, STATUSES, judge_paired, not_learned_reason
 
 PRESETS_DIR = Path(__file__).resolve().parent / "presets"
 _ROW = r"[A-Za-z0-9._+@-]+(?:\[[^\]]*\])?"
@@ -120,6 +120,8 @@ def parse_claim_text(text: str, where: str, source: str = "") -> list[Claim]:
         raise ConfigError(f"{where}: claim {text!r} is not an ordering like \"ccst > fedavg\" or \"a > b > c\"")
     tokens = re.findall(rf"{_ROW}|[<>]", text)
     rows, ops = tokens[0::2], tokens[1::2]
+    if len(set(rows)) < len(rows):
+        raise ConfigError(f"{where}: claim {text!r} names a row twice; an ordering compares different rows")
     claims = []
     for left, op, right in zip(rows, ops, rows[1:]):
         better, worse = (left, right) if op == ">" else (right, left)
@@ -168,9 +170,12 @@ def preset_path(name: str) -> Path:
         if not path.is_file():
             raise ConfigError(f"preset file {name} does not exist")
         return path
-    candidate = PRESETS_DIR / f"{name}.toml"
+    from fedstyle.registry import did_you_mean
+
+    candidate = PRESETS_DIR / f"{name.lower()}.toml"
     if not candidate.is_file():
-        raise ConfigError(f"no preset {name!r}; presets: {', '.join(p for p, _ in list_presets()) or 'none'} "
+        names = [p.stem for p in sorted(PRESETS_DIR.glob("*.toml"))]
+        raise ConfigError(f"no preset {name!r}; {did_you_mean(name, names)}presets: {', '.join(names) or 'none'} "
                           "(`fedstyle reproduce --list`)")
     return candidate
 
@@ -197,6 +202,13 @@ class RowStats:
     per_seed: dict[int, float] = field(default_factory=dict)
     partial: bool = False
     per_cell: dict[tuple[str, int], float] = field(default_factory=dict)
+    #: the same models' source-validation accuracy (percent), one value per finished run
+    source_val: list[float] = field(default_factory=list)
+    num_classes: int | None = None
+
+    @property
+    def source_val_mean(self) -> float | None:
+        return statistics.fmean(self.source_val) if self.source_val else None
 
     @property
     def n(self) -> int:
@@ -219,10 +231,15 @@ class RowStats:
 
 def row_stats(runs: Sequence[Any], which: str = "selected") -> dict[str, RowStats]:
     """Row id -> its statistics over the finished runs in ``runs`` (PlannedRun objects of one group)."""
+    from fedstyle.errors import DataError
+    from fedstyle.experiments.report.runs import RunRecord, read_metrics
+
     planned: dict[tuple[str, int], int] = {}
     values: dict[tuple[str, int], list[float]] = {}
     cells: dict[str, dict[tuple[str, int], float]] = {}
     labels: dict[str, str] = {}
+    sources: dict[str, list[float]] = {}
+    classes: dict[str, int] = {}
     for run in runs:
         labels.setdefault(run.row, run.row_label)
         key = (run.row, run.seed)
@@ -233,11 +250,21 @@ def row_stats(runs: Sequence[Any], which: str = "selected") -> dict[str, RowStat
             summary = json.loads((run.run_dir / SUMMARY).read_text())
         except (OSError, ValueError):
             continue
+        try:
+            metrics = read_metrics(run.run_dir / "metrics.jsonl", complete=True)
+        except DataError:
+            metrics = []  # a damaged metrics file: its source validation is unknown, its summary still counts
+        fitted = RunRecord(run.run_dir, {}, summary, metrics, True).source_val_accuracy(which)
+        if fitted is not None:
+            sources.setdefault(run.row, []).append(100.0 * fitted)
+        if isinstance(summary.get("num_classes"), int):
+            classes[run.row] = summary["num_classes"]
         for target, entry in summary.get("targets", {}).items():
             if isinstance(entry, Mapping) and isinstance(entry.get(which), (int, float)):
                 values.setdefault(key, []).append(100.0 * entry[which])
                 cells.setdefault(run.row, {})[(cell_name(run.config.dataset, target), run.seed)] = 100.0 * entry[which]
-    stats = {row: RowStats(label, per_cell=cells.get(row, {})) for row, label in labels.items()}
+    stats = {row: RowStats(label, per_cell=cells.get(row, {}), source_val=sources.get(row, []),
+                           num_classes=classes.get(row)) for row, label in labels.items()}
     for (row, seed), accuracies in values.items():
         stats[row].per_seed[seed] = statistics.fmean(accuracies)
         if len(accuracies) < planned[(row, seed)]:
@@ -305,6 +332,11 @@ def judge(claim: Claim, stats: Mapping[str, RowStats], paper: Paper | None = Non
     verdict.ahead, verdict.paired, verdict.sign_p = paired.ahead, paired.n, paired.sign_p
     verdict.cells, verdict.seeds = paired.cells, paired.seeds
     verdict.text = paired.text() + ("; * some seeds lack targets" if better.partial or worse.partial else "")
+    reason = not_learned_reason({claim.better: better.source_val_mean, claim.worse: worse.source_val_mean},
+                                better.num_classes or worse.num_classes)
+    if reason:  # a row at chance: the gap between the rows is noise about nothing
+        verdict.status = NOT_LEARNED_STATUS
+        verdict.text = f"{reason}; {verdict.text}"
     return verdict
 
 
@@ -369,10 +401,12 @@ def paper_section(paper: Paper | None, claims: Sequence[Claim], stats: Mapping[s
                      (second.text() + f" (n={second.n})") if second else "—"]
             lines.append("| " + " | ".join(_escape(c) for c in cells) + f" | **{v.status}**: {_escape(v.text)} |")
         lines.append("")
-        counts = {status: sum(v.status == status for v in verdicts) for status in STATUSES}
+        counts = {status: sum(v.status == status for v in verdicts) for status in (*STATUSES, NOT_LEARNED_STATUS)}
         run = sum(v.status != "not run" for v in verdicts)
+        stuck = counts[NOT_LEARNED_STATUS]
         lines += [f"Of {run} claims checked here: {counts['holds']} hold, {counts['fails']} fail, "
                   f"{counts['within noise']} within noise, {counts['not judged']} not judged (one seed)"
+                  + (f", {stuck} not judged (a row did not learn)" if stuck else "")
                   + (f"; {len(verdicts) - run} not run" if run < len(verdicts) else "") + ".", ""]
     return lines, verdicts
 

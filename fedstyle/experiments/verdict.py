@@ -24,7 +24,7 @@ import math
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 #: the rule in one paragraph, for reports and RESULTS.md
 RULE = ("A claim A > B is judged on its cells (dataset x held-out target) and the seeds both rows ran there: each "
@@ -45,6 +45,42 @@ def learned(source_val_percent: float, n_classes: int) -> bool:
     """Whether a row's source-validation accuracy (in percent) lies more than :data:`NOT_LEARNED_MARGIN`
     points above chance (100 / n_classes)."""
     return source_val_percent > 100.0 / n_classes + NOT_LEARNED_MARGIN
+
+
+def not_learned_reason(rows: Mapping[str, float | None], n_classes: int | None) -> str:
+    """Why a claim between ``rows`` (name -> mean source-validation accuracy in percent, None when unknown)
+    cannot be judged: the rows that did not learn (:func:`learned`), in one phrase; "" when each learned
+    or nothing is known."""
+    if not n_classes:
+        return ""
+    chance = 100.0 / n_classes
+    stuck = [f"{name} {value:.1f} %" for name, value in rows.items() if value is not None and not learned(value, n_classes)]
+    if not stuck:
+        return ""
+    return (f"source validation {', '.join(stuck)}: within {NOT_LEARNED_MARGIN:.0f} points of chance "
+            f"({chance:.0f} %), so the comparison says nothing about the methods")
+
+
+def parse_ordering(claim: str) -> list[str]:
+    """The rows of a claim ``"A > B"``, ``"A < B"`` or a chain ``"A > B > C"``, best first, spaces around the
+    signs. Refused (a ConfigError naming the fix): no ordering, a mix of > and <, a row named twice
+    (``"A > A"``, ``"A > B > A"``: an ordering cannot hold)."""
+    import re
+
+    from fedstyle.errors import ConfigError
+
+    parts = [p.strip() for p in re.split(r"\s+([<>])\s+", claim.strip())]
+    names, signs = parts[0::2], parts[1::2]
+    if len(names) < 2 or len(signs) != len(names) - 1 or not all(names):
+        raise ConfigError(f"--claim {claim!r} is not an ordering 'A > B' (rows named as in the table, "
+                          "spaces around > or <)")
+    if len(set(signs)) > 1:
+        raise ConfigError(f"--claim {claim!r} mixes > and <; write the chain in one direction ('A > B > C')")
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated:
+        raise ConfigError(f"--claim {claim!r} names {repeated[0]!r} twice; an ordering compares different rows "
+                          "(e.g. 'A > B > C')")
+    return names if signs[0] == ">" else names[::-1]
 
 #: (cell, seed) -> accuracy in percent
 Accuracies = Mapping[tuple[str, int], float]
@@ -144,35 +180,55 @@ def judge_chain(rows: Sequence[str], accuracies: Mapping[str, Accuracies]) -> li
     return [(a, b, judge_paired(accuracies[a], accuracies[b])) for a, b in zip(rows, rows[1:])]
 
 
-def judge_labelled_claims(table, claims: Sequence[str], out: Path | None = None) -> list[str]:
-    """``fedstyle report --claim 'A > B'``: each claim (a chain allowed; rows named by their table label) judged
-    on ``table``'s rows (a :class:`~fedstyle.experiments.report.tabulate.Table`), one line per link; the verdicts
-    also go to ``out`` as JSON. A row the table lacks is a ConfigError naming the rows it has."""
-    import json
-    import re
-
+def claim_rows(table, claims: Sequence[str], resolve: Callable[[str], str] | None = None) -> list[list[str]]:
+    """Each claim's rows as table labels, best first (:func:`parse_ordering`), every name turned into a row
+    label by ``resolve`` (default: the label itself). Raises a ConfigError, before anything is judged or written,
+    for a malformed claim, a name no row has (with "did you mean"), or a chain that names a row twice."""
     from fedstyle.errors import ConfigError
+    from fedstyle.registry import did_you_mean
+
+    labels = {label for row in table.rows for label in (row.label, row.display_label)}
+    resolve = resolve or (lambda name: name)
+    out = []
+    for claim in claims:
+        rows = []
+        for name in parse_ordering(claim):
+            label = resolve(name)
+            if label not in labels:
+                raise ConfigError(f"--claim {claim!r}: no row {name!r} in the table; {did_you_mean(name, labels)}"
+                                  "its rows are " + ", ".join(repr(r.label) for r in table.rows))
+            rows.append(label)
+        if len(set(rows)) < len(rows):
+            raise ConfigError(f"--claim {claim!r} names one row twice (as {', '.join(map(repr, rows))}); an "
+                              "ordering compares different rows")
+        out.append(rows)
+    return out
+
+
+def judge_labelled_claims(table, claims: Sequence[str], out: Path | None = None,
+                          resolve: Callable[[str], str] | None = None) -> list[str]:
+    """``fedstyle report --claim 'A > B'``: each claim (a chain allowed; rows named as :func:`claim_rows`
+    resolves them) judged on ``table``'s rows (a :class:`~fedstyle.experiments.report.tabulate.Table`), one line
+    per link; the verdicts also go to ``out`` as JSON. A link on a row that did not learn (:func:`learned`, when
+    the table knows its class count) reads :data:`NOT_LEARNED_STATUS`."""
+    import json
+
     from fedstyle.io import atomic_write_text
 
     by_label = {}
     for row in table.rows:
         by_label[row.label] = by_label[row.display_label] = row
+    n_classes = getattr(table, "num_classes", None)
     lines, records = [], []
-    for claim in claims:
-        parts = [p.strip() for p in re.split(r"\s+([<>])\s+", claim.strip())]
-        names, signs = parts[0::2], parts[1::2]
-        if len(names) < 2 or len(signs) != len(names) - 1:
-            raise ConfigError(f"--claim {claim!r} is not an ordering 'A > B' (rows named as in the table, "
-                              "spaces around > or <)")
-        for name in names:
-            if name not in by_label:
-                raise ConfigError(f"--claim {claim!r}: no row {name!r} in the table; its rows are "
-                                  + ", ".join(repr(r.label) for r in table.rows))
-        for (a, b), sign in zip(zip(names, names[1:]), signs):
-            better, worse = (a, b) if sign == ">" else (b, a)
+    for rows in claim_rows(table, claims, resolve):
+        for better, worse in zip(rows, rows[1:]):
             verdict = judge_paired(by_label[better].cell_accuracies(table.dataset),
                                    by_label[worse].cell_accuracies(table.dataset))
-            lines.append(f"claim {better} > {worse}: {verdict.status} ({verdict.text()})")
+            reason = not_learned_reason({name: by_label[name].source_val.mean for name in (better, worse)}, n_classes)
+            if reason:
+                verdict.status = NOT_LEARNED_STATUS
+            text = f"{reason}; {verdict.text()}" if reason else verdict.text()
+            lines.append(f"claim {better} > {worse}: {verdict.status} ({text})")
             records.append({"claim": f"{better} > {worse}", "status": verdict.status, "mean": verdict.mean,
                             "low": verdict.low, "high": verdict.high, "ahead": verdict.ahead, "pairs": verdict.n,
                             "sign_p": verdict.sign_p, "cells": verdict.cells, "seeds": verdict.seeds,

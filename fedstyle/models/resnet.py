@@ -9,12 +9,16 @@ The ImageNet checkpoints expect RGB in [0, 1] normalised with ``IMAGENET_MEAN``/
 from __future__ import annotations
 
 import os
+import pickle
+import re
+import warnings
 from typing import Callable, Mapping
 
 import torch
 from torch import nn
 
 from fedstyle.errors import ConfigError
+from fedstyle.io import not_a_readable_file
 from fedstyle.models.base import Backbone, kaiming_init
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -129,22 +133,43 @@ def read_state_dict(path: str | os.PathLike) -> dict[str, torch.Tensor]:
     Unwraps ``{"state_dict": ...}`` and strips the ``module.`` prefix of DataParallel checkpoints.
     """
     path = os.fspath(path)
-    if not os.path.isfile(path):
-        raise ConfigError(f"weights file {path!r} does not exist; pass the path of a downloaded checkpoint")
+    problem = not_a_readable_file(path)
+    if problem:
+        raise ConfigError(f"weights file {path!r} {problem}; pass the path of a downloaded checkpoint")
     try:
         if path.endswith(".safetensors"):
             from safetensors.torch import load_file
 
             raw: object = load_file(path, device="cpu")
         else:
-            raw = torch.load(path, map_location="cpu", weights_only=True)
+            with warnings.catch_warnings():  # torch's note on an unusual pickle protocol: the error below says it
+                warnings.simplefilter("ignore", UserWarning)
+                raw = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # corrupt file, wrong format, pickled non-tensor objects
-        raise ConfigError(f"cannot read weights file {path!r}: {exc}") from exc
+        raise ConfigError(f"weights file {path!r} is not a PyTorch (torch.save) or safetensors weights file"
+                          f"{_why_unreadable(exc)}") from None
     if isinstance(raw, Mapping) and isinstance(raw.get("state_dict"), Mapping):
         raw = raw["state_dict"]
     if not isinstance(raw, Mapping) or not all(isinstance(v, torch.Tensor) for v in raw.values()):
         raise ConfigError(f"weights file {path!r} does not hold a state dict (a mapping of names to tensors)")
     return {(k[len("module.") :] if k.startswith("module.") else k): v for k, v in raw.items()}
+
+
+def _why_unreadable(exc: Exception) -> str:
+    """What torch or safetensors found wrong with a weights file, as ``": ..."`` on one line (or "").
+
+    Never torch's own text for a pickle that its safe loader refuses: seven lines that advise loading
+    with ``weights_only=False``, which runs any code the file holds. A file that pickles other objects
+    than tensors is named by the first such object, with how to save the tensors alone."""
+    text = str(exc)
+    found = re.search(r"Unsupported global: GLOBAL ([\w.]+)", text)
+    if found:
+        return (f": it pickles {found.group(1)}, not only tensors (fedstyle loads tensors alone, never code); "
+                "save the state dict alone: torch.save(model.state_dict(), PATH)")
+    if isinstance(exc, (pickle.UnpicklingError, KeyError, EOFError)) or "weights_only" in text:
+        return ""  # garbage (a KeyError: an unknown pickle opcode), an empty file, torch's advice: nothing to add
+    first = text.strip().splitlines()[0].split(". ")[0] if text.strip() else ""
+    return f" ({first[:160]})" if first else ""
 
 
 def check_state_dict(

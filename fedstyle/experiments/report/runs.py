@@ -14,8 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Sequence
 
+from fedstyle.environment import describe, differences
 from fedstyle.errors import ConfigError, DataError
-from fedstyle.experiments.config import TRACKER_SETTINGS
+from fedstyle.experiments.config import TRACKER_SETTINGS, inactive_settings
 
 WHICH = {"selected": "model chosen by the run's selection rule", "last": "last round"}
 #: config keys that do not make two runs' results different settings (where and how a run ran, its
@@ -53,9 +54,12 @@ class RunRecord:
         return self.summary.get("label") or self.summary["method"]
 
     def settings(self) -> dict[str, object]:
-        """The run's comparable settings: config.json without where and how it ran, the method's
+        """The run's comparable settings: config.json without where and how it ran and without the settings its
+        other settings leave unread (:func:`~fedstyle.experiments.config.inactive_settings`), the method's
         hyperparameters as ``hp.NAME``."""
-        out = {k: _plain(v) for k, v in self.config.items() if k not in NOT_SETTINGS and k != "hparams"}
+        unread = inactive_settings(self.config)
+        out = {k: _plain(v) for k, v in self.config.items()
+               if k not in NOT_SETTINGS and k != "hparams" and k not in unread}
         out.update({f"hp.{k}": _plain(v) for k, v in (self.config.get("hparams") or {}).items()})
         return out
 
@@ -105,7 +109,7 @@ def _read_json(path: Path) -> dict:
     return value
 
 
-def _read_metrics(path: Path, complete: bool) -> list[dict]:
+def read_metrics(path: Path, complete: bool) -> list[dict]:
     if not path.is_file():
         return []
     try:
@@ -158,7 +162,7 @@ def load_run(run_dir: Path) -> RunRecord:
     config_path = run_dir / "config.json"
     config = _read_json(config_path) if config_path.exists() else {}
     complete = (run_dir / "done").exists()
-    metrics = _read_metrics(run_dir / "metrics.jsonl", complete)
+    metrics = read_metrics(run_dir / "metrics.jsonl", complete)
     return RunRecord(path=run_dir, config=config, summary=summary, metrics=metrics, complete=complete)
 
 
@@ -212,4 +216,16 @@ def collect(run_dirs: Sequence[str | os.PathLike], *, include_incomplete: bool =
         )
         records = [r for r in records if r.complete]
     return records
+
+
+def environment_note(records: Sequence[RunRecord]) -> str:
+    """One line saying in which fields the runs' environments (summary.json ``environment``, and
+    ``environment_resumed`` of a run finished elsewhere) differ; empty when they agree or none recorded one."""
+    environments = [env for r in records for env in (r.summary.get("environment"), r.summary.get("environment_resumed"))
+                    if isinstance(env, dict)]
+    found = differences(*environments) if len(environments) > 1 else {}
+    if not found:
+        return ""
+    return (f"the runs come from different environments ({describe(found)}); their numbers may differ for that "
+            f"reason too (each run's summary.json says where it ran)")
 

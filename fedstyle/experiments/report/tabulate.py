@@ -94,6 +94,8 @@ class Table:
     setting_columns: tuple[str, ...] = field(default=())
     #: said when rows differ in more than the method
     warning: str = ""
+    #: the dataset's class count (chance = 100 / num_classes %), None when the runs do not say
+    num_classes: int | None = None
 
     @property
     def header(self) -> list[str]:
@@ -283,5 +285,7 @@ def results_table(
     footnotes = (PARTIAL_FOOTNOTE,) if has_partial else ()
     if plan.shared:
         footnotes += ("Settings all rows share: " + ", ".join(f"{k} {v}" for k, v in plan.shared.items()) + ".",)
+    classes = {r.summary.get("num_classes") for r in records} - {None}
     return Table(dataset, which, tuple(columns), tuple(rows), caption, footnotes,
-                 setting_columns=tuple(plan.differing), warning=plan.warning)
+                 setting_columns=tuple(plan.differing), warning=plan.warning,
+                 num_classes=classes.pop() if len(classes) == 1 else None)

@@ -98,10 +98,12 @@ def make_certificates(folder: str | Path, hosts: list[str] | None = None, sites:
 
 
 
-def check_certificates(folder: str | Path) -> None:
+def check_certificates(folder: str | Path, resume: str | Path | None = None) -> None:
     """Refuse (one line) a ``--certs`` folder whose CA or SuperLink certificate or key does not load, whose
-    key is not the certificate's, or whose SuperLink certificate the CA did not sign (a damaged byte): the
-    SuperLink would fail to start, or the sites to connect, with a traceback in a log."""
+    key is not the certificate's, whose SuperLink certificate the CA did not sign (a damaged byte), or
+    whose CA or SuperLink certificate has expired (or is not valid yet): the SuperLink would fail to
+    start, or the sites to connect, with a traceback in a log. ``resume``: the run directory of a
+    deployment being resumed, named in the command that continues it on new certificates."""
     from cryptography import x509
     from cryptography.exceptions import InvalidSignature
     from cryptography.hazmat.primitives import serialization
@@ -122,6 +124,7 @@ def check_certificates(folder: str | Path) -> None:
     def spki(public_key) -> bytes:
         return public_key.public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
 
+    check_validity(folder, certificates, resume)
     if spki(key.public_key()) != spki(certificates[SERVER_CERT].public_key()):
         raise ConfigError(f"--certs {folder}: {SERVER_KEY} is not the private key of {SERVER_CERT}; {fix}")
     try:  # a damaged byte inside a certificate still parses: its CA signature no longer verifies
@@ -129,3 +132,22 @@ def check_certificates(folder: str | Path) -> None:
     except (ValueError, TypeError, InvalidSignature) as err:
         raise ConfigError(f"--certs {folder}: {SERVER_CERT} is not signed by {CA_CERT} "
                           f"({str(err) or 'the signature does not verify'}); {fix}") from None
+
+
+def check_validity(folder: Path, certificates: dict, resume: str | Path | None = None) -> None:
+    """Refuse (one line) a certificate outside its validity period, naming the file, the date and the
+    commands that replace it. The TLS handshake refuses such a certificate, but only as the sites
+    connect: the deployment then waits out --wait-timeout and reports a log, never the certificate."""
+    now = dt.datetime.now(dt.timezone.utc)
+    new = f"{folder.parent / (folder.name + '-new')}"
+    then = f"`fedstyle deploy --resume {resume} --certs {new}`" if resume else f"give --certs {new}"
+    for name, certificate in certificates.items():
+        after, before = certificate.not_valid_after_utc, certificate.not_valid_before_utc
+        if after < now:
+            problem = f"expired on {after:%Y-%m-%d %H:%M} UTC"
+        elif before > now:
+            problem = f"is not valid before {before:%Y-%m-%d %H:%M} UTC (is this machine's clock right?)"
+        else:
+            continue
+        raise ConfigError(f"--certs {folder}: {folder / name} {problem}; make new certificates with "
+                          f"`fedstyle deploy certs --out {new}` (with --sites N and --host as before), then {then}")

@@ -23,6 +23,7 @@ Flower layout under ``<run dir>/flower/``::
     home/                 FLWR_HOME: the `flwr` CLI's SuperLink connection, installed apps
     deploy.json           how the federation was started (for --resume); its presence marks a deployment
     supervisor.json       the last start's process marker and owner (a resume refuses while they live)
+    serverapp.pid         the ServerApp process of the last start, once it began the run (watched while it runs)
     state/                the sites' per-client state (run-<config digest>/client-K/)
     superlink.log, site-K.log, serverapp.log, watchdog.log
 
@@ -44,6 +45,7 @@ from typing import Any
 
 from fedstyle.errors import ConfigError
 from fedstyle.io import DirectoryLock, atomic_write_json, atomic_write_text
+from fedstyle.runtimes.flower.node_config import SIMULATION_MARKER_ENV
 from fedstyle.runtimes.flower.processes import (
     MARKER_ENV,
     DeployError,
@@ -51,7 +53,8 @@ from fedstyle.runtimes.flower.processes import (
     check_port_free,
     check_stopped,
     free_port,
-    tail,
+    identity,
+    is_process,
     wait_for_port,
 )
 from fedstyle.runtimes.flower.warm_site import site_command
@@ -87,6 +90,14 @@ round-timeout = 1800.0
 """
 
 
+#: in flower/: ``PID:START`` of the ServerApp process, written when fedstyle's ServerApp begins the run, so
+#: that `fedstyle deploy` notices at once when that process ends (Flower's SuperLink notices only after two
+#: missed heartbeats, 51 s measured). Flower relaunches a ServerApp that died before it got there.
+SERVERAPP_RECORD = "serverapp.pid"
+#: seconds `flwr run --stream` gets, once the ServerApp has ended without finishing the run, to end by
+#: itself with the ServerApp's last log lines (a ServerApp that raised reports it, and the stream ends
+#: within about LOG_STREAM_INTERVAL, 1 s); a killed one never reports
+SERVERAPP_GRACE = 2.0
 #: Flower's SuperExec task polling interval (its default is 1 s per ServerApp / ClientApp process start)
 POLL_ENV = "FLWR_SUPEREXEC_TASK_POLL_INTERVAL"
 SUPEREXEC_POLL_INTERVAL = 0.25
@@ -134,7 +145,8 @@ class DeploySettings:
     round_timeout: float = 1800.0
     site_data_roots: list[str] = field(default_factory=list)
 
-    def validate(self) -> None:
+    def validate(self, resume: Path | None = None) -> None:
+        """Refuse (one line) settings that cannot start; ``resume``: the run directory being resumed."""
         if self.sites < 1:
             raise ConfigError("--sites must be at least 1")
         if not 1 <= self.min_sites <= self.sites:
@@ -153,7 +165,7 @@ class DeploySettings:
             if missing:
                 raise ConfigError(f"--certs {self.certs} lacks {', '.join(missing)}; make them with "
                                   f"`fedstyle deploy certs --out {self.certs} --sites {self.sites}`")
-            check_certificates(self.certs)
+            check_certificates(self.certs, resume)
         if self.node_auth:
             from fedstyle.runtimes.flower.certs import site_key_paths
 
@@ -226,6 +238,7 @@ class Federation(Supervisor):
         env.setdefault("PYTHONUNBUFFERED", "1")
         env["PYTHONPATH"] = fedstyle_path(env.get("PYTHONPATH"))
         env[MARKER_ENV] = self.marker  # inherited by every process Flower starts below ours
+        env.pop(SIMULATION_MARKER_ENV, None)  # a deployment's sites are never the simulation engine's
         # Flower's SuperExec looks for tasks (a ServerApp or ClientApp process to start) every 1 s by default
         env.setdefault(POLL_ENV, str(SUPEREXEC_POLL_INTERVAL))
         if site:
@@ -319,6 +332,7 @@ class Federation(Supervisor):
         """Submit the run (``flwr run --stream``); the returned process ends when the run ends."""
         argv = [flower_bin("flwr"), "run", str(self.app_dir), CONNECTION, "--run-config",
                 self.settings.run_config(self.run_dir), "--stream"]
+        (self.flower_dir / SERVERAPP_RECORD).unlink(missing_ok=True)  # an earlier start's: not this run's ServerApp
         return self._start("serverapp", argv)
 
     def wait(self, submitted: subprocess.Popen, rounds: int) -> None:
@@ -331,8 +345,14 @@ class Federation(Supervisor):
 
             bar = tqdm(total=rounds, desc=f"deploy {self.settings.sites} sites", unit="round", file=sys.stderr)
         shown, seen_events = 0, 0
+        server, server_ended = None, None  # the ServerApp process once it began the run; when it was seen gone
         try:
             while True:
+                # before `done` is read: a ServerApp writes it, then exits
+                if server is None:
+                    server = read_serverapp_record(self.flower_dir)
+                elif server_ended is None and not is_process(server):
+                    server_ended = time.monotonic()
                 # `done` is the run directory's last write: the run is complete even while Flower is still
                 # winding down (`flwr run --stream` notices the end of the run a few seconds later)
                 finished = submitted.poll() is not None or (self.run_dir / DONE).exists()
@@ -356,9 +376,13 @@ class Federation(Supervisor):
                         bar.set_postfix(tgt=f"{sum(acc.values()) / max(1, len(acc)):.3f}", refresh=True)
                 if finished:
                     break
+                if server_ended is not None and time.monotonic() - server_ended >= SERVERAPP_GRACE:
+                    raise DeployError(f"the ServerApp (pid {server.split(':')[0]}) ended before the run finished "
+                                      "(killed, or it crashed before it could say why)",
+                                      self.flower_dir / "serverapp.log", lines=30)
                 if "superlink" in self.procs and self.procs["superlink"].poll() is not None:
-                    raise DeployError(f"the SuperLink exited (code {self.procs['superlink'].returncode}); "
-                                      f"see {self.flower_dir / 'superlink.log'}:\n{tail(self.flower_dir / 'superlink.log')}")
+                    raise DeployError(f"the SuperLink exited (code {self.procs['superlink'].returncode})",
+                                      self.flower_dir / "superlink.log")
                 time.sleep(0.2)
         finally:
             if bar is not None:
@@ -366,8 +390,23 @@ class Federation(Supervisor):
         if submitted.poll() is not None:
             self.procs.pop("serverapp", None)  # ended by itself; otherwise stop_all stops it with the sites
         if not (self.run_dir / DONE).exists():  # what to do next is the caller's to say (fedstyle deploy: resume)
-            raise DeployError(f"the run did not finish; see {self.flower_dir / 'serverapp.log'}:\n"
-                              f"{tail(self.flower_dir / 'serverapp.log', 30)}")
+            raise DeployError("the run did not finish", self.flower_dir / "serverapp.log", lines=30)
+
+
+def record_serverapp(run_dir: Path) -> None:
+    """In the ServerApp, once it has begun the run: write :data:`SERVERAPP_RECORD` for `fedstyle deploy`."""
+    flower_dir = Path(run_dir) / "flower"
+    if flower_dir.is_dir():  # a deployment's run directory (see save_settings)
+        atomic_write_text(flower_dir / SERVERAPP_RECORD, identity())
+
+
+def read_serverapp_record(flower_dir: Path) -> str | None:
+    """The ServerApp's ``PID:START`` from :data:`SERVERAPP_RECORD`; None before it has begun the run."""
+    try:
+        text = (Path(flower_dir) / SERVERAPP_RECORD).read_text().strip()
+    except OSError:
+        return None
+    return text if text.partition(":")[0].isdigit() else None
 
 
 def sites_joined(flower_dir: Path, sites: int) -> tuple[int, int] | None:

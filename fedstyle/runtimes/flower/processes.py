@@ -25,6 +25,11 @@ none of that code runs. Three layers stop the federation then (Linux), each for 
 
 Each Supervisor records its marker and owner in ``<log dir>/supervisor.json``; the next one for the
 same folder refuses to start while any process of the earlier one is alive (:func:`check_stopped`).
+
+While it runs, the owner is a child subreaper (Linux): a process whose parent exits is handed to it
+rather than to init, so the processes Flower starts and never waits for (its SuperExec drops the
+ServerApp's ``Popen``) are reaped by :meth:`Supervisor.stop_all` before it returns, not left
+``<defunct>`` until init reaps them (about 1.5 s later here).
 """
 
 from __future__ import annotations
@@ -64,21 +69,34 @@ _DIE_WITH_PARENT = (
 
 
 class DeployError(FedstyleError):
-    """A Flower process failed to start or the run failed."""
+    """A Flower process failed to start or the run failed; ``log``: the log that tells more, whose last
+    ``lines`` lines are kept from the moment of the error (the log itself may be removed with a run
+    directory that failed before its first checkpoint: :meth:`without_log` then says so)."""
+
+    def __init__(self, message: str, log: Path | None = None, lines: int = 20):
+        self.message, self.log = message, log
+        self.log_tail = tail(log, lines) if log is not None else ""
+        super().__init__(f"{message}; see {log}" + (f":\n{self.log_tail}" if self.log_tail else "")
+                         if log is not None else message)
+
+    def without_log(self) -> str:
+        """The error for when its log has been removed: the log's end quoted, its path not named."""
+        if self.log is None or not self.log_tail:
+            return self.message
+        return f"{self.message}; the end of {self.log.name} (removed with the rest):\n{self.log_tail}"
 
 
 def wait_for_port(host: str, port: int, timeout: float, proc: subprocess.Popen | None = None, log: Path | None = None) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc is not None and proc.poll() is not None:
-            raise DeployError(f"process exited with code {proc.returncode} before listening on {host}:{port}"
-                              + (f"; see {log}:\n{tail(log)}" if log else ""))
+            raise DeployError(f"process exited with code {proc.returncode} before listening on {host}:{port}", log)
         try:
             with socket.create_connection((host, port), timeout=1.0):
                 return
         except OSError:
             time.sleep(0.2)
-    raise DeployError(f"nothing listens on {host}:{port} after {timeout:.0f} s" + (f"; see {log}" if log else ""))
+    raise DeployError(f"nothing listens on {host}:{port} after {timeout:.0f} s", log)
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -140,15 +158,56 @@ def _signal_all(groups, pids, sig: int) -> None:
             pass
 
 
+def parent_of(pid: int) -> int | None:
+    """The parent pid of ``pid`` (/proc/PID/stat), also of a zombie; None when it is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return int(stat[stat.rindex(")") + 2 :].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def reap(pids, keep=()) -> None:
+    """Reap those of ``pids`` that have exited and are this process's children, except ``keep`` (the
+    ones a ``Popen`` of ours waits for). They came to us as orphans, this process being a child
+    subreaper (:func:`set_subreaper`): a process Flower started and never waited for (the ServerApp,
+    whose SuperExec was stopped) stays a ``<defunct>`` entry until its new parent reaps it."""
+    own = os.getpid()
+    for pid in set(pids) - set(keep):
+        if parent_of(pid) == own and watchdog.process_state(pid) == "Z":
+            try:
+                os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                pass
+
+
+def set_subreaper(on: bool) -> bool:
+    """Make this process a child subreaper (Linux ``PR_SET_CHILD_SUBREAPER``), or stop it being one: the
+    orphans of the processes below it become its children, not init's, so that it reaps them (:func:`reap`)
+    before it returns, instead of leaving them ``<defunct>`` until init gets round to it (about 1.5 s
+    here). Returns whether it was one before; False where the call is unavailable."""
+    if not _LINUX:
+        return False
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    before = ctypes.c_int(0)
+    libc.prctl(37, ctypes.byref(before), 0, 0, 0)  # PR_GET_CHILD_SUBREAPER
+    libc.prctl(36, int(on), 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+    return bool(before.value)
+
+
 def stop_processes(procs: list[subprocess.Popen], sig: int = signal.SIGTERM, grace: float = 10.0,
                    marker: str | None = None) -> list[int]:
     """Stop ``procs`` together: each one's process group and descendants (and, with ``marker``, every
     process carrying it) get ``sig``; whatever is alive after ``grace`` s gets SIGKILL. Returns once
-    all of them have exited; the pids still alive 5 s after SIGKILL (none in practice)."""
+    all of them have exited, and those of them that became this process's children are reaped; the
+    pids still alive 5 s after SIGKILL (none in practice)."""
     groups = {p.pid for p in procs}  # started with start_new_session: a pgid is its leader's pid
-    pids = {pid for p in procs for pid in (p.pid, *descendants(p.pid))}
+    pids = {pid for p in procs for pid in (p.pid, *descendants(p.pid))}  # exited ones too: reaped at the end
     if marker is not None:
         pids.update(marked_processes(marker))
+    seen = set(pids)
     for s in (sig, signal.SIGKILL):
         _signal_all(groups, pids, s)
         signalled = set(pids)  # each process gets each signal once (a second SIGTERM cuts Flower's clean exit short)
@@ -161,6 +220,7 @@ def stop_processes(procs: list[subprocess.Popen], sig: int = signal.SIGTERM, gra
             pids.update(d for p in list(pids) for d in descendants(p))
             if marker is not None:
                 pids.update(marked_processes(marker))
+            seen |= pids
             if not pids or time.monotonic() > deadline:
                 break
             _signal_all((), pids - signalled, s)  # the late ones
@@ -173,6 +233,7 @@ def stop_processes(procs: list[subprocess.Popen], sig: int = signal.SIGTERM, gra
             proc.wait(timeout=1.0)
         except subprocess.TimeoutExpired:
             pass
+    reap(seen, keep=groups)
     return sorted(pids)
 
 
@@ -190,7 +251,14 @@ def start_time(pid: int) -> str:
         return ""
 
 
-def _is_process(identity: str) -> bool:
+def identity(pid: int | None = None) -> str:
+    """``PID:START`` of ``pid`` (this process by default): it names one process even after the pid is reused
+    (see :func:`start_time`, :func:`is_process`)."""
+    pid = os.getpid() if pid is None else pid
+    return f"{pid}:{start_time(pid)}"
+
+
+def is_process(identity: str) -> bool:
     """Whether the process ``PID:START`` (see :func:`start_time`) is alive."""
     pid, _, started = identity.partition(":")
     return pid.isdigit() and _alive(int(pid)) and (not started or start_time(int(pid)) in ("", started))
@@ -205,16 +273,31 @@ def die_with_owner() -> None:
         return
 
     def watch() -> None:
-        while _is_process(owner):
+        while is_process(owner):
             time.sleep(0.2)
         os.kill(os.getpid(), signal.SIGKILL)
 
     threading.Thread(target=watch, name="fedstyle-owner-watch", daemon=True).start()
 
 
+def ancestors(pid: int) -> list[int]:
+    """The parent of ``pid``, its parent, and so on up to init (Linux /proc; empty elsewhere)."""
+    found: list[int] = []
+    while pid > 1:
+        parent = parent_of(pid)
+        if not parent or parent in found:
+            break
+        found.append(pid := parent)
+    return found
+
+
 def check_stopped(log_dir: Path) -> None:
     """Refuse (one line) while a process of the last Supervisor that used ``log_dir`` is alive, its owner
-    included: a second federation must never run beside the orphans of a killed one."""
+    included: a second federation must never run beside the orphans of a killed one.
+
+    A live owner is a deployment running (``fedstyle deploy``): named as such, with the one pid to stop
+    (it stops its federation itself), not as orphans. This process and its ancestors never count: a
+    command started from inside the federation's environment (its marker inherited) is not its orphan."""
     try:
         record = json.loads((Path(log_dir) / RECORD).read_text())
         marker, owner, host = str(record["marker"]), str(record["owner"]), record.get("host")
@@ -222,9 +305,12 @@ def check_stopped(log_dir: Path) -> None:
         return  # no Supervisor ran here (or its record is unreadable: nothing to look for)
     if host not in (None, socket.gethostname()):
         return  # its processes ran on another machine, out of this one's sight
-    live = set(marked_processes(marker))
-    if _is_process(owner) and owner != f"{os.getpid()}:{start_time(os.getpid())}":  # not this process's own
-        live.add(int(owner.split(":")[0]))
+    ourselves = {os.getpid(), *ancestors(os.getpid())}
+    live = set(marked_processes(marker)) - ourselves
+    owner_pid = int(owner.split(":")[0]) if owner.split(":")[0].isdigit() else 0
+    if is_process(owner) and owner_pid not in ourselves:
+        raise DeployError(f"{Path(log_dir).parent}: a deployment is running (pid {owner_pid}); wait for it to end, "
+                          f"or stop it with `kill {owner_pid}` (it stops its own Flower processes), then start it again")
     if live:
         pids = " ".join(map(str, sorted(live)))
         raise DeployError(f"{Path(log_dir).parent}: processes {pids} of its earlier deployment are still running; "
@@ -248,8 +334,9 @@ class Supervisor:
         self.procs: dict[str, subprocess.Popen] = {}
         self._previous_handlers: dict[int, Any] = {}
         self.marker = uuid.uuid4().hex  # in the environment of every process started for this supervisor
-        self.owner = f"{os.getpid()}:{start_time(os.getpid())}"
+        self.owner = identity()
         self.watchdog: subprocess.Popen | None = None
+        self._was_subreaper: bool | None = None
 
     def __enter__(self):
         check_stopped(self.log_dir)
@@ -259,6 +346,7 @@ class Supervisor:
         atomic_write_json(self.log_dir / RECORD, {"marker": self.marker, "owner": self.owner,
                                                   "host": socket.gethostname()})
         atexit.register(self.stop_all)
+        self._was_subreaper = set_subreaper(True)  # the orphans below come to us, and stop_all reaps them
         for sig in (signal.SIGTERM, signal.SIGHUP):
             try:
                 self._previous_handlers[sig] = signal.signal(sig, self._on_signal)
@@ -277,6 +365,8 @@ class Supervisor:
         for sig, handler in self._previous_handlers.items():
             signal.signal(sig, handler)
         atexit.unregister(self.stop_all)
+        if self._was_subreaper is False:
+            set_subreaper(False)
 
     def _on_signal(self, signum, frame) -> None:
         raise KeyboardInterrupt(f"signal {signum}")

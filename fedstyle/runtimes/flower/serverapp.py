@@ -360,6 +360,7 @@ def main(grid: Grid, context: Context) -> None:
     (:func:`~.processes.die_with_owner`).
     """
     from fedstyle.io import DirectoryLock
+    from fedstyle.runtimes.flower.deployment import record_serverapp
     from fedstyle.runtimes.flower.processes import die_with_owner
 
     die_with_owner()
@@ -367,5 +368,6 @@ def main(grid: Grid, context: Context) -> None:
     if not run_dir or not (Path(run_dir) / "config.json").exists():
         raise FedstyleError(f"run-dir {run_dir!r} holds no config.json; start runs with `fedstyle deploy`")
     with DirectoryLock(run_dir, shared=True):
+        record_serverapp(Path(run_dir))  # `fedstyle deploy` watches this process from now on
         # no progress bar in the ServerApp's log (the `fedstyle deploy` process shows one); faults are logged
         serve(grid, Path(run_dir), FaultPolicy.from_run_config(context.run_config), quiet=True, log_events=True)

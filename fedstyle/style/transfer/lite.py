@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from fedstyle.errors import ConfigError
+from fedstyle.io import not_a_readable_file
 from fedstyle.models.efficientnet import LITE_MEAN, LITE_STD, STAGE_BLOCKS, efficientnet_lite0
 from fedstyle.models.resnet import check_state_dict
 from fedstyle.style.transfer.base import TRANSFER_BACKENDS
@@ -108,9 +109,10 @@ def read_decoder(path: str | os.PathLike) -> tuple[LiteDecoder, dict[str, str]]:
     from safetensors import safe_open
 
     path = os.fspath(path)
-    if not os.path.isfile(path):
+    problem = not_a_readable_file(path)
+    if problem:
         raise ConfigError(
-            f"lite decoder weights {path!r} do not exist; train them with `fedstyle style train-decoder` "
+            f"lite decoder weights file {path!r} {problem}; train them with `fedstyle style train-decoder` "
             f"(writes {user_decoder_path()}) or pass decoder_weights=PATH"
         )
     try:

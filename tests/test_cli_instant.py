@@ -1,0 +1,131 @@
+"""Instant answers (issue 53): the command line's listings and refusals import no torch, parsers refuse
+abbreviated options, and misspelt names and options get "did you mean" with the right command's usage."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from fedstyle.cli import catalog
+from fedstyle.cli.main import main
+
+HEAVY = ("torch", "matplotlib", "flwr", "datasets", "mlflow")
+
+
+def _modules_after(argv: list[str]) -> tuple[int, set[str], str]:
+    """Run ``fedstyle ARGV`` in a fresh interpreter; its exit status, which heavy modules it imported, stderr."""
+    code = f"""
+import json, sys
+from fedstyle.cli.main import main
+try:
+    status = main({argv!r})
+except SystemExit as exit:
+    status = exit.code
+print(json.dumps([status, sorted(m for m in {HEAVY!r} if m in sys.modules)]))
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    status, heavy = json.loads(done.stdout.strip().splitlines()[-1])
+    return status, set(heavy), done.stderr
+
+
+@pytest.mark.parametrize("argv, status", [
+    (["--help"], 0), (["--version"], 0), (["methods"], 0), (["methods", "ccst"], 0), (["data", "list"], 0),
+    (["reproduce", "--list"], 0), (["reproduce", "--list", "ccst"], 0), (["run", "--help"], 0),
+    (["run", "--method", "ccts", "--out", "never"], 2), (["run", "--rouns", "1"], 2),
+    (["run", "--method", "fedavg", "--target", "mnsit", "--out", "never"], 2),
+    (["run", "--method", "fedprox", "--hp", "mu2=0.1", "--out", "never"], 2),
+    (["run", "--dataset", "digit4", "--out", "never"], 2), (["rnu"], 2),
+    (["report", "nowhere", "--claim", "A > A"], 2),
+])
+def test_listings_and_refusals_never_import_torch(argv, status):
+    """Each answers without torch (or matplotlib, flwr, datasets, mlflow): importing torch alone takes seconds."""
+    got, heavy, stderr = _modules_after(argv)
+    assert got == status, stderr
+    assert heavy == set(), f"fedstyle {' '.join(argv)} imported {heavy}"
+
+
+def test_every_parser_refuses_abbreviations_and_names_the_option(capsys):
+    """--round is not --rounds (argparse's prefix matching is off), and the error is run's, with its usage."""
+    with pytest.raises(SystemExit) as exit:
+        main(["run", "--round", "1", "--out", "never"])
+    assert exit.value.code == 2
+    err = capsys.readouterr().err
+    assert "usage: fedstyle run " in err and "fedstyle run: error: unrecognized arguments: --round 1" in err
+    assert "did you mean --rounds?" in err
+    with pytest.raises(SystemExit):
+        main(["reproduce", "ccst", "--scal", "smoke"])
+    err = capsys.readouterr().err
+    assert "usage: fedstyle reproduce" in err and "did you mean --scale?" in err
+
+
+def test_a_bad_choice_suggests_the_close_one(capsys):
+    with pytest.raises(SystemExit):
+        main(["run", "--partition", "lamda"])
+    assert "invalid choice: 'lamda'; did you mean lambda?" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["rnu"])
+    assert "did you mean run?" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, said", [
+    (["run", "--method", "ccts", "--out", "never"], "unknown method 'ccts'; did you mean 'ccst'?"),
+    (["run", "--method", "fedavg", "--target", "mnsit", "--out", "never"],
+     "--target 'mnsit' is no domain of digits4; did you mean 'mnist'"),
+    (["run", "--dataset", "pac", "--out", "never"], "unknown dataset 'pac'; did you mean 'pacs'?"),
+    (["run", "--method", "fedprox", "--hp", "mu2=0.1", "--out", "never"],
+     "unknown hyperparameter 'mu2' for method 'fedprox'; did you mean 'mu'?"),
+    (["run", "--backbone", "resnet19", "--out", "never"], "unknown backbone 'resnet19'; did you mean 'resnet18'"),
+])
+def test_misspelt_names_get_did_you_mean(argv, said, tmp_path, capsys):
+    assert main(argv) == 2
+    assert said in capsys.readouterr().err
+    assert not (tmp_path / "never").exists()
+
+
+def test_version_names_the_package(capsys):
+    with pytest.raises(SystemExit) as exit:
+        main(["--version"])
+    assert exit.value.code == 0
+    assert capsys.readouterr().out.startswith("fedstyle ")
+
+
+def test_methods_prints_one_line_per_method_and_a_method_in_detail(capsys):
+    assert main(["methods"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    methods = catalog.load()["methods"]
+    body = [line for line in lines[1:] if line.split(" ")[0] in methods]
+    assert len(body) == len(methods) and len(lines) <= len(methods) + 3
+    ccst = next(line for line in body if line.startswith("ccst "))
+    assert "style-sharing" in ccst and "Chen et al., WACV 2023" in ccst and "style statistics" in ccst
+    assert main(["methods", "fedAvg"]) == 0  # any case, and the detail is accepted
+    detail = capsys.readouterr().out
+    assert detail.startswith("fedavg: FedAvg") and "--hp" in detail and "style_p=0.5" in detail
+
+
+def test_reproduce_list_is_one_line_per_paper_and_a_paper_shows_its_tracks_own_scales(capsys):
+    from fedstyle.experiments.paper import list_presets
+
+    assert main(["reproduce", "--list"]) == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.strip()]
+    assert len(lines) == len(list_presets()) + 1  # one per paper and how to see one
+    assert main(["reproduce", "--list", "ccst"]) == 0
+    out = capsys.readouterr().out
+    tracks = out.split("  --track ")
+    scratch = next(t for t in tracks if t.startswith("from-scratch"))
+    batchstats = next(t for t in tracks if t.startswith("pretrained-batchstats"))
+    smoke = next(line for line in batchstats.splitlines() if "--scale smoke" in line)
+    # the batch-statistics track extends the pretrained one: its smoke scale is the pretrained track's
+    assert "1 round x 2 local steps" in smoke
+    assert smoke not in scratch
+    assert "ccst-overall-k3" in out and "CCST (overall, K=3)" in out
+
+
+def test_run_help_shows_examples_first(capsys):
+    with pytest.raises(SystemExit):
+        main(["run", "--help"])
+    out = capsys.readouterr().out
+    assert out.index("examples:") < out.index("--config FILE.toml  ")
+    assert out.index("examples:") < 20 * 80  # within the first screen
