@@ -141,3 +141,20 @@ def test_bad_inputs():
         BatchTransform((0.5,) * 3, (0.5, 0.0, 0.5))
     with pytest.raises(ConfigError, match="uint8"):
         BatchTransform((0.5,) * 3, (0.5,) * 3)(torch.zeros(1, 3, 4, 4), train=False)
+
+
+def test_output_size_resizes_after_the_crop_so_a_small_cache_feeds_a_large_model():
+    """--input-resolution (issue 54): images stored at 8 px reach the model at 16 px; a constant image stays
+    constant (bilinear weights sum to one) and a flip of the stored batch is a flip of the output."""
+    from fedstyle.data.transforms import BatchTransform
+
+    flat = torch.full((2, 3, 8, 8), 51, dtype=torch.uint8)
+    out = BatchTransform((0.5, 0.5, 0.5), (0.25, 0.25, 0.25), "crop_flip", output_size=16)(
+        flat, train=True, generator=torch.Generator().manual_seed(0))
+    assert out.shape == (2, 3, 16, 16) and out.is_contiguous(memory_format=torch.channels_last)
+    torch.testing.assert_close(out, torch.full_like(out, (51 / 255 - 0.5) / 0.25))
+    ramp = torch.arange(8, dtype=torch.uint8).mul(30).expand(1, 3, 8, 8).contiguous()
+    plain = BatchTransform((0, 0, 0), (1, 1, 1), "none", output_size=16)
+    torch.testing.assert_close(plain(ramp.flip(-1), train=False), plain(ramp, train=False).flip(-1))
+    assert plain(ramp, train=False)[0, 0, 0, 0] == 0 and plain(ramp, train=False)[0, 0, 0, -1] == 210 / 255
+    assert BatchTransform((0, 0, 0), (1, 1, 1), output_size=8)(ramp, train=False).shape == ramp.shape

@@ -135,19 +135,32 @@ class DomainDataset:
         """
         if int(per_class) < 1:
             raise ConfigError(f"{self.name}: per_class must be at least 1, got {per_class}")
-        generator = torch.Generator().manual_seed(int(seed))
+        picks = pick_per_class([self.labels[d] for d in self.domains], self.num_classes, per_class, seed)
         images, labels, kept = {}, {}, {}
-        for d in self.domains:
-            y = self.labels[d]
-            keep = []
-            for c in range(self.num_classes):
-                members = torch.nonzero(y == c).flatten()
-                keep.append(members[torch.randperm(len(members), generator=generator)[: int(per_class)]])
-            index = torch.cat(keep).sort().values
-            images[d], labels[d], kept[d] = self.images[d][index], y[index], index
+        for d, index in zip(self.domains, picks):
+            images[d], labels[d], kept[d] = self.images[d][index], self.labels[d][index], index
         info = {**self.info, "per_class": int(per_class), "per_class_seed": int(seed)}
         return DomainDataset(self.name, list(self.domains), list(self.classes), images, labels, self.mean, self.std,
                              self.augment, info, _subset_splits(self.splits, kept))
+
+
+def pick_per_class(labels: list[torch.Tensor], num_classes: int, per_class: int, seed: int = 0) -> list[torch.Tensor]:
+    """The rows :meth:`DomainDataset.subset_per_class` keeps, from the labels of each domain (in the dataset's
+    domain order) alone: a loader that knows its labels before decoding decodes only these rows.
+
+    One generator seeded ``seed`` draws, domain by domain and class by class, a permutation of the class's
+    members and keeps its first ``per_class``; each domain's rows are returned sorted.
+    """
+    generator = torch.Generator().manual_seed(int(seed))
+    picks = []
+    for y in labels:
+        y = torch.as_tensor(y)
+        keep = []
+        for c in range(num_classes):
+            members = torch.nonzero(y == c).flatten()
+            keep.append(members[torch.randperm(len(members), generator=generator)[: int(per_class)]])
+        picks.append(torch.cat(keep).sort().values)
+    return picks
 
 
 def _subset_splits(splits: dict[str, dict[str, torch.Tensor]], kept: dict[str, torch.Tensor]

@@ -26,8 +26,11 @@ import numpy as np
 from matplotlib.colors import hsv_to_rgb
 from scipy import ndimage
 
-from fedstyle.data.cache import DecodedArrays, cached_dataset
+import torch
+
+from fedstyle.data.cache import ArrayWriter, DecodedArrays, cached_dataset, decode_workers, ordered_map
 from fedstyle.data.contract import DomainDataset, check_build_options
+from fedstyle.data.contract import pick_per_class as pick_per_class_rows
 from fedstyle.data.digits4 import resize_uint8, stratified_split, take_per_class
 from fedstyle.data.idx import read_idx
 from fedstyle.errors import DataError
@@ -52,6 +55,8 @@ FASHION_MNIST_MIRRORS = (
     "https://raw.githubusercontent.com/zalandoresearch/fashion-mnist/master/data/fashion/",
 )
 FASHION_MNIST_URLS = tuple(base + name for base in FASHION_MNIST_MIRRORS for name, _ in FASHION_MNIST_FILES.values())
+#: images in Fashion-MNIST (train + test): the most a full base entry holds
+FASHION_MNIST_COUNT = 70_000
 # Rendering works on chunks of this many images to bound float32 temporaries (~50 MB).
 CHUNK = 4096
 
@@ -293,32 +298,72 @@ def render_domain(domain: str, garments: np.ndarray, rng: np.random.Generator) -
 DOMAINS = ["photo", "art", "cartoon", "sketch"]
 
 
+def _render_job(job: tuple[str, np.ndarray, np.random.SeedSequence]) -> np.ndarray:
+    """One domain rendered at the base resolution (a worker process's job: its own seed, its own garments)."""
+    domain, garments, seed_sequence = job
+    return render_domain(domain, garments, np.random.default_rng(seed_sequence))
+
+
+def _resize_job(job: tuple[np.ndarray, int]) -> tuple[np.ndarray, None]:
+    """A chunk of base-resolution images resized (a worker process's job; see ``ChunkedImages.fill``)."""
+    images, resolution = job
+    return resize_uint8(images, resolution), None
+
+
 def build_fashion4(
-    files: dict[str, Path], seed: int = 0, resolution: int = BASE_RESOLUTION, per_class: int | None = None
+    files: dict[str, Path], seed: int = 0, resolution: int = BASE_RESOLUTION, per_class: int | None = None,
+    workers: int = 1,
 ) -> DecodedArrays:
-    """Split the 70k images into four stratified domains and render each (``per_class`` caps)."""
+    """Split the 70k images into four stratified domains and render each (``per_class`` caps), a domain per
+    worker process (each domain has its own seeded generator, so the pixels do not depend on ``workers``)."""
     garments, labels = read_fashion_mnist(files)
-    split_rng, *render_rngs = (np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(1 + len(DOMAINS)))
-    parts = stratified_split(labels, len(DOMAINS), split_rng)
-    images, domain_labels, sources = {}, {}, {}
-    for domain, part, rng in zip(DOMAINS, parts, render_rngs):
-        part = part[take_per_class(labels[part], per_class)]
-        images[domain] = resize_uint8(render_domain(domain, garments[part], rng), resolution)
-        domain_labels[domain] = labels[part]
-        sources[domain] = part.tolist()
+    split_seed, *render_seeds = np.random.SeedSequence(seed).spawn(1 + len(DOMAINS))
+    parts = stratified_split(labels, len(DOMAINS), np.random.default_rng(split_seed))
+    parts = [part[take_per_class(labels[part], per_class)] for part in parts]
+    jobs = [(domain, garments[part], seeds) for domain, part, seeds in zip(DOMAINS, parts, render_seeds)]
+    rendered = ordered_map(_render_job, jobs, min(workers, len(DOMAINS)))
+    images = {domain: resize_uint8(out, resolution) for domain, out in zip(DOMAINS, rendered)}
     return DecodedArrays(
         domains=list(DOMAINS),
         classes=list(CLASSES),
         images=images,
-        labels=domain_labels,
+        labels={domain: labels[part] for domain, part in zip(DOMAINS, parts)},
         mean=(0.5, 0.5, 0.5),
         std=(0.5, 0.5, 0.5),
         augment="crop_flip",
         info={
             "sources": {name: str(path) for name, path in files.items()},
             # Index into train (0..59999) followed by test (60000..69999).
-            "source_indices": sources,
+            "source_indices": {domain: part.tolist() for domain, part in zip(DOMAINS, parts)},
         },
+    )
+
+
+#: base-resolution images resized per worker job (at 224 px: 38 MB of output)
+RESIZE_CHUNK = 256
+
+
+def build_resized(writer: ArrayWriter, base: DomainDataset, rows: list[torch.Tensor], resolution: int,
+                  workers: int) -> DecodedArrays:
+    """The rows ``rows[d]`` of the base-resolution ``base`` resized to ``resolution``, written a chunk at a
+    time (memory bounded by a few chunks, whatever the count); resizing is per image, so the pixels do not
+    depend on ``workers`` or on which other rows are resized."""
+    images, labels, sources = {}, {}, {}
+    for index, (domain, keep) in enumerate(zip(base.domains, rows)):
+        out = writer.image_rows(index, len(keep), resolution, resolution)
+        jobs = ((_resize_job, (base.images[domain][part].numpy(), resolution), len(part))
+                for part in keep.split(RESIZE_CHUNK))
+        try:
+            for _ in out.fill(jobs, workers):
+                pass
+            images[domain] = writer.finish(index, out)
+        finally:
+            out.discard()
+        labels[domain] = base.labels[domain][keep].numpy()
+        sources[domain] = np.asarray(base.info["source_indices"][domain])[keep.numpy()].tolist()
+    return DecodedArrays(
+        domains=list(base.domains), classes=list(base.classes), images=images, labels=labels, mean=base.mean,
+        std=base.std, augment=base.augment, info={"sources": base.info["sources"], "source_indices": sources},
     )
 
 
@@ -329,17 +374,41 @@ def load_fashion4(
     seed: int = 0,
     progress: bool = True,
     per_class: int | None = None,
+    pick_per_class: int | None = None,
+    workers: int | None = None,
 ) -> DomainDataset:
-    """Load (building and caching on first use) ``fashion4`` from the idx files in ``data_root``."""
+    """Load (building and caching on first use) ``fashion4`` from the idx files in ``data_root``.
+
+    ``per_class`` keeps the first images of each class (for tests). ``pick_per_class`` is a run's
+    ``--per-class``: the dataset :meth:`DomainDataset.subset_per_class` would return, built without
+    decoding the other images. Images are rendered at 32 px (cached, 215 MB for all 70,000); another
+    resolution is an entry of the base's rows resized, written in chunks by ``workers`` processes
+    (:func:`fedstyle.data.cache.decode_workers`).
+    """
     resolution = check_build_options(NAME, resolution, BASE_RESOLUTION, per_class)
+    workers = decode_workers(workers)
     files = find_source_files(data_root)
     recipe = {
         "name": NAME,
         "version": RECIPE_VERSION,
         "seed": int(seed),
-        "resolution": resolution,
+        "resolution": BASE_RESOLUTION,
         "per_class": per_class,
         # Content digests, not paths: the same files anywhere give the same cache entry.
         "files": {key: file_digest(path) for key, path in sorted(files.items())},
     }
-    return cached_dataset(recipe, lambda _writer: build_fashion4(files, seed, resolution, per_class), progress)
+    base = cached_dataset(recipe, lambda _writer: build_fashion4(files, seed, BASE_RESOLUTION, per_class, workers),
+                          progress, expected_bytes=FASHION_MNIST_COUNT * 3 * BASE_RESOLUTION**2)
+    rows = [torch.arange(base.size(d)) for d in base.domains]
+    if pick_per_class is not None:
+        rows = pick_per_class_rows([base.labels[d] for d in base.domains], base.num_classes, pick_per_class)
+    if resolution != BASE_RESOLUTION:
+        # The same keys as a full build at this resolution had, plus the pick: old entries stay valid.
+        recipe = {**recipe, "resolution": resolution, **({"pick_per_class": pick_per_class} if pick_per_class else {})}
+        needed = sum(len(r) for r in rows) * 3 * resolution**2
+        base = cached_dataset(recipe, lambda writer: build_resized(writer, base, rows, resolution, workers), progress,
+                              expected_bytes=needed, too_big_fix="pass --per-class N or a smaller --resolution")
+        if pick_per_class is not None:
+            base.info.update(per_class=int(pick_per_class), per_class_seed=0)
+        return base
+    return base if pick_per_class is None else base.subset_per_class(pick_per_class)

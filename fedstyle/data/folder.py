@@ -25,15 +25,18 @@ import sys
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
-from typing import BinaryIO, Callable, Sequence
+from typing import BinaryIO, Callable, Iterable, Iterator, Sequence
 
 import numpy as np
+import torch
 from PIL import Image
 from tqdm.auto import tqdm
 
-from fedstyle.data.cache import ArrayWriter, DecodedArrays, cached_dataset
+from fedstyle.data.cache import ArrayWriter, DecodedArrays, cached_dataset, decode_workers
 from fedstyle.data.contract import MIN_RESOLUTION, DomainDataset, check_build_options
+from fedstyle.data.contract import pick_per_class as pick_per_class_rows
 from fedstyle.errors import ConfigError, DataError
 from fedstyle.registry import Registry
 
@@ -332,41 +335,109 @@ def bad_image_error(path: Path | str, reason: str) -> DataError:
     )
 
 
+#: decodes blocks of images (sequences of what :func:`decode_image` opens) to lists of arrays or error strings
+BlockDecoder = Callable[[Iterable[Sequence]], Iterator[list]]
+
+
+def _decode_block(block: Sequence, resolution: int) -> list[tuple[np.ndarray | str, tuple[int, int] | None]]:
+    """A block of images decoded in order, each as :func:`_decode_or_error` gives it."""
+    return [_decode_or_error(item, resolution) for item in block]
+
+
+def _decode_rows(block: Sequence, resolution: int
+                 ) -> tuple[np.ndarray, tuple[list[tuple[int, str]], list[tuple[int, tuple[int, int]]]]]:
+    """A block decoded to (n, 3, resolution, resolution) rows, an unreadable image's row left 0, with the
+    (offset, reason) of those and the (offset, size) of images above PIL's limit (a worker process's job: it
+    writes the rows itself, ``ChunkedImages.fill``, and the parent says what went wrong)."""
+    rows = np.zeros((len(block), 3, resolution, resolution), dtype=np.uint8)
+    errors, larges = [], []
+    with warnings.catch_warnings():  # this process's own: the parent names the large files in one line each
+        warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+        decoded = _decode_block(block, resolution)
+    for offset, (result, large) in enumerate(decoded):
+        if large is not None:
+            larges.append((offset, large))
+        if isinstance(result, str):
+            errors.append((offset, result))
+        else:
+            rows[offset] = result.transpose(2, 0, 1)
+    return rows, (errors, larges)
+
+
+class ProcessDecoder:
+    """Blocks decoded in ``workers`` processes that write their rows into the cache file themselves
+    (:meth:`fedstyle.data.cache.ChunkedImages.fill`): PIL's resize and colour conversion hold the GIL, so
+    threads do not scale past one core, and no decoded image crosses a pipe."""
+
+    def __init__(self, workers: int, resolution: int):
+        self.workers, self.resolution = workers, resolution
+
+
+def thread_decoder(executor: ThreadPoolExecutor, resolution: int) -> BlockDecoder:
+    """Blocks decoded by ``executor``'s threads, one block at a time (for sources that cannot be sent to
+    another process, such as open files of a parquet table)."""
+    return lambda blocks: (list(executor.map(lambda item: _decode_or_error(item, resolution), block))
+                           for block in blocks)
+
+
 def decode_domain(
     writer: ArrayWriter,
     domain_index: int,
     paths: Sequence[Path | BinaryIO],
     resolution: int,
     skip_bad_images: bool,
-    executor: ThreadPoolExecutor,
+    decode_blocks: "ProcessDecoder | BlockDecoder | ThreadPoolExecutor",
     bar: tqdm,
 ) -> tuple[np.ndarray, list[int], list[list[str]]]:
-    """Decode into the cache file of one domain; returns (images, kept indices, [file, reason]s).
+    """Decode into the cache file of one domain, a block at a time (memory bounded by a few blocks);
+    returns (images, kept indices, [file, reason]s).
 
     ``paths`` may be any sequence of what :func:`decode_image` opens, read a block at a time (a lazy
     sequence keeps only one block of encoded images in memory); ``str(item)`` names an item in errors.
+    ``decode_blocks``: a :class:`ProcessDecoder` or :func:`thread_decoder` (an executor: its threads).
     """
-    images = writer.empty_images(domain_index, len(paths), resolution, resolution)
+    if isinstance(decode_blocks, ThreadPoolExecutor):
+        decode_blocks = thread_decoder(decode_blocks, resolution)
+    out = writer.image_rows(domain_index, len(paths), resolution, resolution)
     kept, bad = [], []
     limit = pixel_limit()
-    for start in range(0, len(paths), DECODE_BLOCK):
-        block = paths[start : start + DECODE_BLOCK]
-        # PIL's raw warning, raised in the worker threads, is silenced here and said in one line naming the file
+    blocks = (paths[start : start + DECODE_BLOCK] for start in range(0, len(paths), DECODE_BLOCK))
+
+    def note(index: int, reason: str | None, large: tuple[int, int] | None) -> None:
+        if large is not None:
+            _say_large(paths[index], large, limit)
+        if reason is None:
+            kept.append(index)
+        elif not skip_bad_images:
+            raise bad_image_error(paths[index], reason)
+        else:
+            bad.append([str(paths[index]), reason])
+
+    try:
+        # PIL's raw warning is silenced here (and in worker processes) and said in one line naming the file
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-            decoded = executor.map(lambda p: _decode_or_error(p, resolution), block)
-            for offset, (result, large) in enumerate(decoded):
-                index = start + offset
-                if large is not None:
-                    _say_large(paths[index], large, limit)
-                if isinstance(result, str):
-                    if not skip_bad_images:
-                        raise bad_image_error(paths[index], result)
-                    bad.append([str(paths[index]), result])
-                else:
-                    images[index] = result.transpose(2, 0, 1)
-                    kept.append(index)
-        bar.update(len(block))
+            if isinstance(decode_blocks, ProcessDecoder):
+                jobs = ((partial(_decode_rows, resolution=resolution), block, len(block)) for block in blocks)
+                for number, (errors, larges) in enumerate(out.fill(jobs, decode_blocks.workers)):
+                    start, failed, big = number * DECODE_BLOCK, dict(errors), dict(larges)
+                    size = min(DECODE_BLOCK, len(paths) - start)
+                    for offset in range(size):
+                        note(start + offset, failed.get(offset), big.get(offset))
+                    bar.update(size)
+            else:
+                for number, results in enumerate(decode_blocks(blocks)):
+                    start = number * DECODE_BLOCK
+                    rows = np.zeros((len(results), 3, resolution, resolution), dtype=np.uint8)  # a bad row stays 0
+                    for offset, (result, large) in enumerate(results):
+                        if not isinstance(result, str):
+                            rows[offset] = result.transpose(2, 0, 1)
+                        note(start + offset, result if isinstance(result, str) else None, large)
+                    out.append(rows)
+                    bar.update(len(results))
+        images = writer.finish(domain_index, out)
+    finally:
+        out.discard()
     if bad:
         images = writer.keep_images(domain_index, np.asarray(kept, dtype=np.int64))
     return images, kept, bad
@@ -381,18 +452,16 @@ def build_folder_dataset(
     resolution: int,
     skip_bad_images: bool,
     progress: bool,
+    workers: int = 1,
 ) -> DecodedArrays:
     total = sum(len(files) for listing in listings.values() for files in listing.files.values())
     images, labels, bad_images = {}, {}, []
-    workers = max(1, min(8, os.cpu_count() or 1))  # PIL releases the GIL while decoding
-    with ThreadPoolExecutor(workers) as executor, tqdm(
-        total=total, desc=f"decoding {benchmark.name}", unit="img", disable=not progress
-    ) as bar:
+    with tqdm(total=total, desc=f"decoding {benchmark.name}", unit="img", disable=not progress) as bar:
         for domain_index, (domain, listing) in enumerate(listings.items()):
             paths = [p for c in classes for p in listing.files[c]]
             domain_labels = np.repeat(np.arange(len(classes)), [len(listing.files[c]) for c in classes])
             images[domain], kept, bad = decode_domain(
-                writer, domain_index, paths, resolution, skip_bad_images, executor, bar
+                writer, domain_index, paths, resolution, skip_bad_images, ProcessDecoder(workers, resolution), bar
             )
             labels[domain] = domain_labels[kept]
             bad_images += bad
@@ -423,9 +492,17 @@ def load_folder_benchmark(
     skip_bad_images: bool = False,
     progress: bool = True,
     official_splits: bool = True,
+    pick_per_class: int | None = None,
+    workers: int | None = None,
 ) -> DomainDataset:
     """Scan, decode (once, cached) and return a folder dataset, with the benchmark's official split lists
-    (PACS, DomainNet: :mod:`fedstyle.data.split_lists`) when they are present and ``official_splits``."""
+    (PACS, DomainNet: :mod:`fedstyle.data.split_lists`) when they are present and ``official_splits``.
+
+    ``pick_per_class`` (a run's ``--per-class``): only the images :meth:`DomainDataset.subset_per_class`
+    would keep are decoded, into an entry of their own (picked from the listing's labels, so an unreadable
+    image skipped by ``skip_bad_images`` is one fewer, not replaced). ``workers``: decoding processes
+    (:func:`fedstyle.data.cache.decode_workers`).
+    """
     if isinstance(benchmark, str):
         benchmark = BENCHMARKS.get(benchmark)
     if data_root is None:
@@ -441,6 +518,8 @@ def load_folder_benchmark(
             "using the class folders found",
             stacklevel=2,
         )
+    workers = decode_workers(workers)
+    all_files = {d: listing.files for d, listing in listings.items()}
     recipe = {
         "name": benchmark.name,
         "version": RECIPE_VERSION,
@@ -449,20 +528,49 @@ def load_folder_benchmark(
         "classes": classes,
         "files": file_fingerprint(root, listings),
     }
+    left_out: set[str] = set()
+    if pick_per_class is not None:
+        listings, left_out = picked_listings(listings, classes, pick_per_class)
+        recipe["pick_per_class"] = int(pick_per_class)
+    count = sum(len(files) for listing in listings.values() for files in listing.files.values())
     dataset = cached_dataset(
         recipe,
         lambda writer: build_folder_dataset(
-            writer, benchmark, root, listings, classes, resolution, skip_bad_images, progress
+            writer, benchmark, root, listings, classes, resolution, skip_bad_images, progress, workers
         ),
         progress,
+        expected_bytes=count * 3 * resolution**2,
+        too_big_fix="pass --per-class N or a smaller --resolution",
     )
+    if pick_per_class is not None:
+        dataset.info.update(per_class=int(pick_per_class), per_class_seed=0)
     check_skipped(dataset, benchmark.name, skip_bad_images)
     if official_splits:
         from fedstyle.data.split_lists import attach_split_lists
 
-        files = {d: listing.files for d, listing in listings.items()}
-        dataset = attach_split_lists(dataset, benchmark.name, root, files, classes)
+        dataset = attach_split_lists(dataset, benchmark.name, root, all_files, classes, left_out)
     return dataset
+
+
+def picked_listings(listings: dict[str, DomainListing], classes: list[str], per_class: int
+                    ) -> tuple[dict[str, DomainListing], set[str]]:
+    """The listings reduced to the seeded per-class pick of :func:`fedstyle.data.contract.pick_per_class`
+    (made from the listing's labels, in decoding order), and the paths left out."""
+    counts = {d: [len(listing.files[c]) for c in classes] for d, listing in listings.items()}
+    labels = [torch.from_numpy(np.repeat(np.arange(len(classes)), counts[d])) for d in listings]
+    picks = pick_per_class_rows(labels, len(classes), per_class)
+    reduced, left_out = {}, set()
+    for (domain, listing), keep in zip(listings.items(), picks):
+        ordered = [p for c in classes for p in listing.files[c]]
+        chosen = set(keep.tolist())
+        files = {c: [] for c in classes}
+        for row, (path, label) in enumerate(zip(ordered, labels[len(reduced)].tolist())):
+            if row in chosen:
+                files[classes[label]].append(path)
+            else:
+                left_out.add(str(path))
+        reduced[domain] = DomainListing(listing.folder, files, listing.ignored)
+    return reduced, left_out
 
 
 def _folder_resolution(benchmark: FolderBenchmark, resolution: int | None,

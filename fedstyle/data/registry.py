@@ -28,6 +28,8 @@ class DatasetEntry:
     needs_data_root: bool = False
     #: whether the loader reads official split lists (it then takes ``official_splits``)
     has_official_splits: bool = False
+    #: whether the loader decodes only a run's per-class pick (it then takes ``pick_per_class``)
+    picks_per_class: bool = False
     #: the domain names when they are known before loading (None: read from the data); the CLI checks
     #: --target against them without loading anything
     domains: tuple[str, ...] | None = None
@@ -40,11 +42,15 @@ class DatasetEntry:
         seed: int = 0,
         progress: bool = True,
         official_splits: bool = True,
+        per_class: int | None = None,
     ) -> DomainDataset:
         """Load the dataset; ``seed`` drives generated datasets, folder datasets ignore it;
-        ``official_splits=False`` leaves the dataset's official split lists unread."""
+        ``official_splits=False`` leaves the dataset's official split lists unread; ``per_class``: the
+        dataset's :meth:`~DomainDataset.subset_per_class`, decoded alone where the loader can."""
         extra = {"official_splits": official_splits} if self.has_official_splits else {}
-        return self.loader(
+        if per_class is not None and self.picks_per_class:
+            extra["pick_per_class"] = per_class
+        dataset = self.loader(
             data_root=data_root,
             resolution=resolution,
             skip_bad_images=skip_bad_images,
@@ -52,6 +58,9 @@ class DatasetEntry:
             progress=progress,
             **extra,
         )
+        if per_class is not None and not self.picks_per_class:
+            dataset = dataset.subset_per_class(per_class)
+        return dataset
 
 
 def _lazy_loader(module: str, function: str) -> Callable[..., DomainDataset]:
@@ -65,8 +74,9 @@ def _lazy_loader(module: str, function: str) -> Callable[..., DomainDataset]:
 
 def _folder_loader(benchmark: FolderBenchmark) -> Callable[..., DomainDataset]:
     def load(data_root=None, resolution=None, skip_bad_images=False, seed=0, progress=True,
-             official_splits=True) -> DomainDataset:
-        return load_folder_benchmark(benchmark, data_root, resolution, skip_bad_images, progress, official_splits)
+             official_splits=True, pick_per_class=None) -> DomainDataset:
+        return load_folder_benchmark(benchmark, data_root, resolution, skip_bad_images, progress, official_splits,
+                                     pick_per_class)
 
     return load
 
@@ -88,12 +98,13 @@ DATASETS.add(
         "Fashion-MNIST rendered as photo / art / cartoon / sketch, 32 x 32, 10 classes "
         "(needs the Fashion-MNIST idx files: apt install dataset-fashion-mnist or --data-root)",
         _lazy_loader("fedstyle.data.fashion4", "load_fashion4"),
+        picks_per_class=True,
         domains=("photo", "art", "cartoon", "sketch"),  # fedstyle.data.fashion4.DOMAINS (a test keeps them equal)
     ),
 )
 for _name, _benchmark in BENCHMARKS.items():
     DATASETS.add(_name, DatasetEntry(_name, _benchmark.description, _folder_loader(_benchmark), needs_data_root=True,
-                                     has_official_splits=True, domains=_benchmark.domains))
+                                     has_official_splits=True, picks_per_class=True, domains=_benchmark.domains))
 DATASETS.add(
     "camelyon17",
     DatasetEntry(
@@ -117,7 +128,9 @@ def load_dataset(name: str, **kwargs) -> DomainDataset:
     if name.startswith(HUB_PREFIX):
         from fedstyle.data.hub import load_hub_dataset
 
-        return load_hub_dataset(name[len(HUB_PREFIX):], **kwargs)
+        per_class = kwargs.pop("per_class", None)
+        dataset = load_hub_dataset(name[len(HUB_PREFIX):], **kwargs)
+        return dataset if per_class is None else dataset.subset_per_class(per_class)
     given = [option for option in COLUMN_OPTIONS if kwargs.pop(option, None) is not None]
     if given:
         raise ConfigError(f"--{given[0].replace('_', '-')} names a column of a Hugging Face dataset "

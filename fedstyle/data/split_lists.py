@@ -165,15 +165,16 @@ def skipped_paths(info: dict, root: Path) -> set[str]:
 
 
 def attach_split_lists(dataset: DomainDataset, benchmark: str, root: Path, files: dict[str, dict[str, list[Path]]],
-                       classes: list[str]) -> DomainDataset:
+                       classes: list[str], left_out: set[str] = frozenset()) -> DomainDataset:
     """``dataset`` with the official splits of the lists found for ``benchmark`` near ``root`` (unchanged if none).
 
-    ``files``: domain -> class -> image files, as scanned (the decoding order is class by class).
+    ``files``: domain -> class -> image files, as scanned (the decoding order is class by class);
+    ``left_out``: files not decoded on purpose (a per-class pick), whose lines are skipped like unreadable ones'.
     """
     lists = find_split_lists(benchmark, root, dataset.domains)
     if not lists:
         return dataset
-    dropped = skipped_paths(dataset.info, root)
+    dropped = skipped_paths(dataset.info, root) | set(left_out)
     splits = {d: split_indices(benchmark, d, lists[d], [p for c in classes for p in files[d][c]], dropped)
               for d in lists}
     out = dataset.with_splits(splits)

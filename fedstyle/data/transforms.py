@@ -91,7 +91,8 @@ class BatchTransform:
     ``torch.manual_seed``); pass one for reproducible, device-independent batches.
     """
 
-    def __init__(self, mean: Sequence[float], std: Sequence[float], augment: str = "none"):
+    def __init__(self, mean: Sequence[float], std: Sequence[float], augment: str = "none",
+                 output_size: int | None = None):
         if len(mean) != 3 or len(std) != 3:
             raise ConfigError(f"mean and std need 3 channel values, got {list(mean)} and {list(std)}")
         if min(std) <= 0:
@@ -100,6 +101,9 @@ class BatchTransform:
         self.std = tuple(float(v) for v in std)
         self.augment = augment
         self._augmentation = AUGMENTATIONS.get(augment)
+        #: the model's input side when images are stored smaller (``--input-resolution``): the batch is resized
+        #: bilinearly on its device after the crop and flip, so the cache holds the small side only (issue 54)
+        self.output_size = output_size
 
     def __call__(
         self, x: torch.Tensor, train: bool, generator: torch.Generator | None = None
@@ -113,7 +117,12 @@ class BatchTransform:
         # channels-last: the convolution kernels of CPUs (oneDNN) and GPUs (tensor cores) run faster
         # on NHWC; measured 1.7x for the digits ConvNet on this 2-core CPU (benchmarks/RESULTS.md)
         x = x.contiguous(memory_format=torch.channels_last)
-        return (x.to(torch.float32) / 255.0 - mean) / std
+        x = x.to(torch.float32)
+        if self.output_size is not None and tuple(x.shape[-2:]) != (self.output_size, self.output_size):
+            x = torch.nn.functional.interpolate(x, size=(self.output_size, self.output_size), mode="bilinear",
+                                                align_corners=False, antialias=self.output_size < x.shape[-1])
+            x = x.contiguous(memory_format=torch.channels_last)
+        return (x / 255.0 - mean) / std
 
     def aligned(
         self, batches: Sequence[torch.Tensor], train: bool, generator: torch.Generator | None = None
@@ -134,4 +143,5 @@ class BatchTransform:
         return [self(part.contiguous(), train=False) for part in stacked.split(3, dim=1)]
 
     def __repr__(self) -> str:
-        return f"BatchTransform(mean={self.mean}, std={self.std}, augment={self.augment!r})"
+        size = f", output_size={self.output_size}" if self.output_size is not None else ""
+        return f"BatchTransform(mean={self.mean}, std={self.std}, augment={self.augment!r}{size})"

@@ -85,9 +85,10 @@ def resolve_config(config: RunConfig, dataset: DomainDataset) -> RunConfig:
     """Fill every 'auto' or unset option with the value actually used."""
     method = METHODS.get(config.method)
     backbone = config.backbone
+    input_side = config.input_resolution or dataset.resolution  # what the model sees (--input-resolution)
     if backbone == "auto":  # the small ConvNet below 64 px, unless ImageNet weights are asked for (it has none)
-        backbone = "convnet" if dataset.resolution <= SMALL_IMAGES and not config.pretrained else "resnet18"
-    if config.pretrained and dataset.resolution < SMALL_IMAGES and config.resolution is None:
+        backbone = "convnet" if input_side <= SMALL_IMAGES and not config.pretrained else "resnet18"
+    if config.pretrained and input_side < SMALL_IMAGES and config.resolution is None:
         warnings.warn(f"--pretrained {backbone} at {dataset.resolution} px, the images' own size: ImageNet features "
                       f"are learnt at 224 px; --resolution 224 upsamples to it, or drop --pretrained to train the "
                       f"small ConvNet (--backbone auto) at {dataset.resolution} px", stacklevel=2)
@@ -138,9 +139,8 @@ def load_config_dataset(config: RunConfig, progress: bool = True) -> DomainDatas
     dataset = load_dataset(config.dataset, data_root=config.data_root, resolution=config.resolution,
                            skip_bad_images=config.skip_bad_images, progress=progress,
                            official_splits=config.official_splits, image_column=config.image_column,
-                           domain_column=config.domain_column, label_column=config.label_column)
-    if config.per_class is not None:
-        dataset = dataset.subset_per_class(config.per_class)
+                           domain_column=config.domain_column, label_column=config.label_column,
+                           per_class=config.per_class)  # a loader that can decodes only the run's pick (issue 54)
     return dataset
 
 
@@ -189,10 +189,11 @@ def build_experiment(config: RunConfig, progress: bool = True) -> Experiment:
         norm = input_normalization(config.backbone)
         if norm is not None:
             mean, std = norm
-    transform = BatchTransform(mean, std, config.augment)
+    transform = BatchTransform(mean, std, config.augment, output_size=config.input_resolution)
 
     seed_everything(derive_seed(config.seed, "model-init"))
-    model = build_model(config.backbone, dataset.num_classes, dataset.resolution, config.pretrained, config.weights)
+    model = build_model(config.backbone, dataset.num_classes, config.input_resolution or dataset.resolution,
+                        config.pretrained, config.weights)
     algorithm = method_cls(config.hparams, num_classes=dataset.num_classes, num_clients=len(specs))
     algorithm.configure_model(model)
     # after configure_model: a method's neck may add BatchNorm layers

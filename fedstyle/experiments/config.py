@@ -75,6 +75,10 @@ class RunConfig:
     data_root: str | None = _opt(None, "folder of a folder dataset (root/<domain>/<class>/<image>) or of fashion4's idx files")
     skip_bad_images: bool = _opt(False, "skip unreadable images (counted and reported) instead of stopping")
     resolution: int | None = _opt(None, "image side in pixels (default: the dataset's)")
+    input_resolution: int | None = _opt(None, "the model's input side when larger than the stored --resolution: "
+                                        "images are cached at --resolution and resized on the device after the "
+                                        "crop and flip (DomainNet: --resolution 128 --input-resolution 224 caches "
+                                        "29 GB instead of 88 GB; docs/scale.md)")
     per_class: int | None = _opt(None, "use at most N images per class in every domain, the same seeded pick in every "
                                  "run (default: all); e.g. 200 gives fashion4 PACS's size, ~2,000 images per domain")
     augment: str | None = _opt(None, "training augmentation: none, crop, crop_flip (default: the dataset's)")
@@ -285,6 +289,8 @@ class RunConfig:
             (0 <= self.lam <= 1, "--lam must be in [0, 1]"),
             (self.clients is None or self.clients >= 1, "--clients must be at least 1"),
             (self.per_class is None or self.per_class >= 1, f"--per-class must be at least 1, got {self.per_class}"),
+            (self.input_resolution is None or self.input_resolution >= 8,
+             f"--input-resolution must be at least 8 pixels, got {self.input_resolution}"),
             (self.eval_every >= 1, "--eval-every must be at least 1"),
             (0 <= self.val_fraction < 1, "--val-fraction must be in [0, 1)"),
             (self.radius > 0, "--radius must be positive"),

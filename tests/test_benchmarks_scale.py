@@ -1,0 +1,56 @@
+"""benchmarks/real_scale.py and benchmarks/gpu_check.py run (their quick modes, on the CPU) and write their JSON;
+gpu_check stops itself at its deadline, keeping what it measured (issue 54)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run(script: str, *args: str, timeout: float = 180) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), *args], env=env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def test_gpu_check_runs_on_the_cpu_and_writes_json_and_markdown(tmp_path):
+    done = run("gpu_check.py", "--device", "cpu", "--quick", "--out", str(tmp_path / "g.json"),
+               "--markdown", str(tmp_path / "g.md"))
+    assert done.returncode == 0, done.stderr[-2000:]
+    data = json.loads((tmp_path / "g.json").read_text())
+    assert data["status"] == "complete"
+    assert data["bare"]["convnet fp32 channels-last"]["img_per_s"] > 0
+    fedavg = data["methods"]["fedavg"]
+    assert fedavg["images"] == 3 * 4  # 3 source clients x 1 step x batch 4
+    assert abs(fedavg["fraction_of_bare"] * data["bare"]["convnet fp32 channels-last"]["img_per_s"]
+               - fedavg["img_per_s"]) < 1e-6 * fedavg["img_per_s"]
+    assert "fedavg + client-batching on" in data["methods"]
+    assert "| fedavg |" in (tmp_path / "g.md").read_text()
+
+
+def test_gpu_check_stops_itself_at_its_deadline_and_keeps_its_rows(tmp_path):
+    done = run("gpu_check.py", "--device", "cpu", "--quick", "--deadline", "4", "--out", str(tmp_path / "g.json"),
+               "--markdown", str(tmp_path / "g.md"))
+    assert done.returncode == -9  # killed with its process group, not waited for
+    data = json.loads((tmp_path / "g.json").read_text())
+    assert data["status"] == "stopped at the 4 s deadline"
+    assert "stopped at the 4 s deadline" in (tmp_path / "g.md").read_text()
+
+
+def test_real_scale_quick_builds_and_measures_the_pipeline(tmp_path):
+    done = run("real_scale.py", "--quick", "--skip-training", "--out", str(tmp_path / "r.json"),
+               "--markdown", str(tmp_path / "r.md"))
+    assert done.returncode == 0, done.stderr[-2000:]
+    data = json.loads((tmp_path / "r.json").read_text())
+    builds = {k: v for k, v in data["cache_build"].items() if "peak_rss_mb" in v}
+    assert len(builds) == 2 and {v["workers"] for v in builds.values()} == {1, 2}
+    for row in builds.values():
+        assert row["images"] == 96 and row["disk_bytes"] >= 96 * 3 * 32 * 32 and row["peak_rss_mb"] > 0
+    domainnet = next(v for k, v in data["cache_build"].items() if k.startswith("DomainNet"))
+    assert domainnet["disk_bytes"] == 586_575 * 3 * 32 * 32 and domainnet["extrapolated"]
+    assert data["pipeline"]["cpu, 1 thread (per core)"]["img_per_s"] > 0
