@@ -144,7 +144,7 @@ def test_a_combination_of_releases_is_audited_against_its_composed_eps():
 
 def test_refusals():
     surface = defended_surface(StylePrivacy(0.5, 1.0, source="seeded"), True)
-    with pytest.raises(ConfigError, match="at least 8 trials"):
+    with pytest.raises(ConfigError, match="8 to 100,000 releases per world"):
         canary_audit(surface, public_pool()[:3], public_pool(), 4)
     flat = Surface("test", "per-image style", "", True, lambda n: n, lambda im: torch.zeros(len(im), 3),
                    surface.release, centred_means, lambda r: r, privacy=surface.privacy)
@@ -199,3 +199,31 @@ def test_ccst_overall_styles_noise_check_reads_the_means(tiny_config):
     assert scores["canary_linear_separation"] == pytest.approx(scores["canary_expected_separation"], abs=0.3)
     assert scores["canary_epsilon_lb"] <= scores["canary_epsilon"]
     assert "on the coordinates read back linearly" in canary_line(scores)
+
+
+def test_canary_refusals_are_one_line_before_any_attack(tiny_config, tmp_path, capsys):
+    """Issue 55 item 4: --canary 1e9 was accepted (months of work, no progress bar), and on a run with no style
+    payload (FedAvg) --canary was skipped without a word."""
+    from fedstyle.cli.main import main
+
+    assert main(["audit", "privacy", str(tmp_path / "nowhere"), "--canary", "1000000000"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "8 to 100,000" in err
+    run = tmp_path / "fedavg-run"
+    run.mkdir()
+    (run / "config.json").write_text(tiny_config.updated(method="fedavg").to_json() + "\n")
+    assert main(["audit", "privacy", str(run), "--canary", "10"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "fedavg run, which releases none: drop --canary" in err and "ccst" in err
+    assert not (run / "audit").exists()
+
+
+def test_a_canary_audit_shows_its_progress_and_time_left(tiny_config, capsys):
+    from test_audit_run import _surface
+
+    exp, surface = _surface(tiny_config, "stablefdg", dp_clip=1.0, dp_noise=0.0)
+    public = torch.cat([s.images for s in exp.source_val.values()])[:8]
+    canary_audit(surface, exp.simulator.clients[0].images[:3], public, 8, progress=True)
+    assert "canary audit" in capsys.readouterr().err
+    canary_audit(surface, exp.simulator.clients[0].images[:3], public, 8)
+    assert "canary audit" not in capsys.readouterr().err

@@ -166,8 +166,13 @@ def epsilon_lower_bound(scores_in, scores_out, delta: float, *, level: float = 0
             "ceiling": perfect}
 
 
+#: the most releases per world ``--canary`` takes: 1e5 is far past where the bound stops rising (its ceiling grows
+#: with log(trials)), and a 1e9 request would run for months
+MAX_TRIALS = 100_000
+
+
 def canary_audit(surface: Surface, others: Images, pool: Images, trials: int, *, delta: float | None = None,
-                 level: float = 0.95, seed: int = 0) -> dict[str, float]:
+                 level: float = 0.95, seed: int = 0, progress: bool = False) -> dict[str, float]:
     """Plant a canary (:func:`plant_canary`) beside ``others`` (the rest of the sender's set, the same in both
     worlds), release ``trials`` times with it and ``trials`` times with the replacement instead, score each
     release by its projection onto Delta and bound eps (:func:`epsilon_lower_bound`). A set payload is scored
@@ -185,8 +190,8 @@ def canary_audit(surface: Surface, others: Images, pool: Images, trials: int, *,
     (||Delta|| sqrt(T) / sigma over those coordinates: what the noise the defence claims gives; it does not apply
     to a statistic over second moments, which come back through clamped variances), ``linear`` (1: the statistic
     over the linear coordinates was chosen)."""
-    if int(trials) < 8:
-        raise ConfigError(f"the canary audit needs at least 8 trials per world (a few hundred to bound eps), "
+    if not 8 <= int(trials) <= MAX_TRIALS:
+        raise ConfigError(f"the canary audit takes 8 to {MAX_TRIALS:,} releases per world (a few hundred bound eps), "
                           f"got {trials}")
     privacy = surface.privacy
     delta = float(delta if delta is not None else privacy.delta if privacy is not None else 1e-5)
@@ -198,7 +203,11 @@ def canary_audit(surface: Surface, others: Images, pool: Images, trials: int, *,
     worlds = [torch.cat([planted[name], others]) for name in ("canary", "replacement")]
     read = read_sums(surface, len(worlds[0]))
     scores: list[list[torch.Tensor]] = [[], []]
-    for _ in range(int(trials)):
+    from tqdm.auto import tqdm
+
+    # a progress bar with its own estimate of the time left: N releases per world can take hours at large N
+    for _ in tqdm(range(int(trials)), desc=f"canary audit ({surface.kind})", unit="trial", disable=not progress,
+                  leave=False):
         for world, out in zip(worlds, scores):
             rows = surface.release(world)
             if surface.per_image and len(rows) != len(world):
@@ -226,15 +235,15 @@ def canary_audit(surface: Surface, others: Images, pool: Images, trials: int, *,
     return {f"canary_{k}": float(v) for k, v in out.items()}
 
 
-def audit_canary(surface: Surface, sender: Images, public: list[Images], trials: int, seed: int = 0
-                 ) -> dict[str, float]:
+def audit_canary(surface: Surface, sender: Images, public: list[Images], trials: int, seed: int = 0,
+                 progress: bool = False) -> dict[str, float]:
     """:func:`canary_audit` of a run's surface as ``fedstyle audit privacy --canary N`` does it: the others are
     3 images of a sender (the guarantee holds for every set, so a small one, quick to release, is as good a
     test), the candidate canaries up to 256 public images and the crafted ones."""
     pool = torch.cat(public)
     pool = pool[torch.randperm(len(pool), generator=torch.Generator().manual_seed(seed))[:256]]
     others = sender[:3]
-    return canary_audit(surface, others, pool, trials, seed=seed)
+    return canary_audit(surface, others, pool, trials, seed=seed, progress=progress)
 
 
 def canary_line(scores: dict[str, float]) -> str:

@@ -45,6 +45,7 @@ class AuditSettings:
     baseline: bool = True        # also invert one weight update (the scale every verdict compares with)
     restarts: int = 1            # gradient inversion: random starts, the lowest loss kept
     canary: int = 0              # canary audit of a defended surface: releases per world (0: none)
+    progress: bool = False       # progress bars (with the time left) on the long parts: the canary audit
 
 
 @dataclass

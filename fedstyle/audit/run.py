@@ -178,7 +178,7 @@ def audit_run(run_dir: str | Path, settings: AuditSettings | None = None, device
             if settings.canary and audited is not None and audited.privacy is not None:
                 log(f"{config.method}: canary audit of the {audited.kind} ({settings.canary} releases per world)")
                 scores.update(audit_canary(audited, victims[0].images, list(public.images.values()),
-                                           settings.canary, settings.seed))
+                                           settings.canary, settings.seed, progress=settings.progress))
     lr, wd = config.lr, config.weight_decay
     for batch in sorted({1, min(8, config.batch_size)}) if settings.baseline else ():
         log(f"{config.method}: gradient inversion of one local step, batch {batch}")
@@ -210,6 +210,19 @@ def check_report_folder(out: Path) -> None:
         raise ConfigError(f"--out {out}: {ancestor} is not writable; name a folder you can write to")
 
 
+def check_canary_applies(run_dirs: list[str | Path]) -> None:
+    """``--canary`` audits the style defence's releases (CCST's and StableFDG's payloads); refuse it, before any
+    attack runs, for a run whose method has no such release (it used to be skipped without a word)."""
+    from fedstyle.algorithms import METHODS
+
+    for run_dir in run_dirs:
+        method = read_run_config(Path(run_dir)).method
+        if "dp_clip" not in {h.name for h in METHODS.get(method).declared_hparams()}:
+            defended = ", ".join(n for n in METHODS if "dp_clip" in {h.name for h in METHODS.get(n).declared_hparams()})
+            raise ConfigError(f"--canary audits the style payloads of {defended}; {run_dir} is a {method} run, which "
+                              "releases none: drop --canary (or audit a run of one of those)")
+
+
 def audit_privacy(run_dirs: list[str | Path], *, settings: AuditSettings | None = None, out: str | Path | None = None,
                   device: str | None = None, log: Callable[[str], None] = lambda _: None
                   ) -> tuple[list[Path], str]:
@@ -225,6 +238,8 @@ def audit_privacy(run_dirs: list[str | Path], *, settings: AuditSettings | None 
         raise ConfigError("several run directories need one output folder for their joint report (out=...)")
     out = Path(out) if out is not None else Path(run_dirs[0]) / "audit"
     check_report_folder(out)
+    if settings is not None and settings.canary:
+        check_canary_applies(run_dirs)
     reports = [audit_run(run_dir, settings, device, log) for run_dir in run_dirs]
     written = write_outputs(reports, out)
     return written, "".join(table(r) + "\n" for r in reports)

@@ -51,12 +51,14 @@ def _cmd_audit_privacy(args: argparse.Namespace) -> int:
     for name in ("victims", "candidates", "steps", "shadow_sets", "restarts"):
         if getattr(args, name) < 1:
             raise ConfigError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
-    if args.canary and args.canary < 8:
-        raise ConfigError(f"--canary must be 0 (off) or at least 8 releases per world (a few hundred bound eps), "
-                          f"got {args.canary}")
+    from fedstyle.audit.canary import MAX_TRIALS
+
+    if args.canary and not 8 <= args.canary <= MAX_TRIALS:
+        raise ConfigError(f"--canary must be 0 (off) or 8 to {MAX_TRIALS:,} releases per world (a few hundred bound "
+                          f"eps; the bound's ceiling grows only with log N), got {args.canary}")
     settings = AuditSettings(victims=args.victims, candidates=args.candidates, steps=args.steps,
                              shadow_sets=args.shadow_sets, seed=args.seed, baseline=not args.no_baseline,
-                             restarts=args.restarts, canary=args.canary)
+                             restarts=args.restarts, canary=args.canary, progress=not args.quiet)
     log = (lambda _: None) if args.quiet else (lambda line: print(line, file=sys.stderr, flush=True))
     written, text = audit_privacy(args.run_dirs, settings=settings, out=args.out, device=args.device, log=log)
     print(text, end="")
