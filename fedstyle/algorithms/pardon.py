@@ -84,7 +84,8 @@ clusters' pooled moments (``client_style=pooled``: ``src/client.py:636-652`` ave
 E[f^2] with equal weights, then var = E[f^2] - mu^2), and, for the encoder backends, the transfer's content
 statistics with the unbiased variance (``unbiased_content``: ``style_transfer``, ``src/utils.py:52-67``, calls
 ``adaIN_StyleStat_ContentFeat``, ``src/functions.py:26-35``, whose ``calc_mean_std``, ``:4-13``, uses
-``var()``; fedstyle's styles stay population statistics, as the code's ``calc_sum`` styles are). The public code's
+``var()``; fedstyle's styles stay population statistics, as the code's ``calc_sum`` styles are), and the triplet
+distance's eps 1e-7 (``TripletMarginLoss(eps=1e-7)``, ``src/client.py:532``; otherwise 1e-6). The public code's
 optimiser (Adam, lr 3e-5) is a run setting shared with every other method, so it is not switched by
 the method: give ``--optimizer adam --lr 3e-5 --weight-decay 0 --lr-schedule constant`` (a warning
 says so when reference_code runs with another optimiser). ``tests/test_parity_pardon.py`` (``parity/pardon.py``)
@@ -100,8 +101,7 @@ gradients (``contrastive_fit``, ``src/client.py:449-486``, with the code's negat
 not normalised, fed to the featurizer (fedstyle transfers each image once into the uint8 cache and crops and
 flips x and x' alike: a transfer at every step would cost, for 32 digits4 images on one CPU thread, 4-5x a
 ConvNet FedAvg step with the ``lite`` backend and 24-32x with VGG ``adain``); the triplets' extra forward
-passes (``src/client.py:534-536``; the same values under frozen BatchNorm) and ``TripletMarginLoss``'s eps
-1e-7 (``:532``; fedstyle's ``pairwise_distance``: 1e-6); the client style's float32 sums (``src/utils.py:38-50``;
+passes (``src/client.py:534-536``; the same values under frozen BatchNorm); the client style's float32 sums (``src/utils.py:38-50``;
 fedstyle pools per-image moments in float64). Bugs of the public code: ``abstract_style`` and
 ``find_optimal_metadata`` hard-code ``torch.device("cuda")`` (``src/client.py:610``, ``src/server.py:419``) and
 the latter 512 channels (``:395-396``); x' reaches the featurizer unnormalised while x is ImageNet-normalised;
@@ -134,6 +134,9 @@ VIEW = "pardon_sg"
 _TRANSFERS = "pardon/transfers"  # ctx.scratch: the current batch's x', from training_batches to training_loss
 SERVER_CLUSTERS = "pardon/server_clusters"  # server.state: the number of client-style clusters
 
+#: the public code's eps inside the triplet distance (``TripletMarginLoss(eps=1e-7)``, src/client.py:532; fedstyle's
+#: default is ``F.pairwise_distance``'s 1e-6): reference_code uses it
+TRIPLET_EPS_CODE = 1e-7
 #: the public code's choices (reference_code=true) for the hyperparameters not given explicitly
 REFERENCE = {"negatives": "random", "normalize": True, "distance": "euclidean", "hinge": True, "ce_views": "original",
              "batchnorm_stats": "frozen",
@@ -260,7 +263,8 @@ class PARDON(StyleBackendExchange):
         else:
             ce = F.cross_entropy(model.head(z), y)
         triplet = triplet_loss(z, zp, y, margin=hp["margin"], negatives=hp["negatives"], distance=hp["distance"],
-                               normalize=hp["normalize"], reduction=hp["reduction"], hinge=hp["hinge"])
+                               normalize=hp["normalize"], reduction=hp["reduction"], hinge=hp["hinge"],
+                               eps=TRIPLET_EPS_CODE if hp["reference_code"] else 1e-6)
         reg = feature_regularizer(z, zp, reduction=hp["reduction"], scale=hp["reg_scale"])
         ctx.log("ce", ce)
         ctx.log("triplet", triplet)
