@@ -6,7 +6,9 @@ width (AVX2 vs AVX-512), so a test that compares such results bitwise, or with a
 passes on one machine and fails on the next. This runs ``pytest tests/test_parity_*.py`` in a fresh process per
 cell of threads x instruction set and fails when any cell fails:
 
-* ``OMP_NUM_THREADS`` (and ``MKL_NUM_THREADS``) = 1, 2, 4: torch's intra-op threads;
+* 1, 2, 4 threads: ``torch.set_num_threads`` before pytest starts (torch caps ``OMP_NUM_THREADS`` at the cores it
+  sees, so on a 2-core machine the variable alone gives 2 threads for 4), and ``OMP_NUM_THREADS`` /
+  ``MKL_NUM_THREADS`` for the processes a test starts;
 * ``ONEDNN_MAX_CPU_ISA`` = AVX2 or AVX512_CORE: oneDNN's kernels (convolutions). With AVX2 also
   ``ATEN_CPU_CAPABILITY=avx2`` (ATen's own vectorised kernels: reductions, elementwise) and
   ``MKL_ENABLE_INSTRUCTIONS=AVX2`` (MKL's BLAS), where the CPU has AVX2. On a CPU without AVX-512 the AVX512_CORE
@@ -31,10 +33,20 @@ ROOT = Path(__file__).resolve().parent.parent
 THREADS = (1, 2, 4)
 ISAS = ("AVX2", "AVX512_CORE")
 PROBE = """
+import os
 import torch
+torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 with torch.backends.mkldnn.verbose(torch.backends.mkldnn.VERBOSE_ON):
     torch.nn.functional.conv2d(torch.randn(2, 8, 16, 16), torch.randn(8, 8, 3, 3))
 print("aten:" + torch.backends.cpu.get_cpu_capability(), "threads:" + str(torch.get_num_threads()))
+"""
+#: pytest in a process whose torch runs on OMP_NUM_THREADS threads
+PYTEST = """
+import os, sys
+import torch
+torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+import pytest
+sys.exit(pytest.main(sys.argv[1:]))
 """
 
 
@@ -62,8 +74,9 @@ def probe(env: dict[str, str]) -> str:
     """The instruction sets in effect: oneDNN's (its verbose line) and ATen's, and torch's thread count."""
     out = subprocess.run([sys.executable, "-c", PROBE], env=env, capture_output=True, text=True, timeout=300)
     isa = re.search(r"isa:([^,\n]*)", out.stdout + out.stderr)
+    threads = re.search(r"nthr:(\d+)", out.stdout + out.stderr)
     rest = (out.stdout.strip().splitlines() or ["?"])[-1]
-    return f"onednn:{isa.group(1).strip() if isa else '?'} {rest}"
+    return f"onednn:{isa.group(1).strip() if isa else '?'} onednn-threads:{threads.group(1) if threads else '?'} {rest}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -80,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
         for isa in args.isa.split(","):
             env = cell_environment(threads, isa, flags)
             cell = time.perf_counter()
-            run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider", *tests],
+            run = subprocess.run([sys.executable, "-c", PYTEST, "-q", "-n", "0", "-p", "no:cacheprovider", *tests],
                                  cwd=ROOT, env=env, capture_output=True, text=True)
             lines = run.stdout.strip().splitlines()
             summary = lines[-1] if lines else run.stderr.strip()[-300:]

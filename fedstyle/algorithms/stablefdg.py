@@ -60,7 +60,7 @@ docs/parity.md):
   styles (``KMeans(B/2, k-means++, max_iter=1, n_init=1)``, :func:`~fedstyle.style.selection.sklearn_kmeans_centres`),
   the last B/2 draw around the received style, sigma' clamped at 0 (not 1e-6);
 - per-sample variances with 1/(HW - 1) everywhere (style_insert.py:20, oma.py:158, 181, trainer.py:698);
-- Phi: means over samples, spreads sqrt(var + 1e-6) with 1/(N - 1) (trainer.py:713-715), from training
+- Phi: means over samples, spreads sqrt(var + 1e-6) with 1/(N - 1) (trainer.py:721), from training
   batches (``style_stats=train``, as the default); no style sharing in round 0; the server's greedy
   pairing (trainer.py:599-611, :func:`~fedstyle.style.sharing.greedy_pairing`), which gives the last
   participant its own style when only that is left (7 % of rounds at 10 participants);
