@@ -134,9 +134,9 @@ def require_checkout(path: Path, commit: str, allow_unpinned: bool = False) -> s
     changed = checkout_changes(path)
     if changed:
         # the fixture would record a commit whose code did not make it: a dirty checkout is never accepted
-        raise SystemExit(f"error: {path} has local changes ({', '.join(changed[:3])}{', ...' if len(changed) > 3 else ''}"
-                         f"), so its commit does not name the code that would run; git -C {path} stash -u "
-                         f"(or git -C {path} checkout -- . && git -C {path} clean -fd)")
+        listed = ", ".join(changed[:3]) + (", ..." if len(changed) > 3 else "")
+        raise SystemExit(f"error: {path} has local changes ({listed}), so its commit does not name the code that "
+                         f"would run; git -C {path} stash -u (or git -C {path} checkout -- . && git -C {path} clean -fd)")
     return found
 
 

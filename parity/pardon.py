@@ -219,7 +219,8 @@ class _RecordingChoice:
         return getattr(random, name)
 
 
-def run_step(client_module, cpu, state, feat_mean, feat_std, dtype: torch.dtype, prefix: str) -> dict[str, torch.Tensor]:
+def run_step(client_module, cpu, state, feat_mean, feat_std, dtype: torch.dtype,
+             prefix: str) -> dict[str, torch.Tensor]:
     """One ``contrastive_fit`` step (loss, negatives, gradients under ``prefix``) with the model and the batch in
     ``dtype`` (float64: torch's default dtype too, so their own tensors follow)."""
     model = load(step_model(), state, "model.").to(dtype)
