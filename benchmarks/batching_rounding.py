@@ -1,12 +1,12 @@
 """How far `--client-batching on` lands from the sequential path in float32, beside how far the sequential
-path lands from itself when every initial weight moves by one float32 step (README "Client batching").
+path lands from itself when every initial weight moves by one float32 step (docs/guide/usage.md, "Client batching").
 
 Both paths compute the same thing; the batched convolutions round differently, and training amplifies any
 rounding (ties in ReLU and max-pooling that a rounding flips, BatchNorm over flat images). The one-step
 nudge (``torch.nextafter`` towards +inf on every trainable initial weight) measures that amplification on
 the same setting, so the batched difference can be read against it. Per seed, the largest absolute
 difference from the sequential run after ``--rounds`` rounds, of the global weights and of BatchNorm's
-running statistics. On CPU the batched path is slower (README); this measures only the numbers.
+running statistics. On CPU the batched path is slower (docs/guide/usage.md); this measures only the numbers.
 
     python benchmarks/batching_rounding.py --method fedavg --seeds 0 1 2
     python benchmarks/batching_rounding.py --method ccst --hp style_backend=fft --seeds 0 1 2

@@ -18,17 +18,16 @@ pairs two rows on the (cell, seed)s both have, exactly as ``fedstyle report --cl
 from __future__ import annotations
 
 import argparse
-import csv
-import io
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's fedstyle, not an installed one
 from fedstyle.errors import ConfigError  # noqa: E402
+from fedstyle.experiments.report.per_seed import COLUMNS, accuracies, read_rows, record_rows, write_rows  # noqa: E402
 from fedstyle.experiments.verdict import judge_paired  # noqa: E402
 
 HERE = Path(__file__).resolve().parent / "per_seed"
-COLUMNS = ("label", "variant", "dataset", "target", "seed", "target_acc", "source_val", "device", "seconds")
+__all__ = ["COLUMNS", "HERE", "accuracies", "export", "judge", "load", "main"]
 
 
 def _variant(record, roots: list[Path]) -> str:
@@ -47,50 +46,19 @@ def export(run_dirs: list[Path], name: str, which: str = "selected", out_dir: Pa
     """Write ``out_dir/NAME.csv`` from every finished run below ``run_dirs`` (every row named ``label`` when
     given: a variant run apart, e.g. at another learning rate; ``{label}`` in it stands for the run's own
     label, so ``"{label} (FixBN)"`` keeps a whole sweep's rows apart from the same rows of another regime);
-    returns its path."""
+    returns its path. The lines are those of :mod:`fedstyle.experiments.report.per_seed`."""
     from fedstyle.experiments.report.runs import collect
-    from fedstyle.io import atomic_write_text
 
     records = collect([str(d) for d in run_dirs])
     if not records:
         raise ConfigError(f"no finished run below {', '.join(map(str, run_dirs))}")
-    lines = []
-    for record in records:
-        source_val = record.source_val_accuracy(which)
-        for target, acc in sorted(record.target_accuracy(which).items()):
-            lines.append({"label": label.replace("{label}", record.label) if label else record.label, "variant": _variant(record, run_dirs), "dataset": record.dataset,
-                          "target": target, "seed": record.seed, "target_acc": f"{100 * acc:.2f}",
-                          "source_val": "" if source_val is None else f"{100 * source_val:.2f}",
-                          "device": record.config.get("device", ""),
-                          "seconds": record.summary.get("seconds", "")})
-    lines.sort(key=lambda r: (r["label"], r["dataset"], r["target"], int(r["seed"])))
-    out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / f"{name}.csv"
-    buffer = io.StringIO()
-    writer = csv.DictWriter(buffer, fieldnames=COLUMNS, lineterminator="\n")
-    writer.writeheader()
-    writer.writerows(lines)
-    atomic_write_text(path, buffer.getvalue())
-    return path
+    lines = [line for record in records
+             for line in record_rows(record, which, variant=_variant(record, run_dirs), label=label)]
+    return write_rows(out_dir / f"{name}.csv", lines, COLUMNS)
 
 
 def load(name: str | Path, in_dir: Path = HERE) -> list[dict[str, str]]:
-    path = Path(name) if str(name).endswith(".csv") else in_dir / f"{name}.csv"
-    if not path.exists():
-        have = ", ".join(sorted(p.stem for p in in_dir.glob("*.csv"))) or "none"
-        raise ConfigError(f"{path} does not exist; the tables kept here: {have}")
-    with open(path, newline="") as handle:
-        return list(csv.DictReader(handle))
-
-
-def accuracies(rows: list[dict[str, str]], label: str, dataset: str | None = None) -> dict[tuple[str, int], float]:
-    """(cell, seed) -> target accuracy (%) of one row, the form :func:`judge_paired` takes."""
-    out = {(f"{r['dataset']} → {r['target']}", int(r["seed"])): float(r["target_acc"])
-           for r in rows if r["label"] == label and dataset in (None, r["dataset"])}
-    if not out:
-        labels = ", ".join(sorted({r["label"] for r in rows}))
-        raise ConfigError(f"no row {label!r}{f' on {dataset}' if dataset else ''}; the rows: {labels}")
-    return out
+    return read_rows(Path(name) if str(name).endswith(".csv") else in_dir / f"{name}.csv")
 
 
 def judge(name: str, claims: list[str], dataset: str | None = None) -> list[str]:

@@ -1,22 +1,22 @@
-"""Re-read the verdicts of benchmarks/RESULTS.md whose per-seed target accuracies are written there, by the
+"""Re-read the verdicts of the results pages (docs/results/) whose per-seed target accuracies are written there, by the
 rule of :mod:`fedstyle.experiments.verdict` (issue 35 §2), so the re-reading is one command:
 
     python benchmarks/rejudge_results.py            # every claim, one block each
     python benchmarks/rejudge_results.py --json     # the same as JSON (claim, cell, status, interval, ...)
 
-Most run directories behind RESULTS.md are gone, so the figures recorded there are the data: each
+Most run directories behind the results pages are gone, so the figures recorded there are the data: each
 :class:`Recorded` row below holds one table row's per-seed accuracies (percent, seeds 0, 1, 2, as printed:
-rounded to 0.1, so a difference may be 0.1 off the unrounded runs'), with the RESULTS.md section and row
+rounded to 0.1, so a difference may be 0.1 off the unrounded runs'), with the results page section and row
 label it comes from. Before judging, the script checks that each row's per-seed figures are still printed on
-that row of RESULTS.md, and refuses (one line naming the row) when they are not: the file and this script
+that row of the results pages, and refuses (one line naming the row) when they are not: the file and this script
 cannot drift apart silently.
 
 A claim is judged per cell, each cell on its own seeds, and, where it spans several cells, over all of them
 together ("all cells"): a verdict names the cells it was read on and says nothing for others. Verdicts whose
-rows have only mean ± std in RESULTS.md are not here (no pairs can be formed from a mean): by the rule they are
-not judged, and RESULTS.md marks each with "not judged by the rule: per-seed values not recorded (means only)".
+rows have only mean ± std in the results pages are not here (no pairs can be formed from a mean): by the rule they are
+not judged, and the results pages marks each with "not judged by the rule: per-seed values not recorded (means only)".
 
-Checked against the run directories where they survive (/work/bench34, 2026-11-26): every recorded figure
+Checked against the run directories where they survived (2026-11-26): every recorded figure
 equals its run's ``summary.json`` to the printed 0.1.
 """
 
@@ -31,16 +31,17 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's fedstyle, not an installed one
 from fedstyle.experiments.verdict import RULE, PairedVerdict, judge_paired  # noqa: E402
 
-RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
+#: the results pages (docs/results/*.md, read as one text), or one Markdown file given with --results
+RESULTS = Path(__file__).resolve().parents[1] / "docs" / "results"
 SEEDS = (0, 1, 2)
 
-STABLEFDG_34 = "### After issue 34: Φ from training batches, and the mended reference mode"
-PARDON_34 = "### After issue 34: the reference mode's client style"
+STABLEFDG_34 = "### Φ from training batches, and the mended reference mode"
+PARDON_34 = "### The reference mode's client style"
 
 
 @dataclass(frozen=True)
 class Recorded:
-    """One RESULTS.md table row's per-seed target accuracies: cell "dataset → target" -> seeds 0, 1, 2."""
+    """One the results pages table row's per-seed target accuracies: cell "dataset → target" -> seeds 0, 1, 2."""
 
     section: str  # the heading the table sits under
     label: str  # text that starts the row's first column (what the check looks for)
@@ -68,7 +69,7 @@ ROWS = {
 
 @dataclass(frozen=True)
 class Claim:
-    """"better > worse" as RESULTS.md states it (``where``: the bullet that states it)."""
+    """"better > worse" as the results pages states it (``where``: the bullet that states it)."""
 
     key: str
     text: str
@@ -89,8 +90,15 @@ CLAIMS = (
 )
 
 
+def results_text(path: Path) -> str:
+    """The results as one text: a folder's Markdown pages in name order, or one file."""
+    if path.is_dir():
+        return "\n".join(page.read_text(encoding="utf-8") for page in sorted(path.glob("*.md")))
+    return path.read_text(encoding="utf-8")
+
+
 def row_line(text: str, row: Recorded) -> str | None:
-    """The table line of ``row`` under its section in RESULTS.md's ``text`` (None when either is missing)."""
+    """The table line of ``row`` under its section in the results pages's ``text`` (None when either is missing)."""
     _, found, rest = text.partition("\n" + row.section + "\n")
     if not found:
         return None
@@ -99,7 +107,7 @@ def row_line(text: str, row: Recorded) -> str | None:
 
 
 def check_recorded(text: str) -> list[str]:
-    """One message per recorded row whose per-seed figures RESULTS.md no longer prints on that row."""
+    """One message per recorded row whose per-seed figures the results pages no longer prints on that row."""
     problems = []
     for key, row in ROWS.items():
         line = row_line(text, row)
@@ -132,12 +140,12 @@ def record(claim: Claim, where: str, verdict: PairedVerdict) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--results", type=Path, default=RESULTS, help="the RESULTS.md to check the figures against")
+    parser.add_argument("--results", type=Path, default=RESULTS, help="the results folder (default docs/results) or page to check the figures against")
     parser.add_argument("--json", action="store_true", help="print the readings as JSON")
     args = parser.parse_args(argv)
-    if not args.results.is_file():
-        parser.error(f"{args.results} is not a file; give --results benchmarks/RESULTS.md")
-    problems = check_recorded(args.results.read_text(encoding="utf-8"))
+    if not args.results.exists():
+        parser.error(f"{args.results} does not exist; give --results docs/results (the folder) or one page")
+    problems = check_recorded(results_text(args.results))
     if problems:
         print(f"rejudge_results: {len(problems)} recorded figure(s) no longer match {args.results} ("
               + "; ".join(problems) + "): update ROWS in benchmarks/rejudge_results.py", file=sys.stderr)
@@ -148,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     print(f"The rule: {RULE}\n")
     for claim in CLAIMS:
-        print(f"{claim.key}: {claim.text}\n  from RESULTS.md {claim.where}")
+        print(f"{claim.key}: {claim.text}\n  from docs/results {claim.where}")
         for where, verdict in readings(claim):
             diffs = ", ".join(f"{d:+.1f}" for d in verdict.differences)
             print(f"  {where}: {verdict.status} ({verdict.text()}; differences {diffs})")

@@ -23,7 +23,7 @@ Three parts, each printed as a Markdown table (``--part all`` runs them in this 
   relative L2 error of [mu, sigma] at 256, 512, 1024 and 2048 images, mean over 3 seeds, beside the
   distance between two domains' styles for scale.
 
-    python benchmarks/setup_cost.py --part all --out benchmarks/figures/setup_cost.json
+    python benchmarks/setup_cost.py --part all --out docs/results/figures/setup_cost.json
     python benchmarks/setup_cost.py --part runs --eager
 """
 

@@ -152,6 +152,9 @@ def atomic_write(path: str | Path, write: Callable[[Path], Any], mode: int | Non
     path = Path(path)
     with _temporary_beside(path, mode) as tmp:
         write(tmp)
+        # a writer may replace the temporary instead of writing into it (safetensors' save_file makes a new
+        # file, 0600), so the mode is set again on what it left
+        os.chmod(tmp, mode if mode is not None else 0o666 & ~current_umask())
     return path
 
 
@@ -206,12 +209,19 @@ class DirectoryLock:
     ``shared=True`` (or :meth:`share` on a held lock) holds it shared: with the other processes of one
     writer that take it shared too (a deployment and its ServerApp), never with an exclusive holder, so
     every other writer stays refused for as long as any of them lives.
+
+    ``remove=True`` deletes the lock file on release (a download folder is left as it was found). The
+    file is unlinked while still locked, and every taker checks after ``flock`` that the file it locked
+    is still the one at the path (else it locks afresh), so two processes never both hold it: one
+    that opened the old file just before the unlink finds it gone and takes the new one.
     """
 
-    def __init__(self, directory: str | Path, what: str = "run directory", *, shared: bool = False):
+    def __init__(self, directory: str | Path, what: str = "run directory", *, shared: bool = False,
+                 remove: bool = False):
         self.directory = Path(directory)
         self.what = what
         self.shared = shared
+        self.remove = remove
         self._fd: int | None = None
 
     @property
@@ -221,15 +231,22 @@ class DirectoryLock:
     def acquire(self) -> "DirectoryLock":
         import fcntl
 
-        self.directory.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, (fcntl.LOCK_SH if self.shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.read(fd, 200).decode(errors="replace").strip() or "another process"
-            os.close(fd)
-            raise LockedError(f"{self.directory} is in use by {holder}; wait for it to finish or stop it "
-                              f"(a {self.what} is written by one process at a time)") from None
+        while True:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            try:
+                fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            except FileNotFoundError:  # the folder was removed (emptied by a remove=True holder) in between
+                continue
+            try:
+                fcntl.flock(fd, (fcntl.LOCK_SH if self.shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = os.read(fd, 200).decode(errors="replace").strip() or "another process"
+                os.close(fd)
+                raise LockedError(f"{self.directory} is in use by {holder}; wait for it to finish or stop it "
+                                  f"(a {self.what} is written by one process at a time)") from None
+            if self._still_at_path(fd):
+                break
+            os.close(fd)  # locked a file that a remove=True holder unlinked before releasing it: lock afresh
         os.ftruncate(fd, 0)
         os.write(fd, f"process {os.getpid()} on {socket.gethostname()}\n".encode())
         self._fd = fd
@@ -245,10 +262,20 @@ class DirectoryLock:
             self.shared = True
         return self
 
+    def _still_at_path(self, fd: int) -> bool:
+        try:
+            here, there = os.fstat(fd), os.stat(self.path)
+        except FileNotFoundError:
+            return False
+        return (here.st_dev, here.st_ino) == (there.st_dev, there.st_ino)
+
     def release(self) -> None:
         if self._fd is not None:
             import fcntl
 
+            if self.remove:  # unlinked while still held: see the class docstring
+                with contextlib.suppress(OSError):
+                    self.path.unlink()
             fcntl.flock(self._fd, fcntl.LOCK_UN)
             os.close(self._fd)
             self._fd = None

@@ -198,7 +198,7 @@ def test_client_metrics_land_in_metrics_jsonl(tmp_path, monkeypatch):
 
     METHODS.add("recorder", Recorder)
     try:
-        # resolution 16: a folder dataset's default is 224 px on ResNet-18 (40 s here for nothing the test checks)
+        # resolution 16: the tiny images' own size (a folder dataset's default since issue 53), said outright
         config = RunConfig(method="recorder", dataset="folder", data_root=str(_tiny_root(tmp_path)), targets=["grey"],
                            resolution=16, rounds=2, local_steps=2, batch_size=8, device="cpu", eval_every=1)
         run_experiment(config, tmp_path / "run", quiet=True)

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from fedstyle.audit.canary import (canary_audit, canary_line, clopper_pearson_upper, crafted_images,
+from fedstyle.audit.canary import (canary_audit, canary_line, canary_power, clopper_pearson_upper, crafted_images,
                                    epsilon_lower_bound, plant_canary)
 from fedstyle.audit.surfaces import Surface, averaged_surface
 from fedstyle.errors import ConfigError
@@ -173,5 +173,29 @@ def test_the_senders_noise_is_the_claimed_noise(tiny_config):
     scores = canary_audit(surface, exp.simulator.clients[0].images[:3], public, 200)
     assert scores["canary_epsilon"] == pytest.approx(gaussian_epsilon(0.5, 1e-5))
     # what the two worlds' releases are apart, in units of the noise, is what the claimed noise gives (1.4 here)
-    assert scores["canary_separation"] == pytest.approx(scores["canary_expected_separation"], abs=0.3)
+    assert scores["canary_linear_separation"] == pytest.approx(scores["canary_expected_separation"], abs=0.3)
     assert scores["canary_epsilon_lb"] <= scores["canary_epsilon"]
+
+
+def test_the_canary_audits_power_against_noise_smaller_than_claimed():
+    # the per-image setting of RESULTS' CCST table: a canary moving the row by 0.74 of 2C, z = 1, delta = 1e-5,
+    # 1000 releases per world. Correct noise never passes the analytic eps (4.38); noise 10x too small always
+    # does; 2x too small does not (the bound's ceiling at 500 counted releases is 4.91, and the true eps of
+    # 2x-too-small noise at this canary is reached only in tails these trials do not resolve)
+    power = canary_power(0.74, 1.0, 1e-5, 1000, (1, 2, 10), repeats=20)
+    assert power == {1.0: 0.0, 2.0: 0.0, 10.0: 1.0}
+    with pytest.raises(ConfigError, match="canary_power needs"):
+        canary_power(0.74, 1.0, 1e-5, 4)
+
+
+def test_ccst_overall_styles_noise_check_reads_the_means(tiny_config):
+    # CCST's dataset style: with the claimed noise the means' separation is what the noise gives; a statistic over
+    # every moment reads second moments through variances clamped at 0, and separates less (0.02 vs 0.29 before)
+    from test_audit_run import _surface
+
+    exp, surface = _surface(tiny_config, "ccst", style_type="overall", dp_clip=1.0, dp_noise=0.5)
+    public = torch.cat([s.images for s in exp.source_val.values()])[:8]
+    scores = canary_audit(surface, exp.simulator.clients[0].images[:3], public, 200)
+    assert scores["canary_linear_separation"] == pytest.approx(scores["canary_expected_separation"], abs=0.3)
+    assert scores["canary_epsilon_lb"] <= scores["canary_epsilon"]
+    assert "on the coordinates read back linearly" in canary_line(scores)

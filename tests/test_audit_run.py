@@ -108,6 +108,7 @@ def test_audit_cli_writes_the_report_of_a_run(tiny_config, tmp_path, capsys):
     assert report["method"] == "stablefdg" and report["round"] == 2
     assert [r["payload"] for r in report["results"]][0] == "dataset style"
     assert (out / "audit" / "reconstructions.png").stat().st_size > 1000
+    assert (out / "audit" / "reconstructions.pdf").read_bytes().startswith(b"%PDF")  # beside it, for a paper
 
 
 def test_a_weights_only_method_gets_the_baseline_rows_only(tiny_config, tmp_path):
@@ -151,7 +152,7 @@ def test_runs_with_and_without_the_defence_give_the_tradeoff_plot_and_their_epsi
     run_experiment(_config(tiny_config, "stablefdg", dp_clip=10.0, dp_noise=1.0), noisy, quiet=True)  # 2 rounds
     written, text = audit_privacy([clean, noisy], settings=replace(FAST, baseline=False, canary=16),
                                   out=tmp_path / "audit")
-    assert "tradeoff.png" in {p.name for p in written}
+    assert {"tradeoff.png", "tradeoff.pdf"} <= {p.name for p in written}
     reports = json.loads((tmp_path / "audit" / "privacy.json").read_text())
     assert reports[0]["epsilon"] is None
     # the headline is what the receiver holds: every client was sampled in both rounds, so 2 releases each, and

@@ -89,6 +89,8 @@ def closed_port_url() -> str:
 
 def nothing_half_done(root: Path, folder: str = "PACS") -> None:
     """No dataset folder and no staging folder that could pass for one."""
+    if not root.exists():  # a data root the failed call made is removed again
+        return
     assert not (root / folder).exists()
     assert not [p for p in root.iterdir() if p.name.startswith(f".{folder}.")]
 
@@ -156,7 +158,7 @@ def test_a_corrupted_archive_is_refused_and_nothing_is_left(tmp_path, pacs_zip):
                              progress=False)
     assert "\n" not in str(refused.value)
     assert f"put it at {tmp_path / 'downloads' / 'PACS.zip'}" in str(refused.value)
-    assert not [p.name for p in (tmp_path / "downloads").iterdir() if p.name != ".lock"]
+    assert not (tmp_path / "downloads").exists()  # no archive, no partial file, no lock file: the folder goes
     nothing_half_done(tmp_path)
 
 
@@ -205,6 +207,8 @@ def test_every_source_failing_names_the_manual_step_and_a_hand_placed_file_is_us
     assert "\n" not in message and "Manual step: download PACS.zip (DomainBed's copy: " in message
     assert f"put it at {tmp_path / 'downloads' / 'PACS.zip'}" in message
     assert f"fedstyle data download pacs --data-root {tmp_path}" in message and "hf:flwrlabs/pacs" in message
+    assert not (tmp_path / "downloads").exists()  # nothing kept: the folder and its lock file are gone
+    (tmp_path / "downloads").mkdir()
     (tmp_path / "downloads" / "PACS.zip").write_bytes(pacs_zip)  # the manual step
     done = download_dataset("pacs", tmp_path, sources={"PACS.zip": {"urls": [closed_port_url()]}}, progress=False)
     assert done.fresh and done.recorded == ("PACS.zip",)
@@ -272,14 +276,19 @@ def test_a_folder_not_made_by_the_command_is_left_alone(tmp_path):
         download_dataset("pacs", tmp_path, sources={"PACS.zip": {"urls": [closed_port_url()]}}, progress=False)
 
 
-def test_domainnet_six_zips_and_split_lists_make_one_folder(tmp_path):
+def test_domainnet_six_zips_and_split_lists_make_one_folder_less_domainbeds_duplicates(tmp_path):
+    """DomainBed's download.py deletes the 9,431 images of its domain_net_duplicates.txt after unpacking; so does
+    this download (two of them are in the miniature zips, by their real paths), and the marker says how many."""
     entry = DOWNLOADS.get("domainnet")
+    duplicates = ["clipart/animal_migration/clipart_006_000227.jpg", "sketch/zebra/sketch_344_000133.jpg"]
     files, sources = {}, {}
     for archive in entry.archives:
         if archive.filename.endswith(".zip"):
             domain = archive.filename.removesuffix(".zip")
-            data = zip_bytes({f"{domain}/{cls}/{domain}_{cls}_{k}.jpg": jpeg(k) for cls in ("apple", "zebra")
-                              for k in range(2)})
+            members = {f"{domain}/{cls}/{domain}_{cls}_{k}.jpg": jpeg(k)
+                       for cls in ("apple", "zebra") for k in range(2)}
+            members.update({path: jpeg(9) for path in duplicates if path.startswith(f"{domain}/")})
+            data = zip_bytes(members)
         else:
             data = f"{archive.filename.split('_')[0]}/apple/x.jpg 0\n".encode()
         files[f"/{archive.filename}"] = data
@@ -292,35 +301,100 @@ def test_domainnet_six_zips_and_split_lists_make_one_folder(tmp_path):
     assert sorted(p.name for p in root.iterdir() if p.is_dir()) == sorted(entry.domains)
     assert (root / "clipart_train.txt").read_text() == "clipart/apple/x.jpg 0\n"
     assert len(list(root.glob("*.txt"))) == 12 and len(list((root / "real" / "zebra").iterdir())) == 2
+    assert not any((root / path).exists() for path in duplicates)
+    assert len(list((root / "sketch" / "zebra").iterdir())) == 2  # the sketch zebras that are no duplicates stay
+    assert json.loads((root / MARKER).read_text())["removed"] == {"list": "domain_net_duplicates.txt", "files": 2}
 
 
-def test_terra_incognita_is_arranged_as_domainbed_arranges_it(tmp_path):
-    images = {f"eccv_18_all_images_sm/img{i}.jpg": jpeg(i) for i in range(6)}
-    labels = {
-        "categories": [{"id": 1, "name": "bird"}, {"id": 2, "name": "cat"}, {"id": 3, "name": "deer"}],
-        "images": [{"id": "a", "file_name": "img0.jpg", "location": 38},
-                   {"id": "b", "file_name": "img1.jpg", "location": "46"},
-                   {"id": "c", "file_name": "img2.jpg", "location": 100},
-                   {"id": "d", "file_name": "img3.jpg", "location": 43},
-                   {"id": "e", "file_name": "img4.jpg", "location": 7},  # a location DomainBed leaves out
-                   {"id": "f", "file_name": "img5.jpg", "location": 38}],
-        "annotations": [{"image_id": "a", "category_id": 1}, {"image_id": "a", "category_id": 2},
-                        {"image_id": "b", "category_id": 2}, {"image_id": "c", "category_id": 1},
-                        {"image_id": "d", "category_id": 2}, {"image_id": "e", "category_id": 1},
-                        {"image_id": "f", "category_id": 3}],  # a category DomainBed leaves out
+def test_the_shipped_duplicates_list_is_domainbeds_and_is_package_data():
+    """Byte for byte DomainBed's domainbed/misc/domain_net_duplicates.txt (lists/README.md names the commit), and
+    matched by pyproject.toml's package-data, so a wheel carries it."""
+    import tomllib
+    from importlib.resources import files
+
+    import fedstyle.data.download as download_package
+    from fedstyle.data.split_lists import shipped_list
+
+    listed = files("fedstyle.data.download").joinpath("lists", "domain_net_duplicates.txt").read_bytes()
+    assert sha(listed) == "a52b4ab70203f4f3df381077694dba3e33ff44c26407e1c5faca76919c702770"
+    lines = shipped_list("domain_net_duplicates.txt")
+    assert len(lines) == len(set(lines)) == 9431
+    assert {line.split("/")[0] for line in lines} <= set(DOWNLOADS.get("domainnet").domains)
+    project = Path(__file__).resolve().parents[1]
+    globs = tomllib.loads((project / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
+    package_dir = Path(download_package.__file__).parent
+    assert any(package_dir.joinpath("lists", "domain_net_duplicates.txt") in package_dir.glob(g)
+               for g in globs["fedstyle.data.download"])
+
+
+def terra_annotations(files: dict[str, dict]) -> bytes:
+    """eccv_18_annotations.tar.gz in miniature: eccv_18_annotation_files/<name>.json, as LILA ships it."""
+    return tar_gz_bytes({f"eccv_18_annotation_files/{name}": json.dumps(labels).encode()
+                         for name, labels in files.items()})
+
+
+def test_terra_incognita_follows_domainbeds_june_2024_recipe(tmp_path):
+    """DomainBed since 3cf2e20: the images of eccv_18_all_images_sm.tar.gz, labelled by the five files of
+    eccv_18_annotations.tar.gz merged key by key; four locations, ten categories, an image under each kept
+    category. The made-up labels spread one image's annotations over two files, so only the merge files it."""
+    images = {f"eccv_18_all_images_sm/img{i}.jpg": jpeg(i) for i in range(7)}
+    categories = [{"id": 1, "name": "bird"}, {"id": 2, "name": "cat"}, {"id": 3, "name": "deer"}]
+    files = {
+        "cis_test_annotations.json": {
+            "info": {"version": "x"}, "categories": categories,
+            "images": [{"id": "a", "file_name": "img0.jpg", "location": 38},
+                       {"id": "b", "file_name": "img1.jpg", "location": "46"}],
+            "annotations": [{"image_id": "a", "category_id": 1}, {"image_id": "b", "category_id": 2}]},
+        "cis_val_annotations.json": {
+            "info": {}, "categories": categories,
+            "images": [{"id": "c", "file_name": "img2.jpg", "location": 100}],
+            "annotations": [{"image_id": "c", "category_id": 1}, {"image_id": "a", "category_id": 2}]},
+        "train_annotations.json": {
+            "info": {}, "categories": categories,
+            "images": [{"id": "d", "file_name": "img3.jpg", "location": 43}],
+            "annotations": [{"image_id": "d", "category_id": 2}]},
+        "trans_test_annotations.json": {
+            "info": {}, "categories": categories,
+            "images": [{"id": "e", "file_name": "img4.jpg", "location": 7}],  # a location DomainBed leaves out
+            "annotations": [{"image_id": "e", "category_id": 1}]},
+        "trans_val_annotations.json": {
+            "info": {}, "categories": categories,
+            "images": [{"id": "f", "file_name": "img5.jpg", "location": 38},
+                       {"id": "g", "file_name": "img6.jpg", "location": 46}],
+            "annotations": [{"image_id": "f", "category_id": 3},  # a category DomainBed leaves out
+                            {"image_id": "g", "category_id": 1}]},
     }
-    files = {"/eccv_18_all_images_sm.tar.gz": tar_gz_bytes(images),
-             "/caltech_camera_traps.json.zip": zip_bytes({"caltech_images_20210113.json": json.dumps(labels).encode()})}
+    served = {"/eccv_18_all_images_sm.tar.gz": tar_gz_bytes(images),
+              "/eccv_18_annotations.tar.gz": terra_annotations(files)}
     with ArchiveServer() as server:
-        server.behaviour.files.update(files)
-        sources = {name.lstrip("/"): {"urls": [server.url(name)]} for name in files}
+        server.behaviour.files.update(served)
+        sources = {name.lstrip("/"): {"urls": [server.url(name)]} for name in served}
         done = download_dataset("terra_incognita", tmp_path, sources=sources, progress=False, say=lambda line: None)
     root = tmp_path / "terra_incognita"
     found = sorted(str(p.relative_to(root)) for p in root.rglob("*.jpg"))
     assert found == ["location_100/bird/img2.jpg", "location_38/bird/img0.jpg", "location_38/cat/img0.jpg",
-                     "location_43/cat/img3.jpg", "location_46/cat/img1.jpg"]
+                     "location_43/cat/img3.jpg", "location_46/bird/img6.jpg", "location_46/cat/img1.jpg"]
     assert (root / "location_38" / "cat" / "img0.jpg").read_bytes() == images["eccv_18_all_images_sm/img0.jpg"]
-    assert set(done.recorded) == {"eccv_18_all_images_sm.tar.gz", "caltech_camera_traps.json.zip"}
+    assert set(done.recorded) == {"eccv_18_all_images_sm.tar.gz", "eccv_18_annotations.tar.gz"}
+
+
+def test_terra_incognita_sources_are_domainbeds_current_ones_and_a_missing_label_file_is_named(tmp_path):
+    entry = DOWNLOADS.get("terra_incognita")
+    base = "https://storage.googleapis.com/public-datasets-lila/caltechcameratraps"
+    assert {a.filename: a.urls for a in entry.archives} == {
+        "eccv_18_all_images_sm.tar.gz": (f"{base}/eccv_18_all_images_sm.tar.gz",),
+        "eccv_18_annotations.tar.gz": (f"{base}/eccv_18_annotations.tar.gz",)}  # lilablobssc is gone
+    four = {name: {"categories": [], "images": [], "annotations": []}
+            for name in ("cis_test_annotations.json", "cis_val_annotations.json", "train_annotations.json",
+                         "trans_test_annotations.json")}
+    served = {"/eccv_18_all_images_sm.tar.gz": tar_gz_bytes({"eccv_18_all_images_sm/img0.jpg": jpeg(0)}),
+              "/eccv_18_annotations.tar.gz": terra_annotations(four)}
+    with ArchiveServer() as server:
+        server.behaviour.files.update(served)
+        sources = {name.lstrip("/"): {"urls": [server.url(name)]} for name in served}
+        with pytest.raises(DataError, match="trans_val_annotations.json is missing: eccv_18_annotations.tar.gz holds"):
+            download_dataset("terra_incognita", tmp_path, sources=sources, progress=False, say=lambda line: None)
+    nothing_half_done(tmp_path, "terra_incognita")
 
 
 def test_camelyon17_keeps_the_wilds_layout(tmp_path):
@@ -334,40 +408,6 @@ def test_camelyon17_keeps_the_wilds_layout(tmp_path):
     root = tmp_path / "camelyon17_v1.0"
     assert (root / "metadata.csv").read_bytes() == members["metadata.csv"]
     assert (root / "patches" / "patient_004_node_4").is_dir() and (root / "RELEASE_v1.0.txt").is_file()
-
-
-def test_a_full_disk_is_reported_as_such_not_as_a_broken_source(tmp_path, monkeypatch, pacs_zip):
-    """A write that fails (ENOSPC) propagates as the OSError it is (the CLI prints it in one line); it used to be
-    read as the source's connection breaking, and the next source was tried into the same full disk."""
-    import builtins
-    import errno
-
-    import fedstyle.data.download.transfer as transfer
-
-    class FullDisk:
-        def __init__(self, handle):
-            self.handle = handle
-
-        def write(self, data):
-            raise OSError(errno.ENOSPC, "No space left on device")
-
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc):
-            self.handle.close()
-
-    monkeypatch.setattr(transfer, "open", lambda *a, **k: FullDisk(builtins.open(*a, **k)), raising=False)
-    with ArchiveServer() as server:
-        server.behaviour.files["/PACS.zip"] = pacs_zip
-        server.behaviour.files["/second/PACS.zip"] = pacs_zip
-        with pytest.raises(OSError) as full:
-            download_dataset("pacs", tmp_path, sources={"PACS.zip": {"urls": [server.url("/PACS.zip"),
-                                                                              server.url("/second/PACS.zip")]}},
-                             progress=False)
-    assert full.value.errno == errno.ENOSPC and not isinstance(full.value, DataError)
-    assert [path for path, _ in server.behaviour.log] == ["/PACS.zip"]
-    nothing_half_done(tmp_path)
 
 
 @pytest.mark.parametrize("tar_filter", ["python's data filter", "by hand (Python < 3.11.4)"])

@@ -185,4 +185,38 @@ def test_save_grid_writes_a_png_atomically(tmp_path):
     out = save_grid(dataset, tmp_path / "grids" / "grid.png", per_cell=2)
     with Image.open(out) as image:
         assert image.format == "PNG" and image.size[0] > image.size[1] > 50
-    assert [p.name for p in (tmp_path / "grids").iterdir()] == ["grid.png"]
+    assert sorted(p.name for p in (tmp_path / "grids").iterdir()) == ["grid.pdf", "grid.png"]  # no temps
+
+
+def test_an_image_above_pils_pixel_limit_is_one_line_naming_it(tmp_path, monkeypatch, capsys, recwarn):
+    """PIL's DecompressionBombWarning (its raw text, with no file name) was printed for a 144-Mpixel PNG. Now: one
+    line naming the file and how to allow such images; above twice the limit PIL refuses and the error says how.
+    The limit is lowered here (a 12 x 12 image against 100 pixels) rather than a 144-Mpixel file written."""
+    from fedstyle.data.folder import MAX_PIXELS_ENV
+
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 100)
+    root = tmp_path / "data"
+    for domain in ("dom_a", "dom_b"):
+        (root / domain / "cat").mkdir(parents=True)
+        solid(RED, (8, 8)).save(root / domain / "cat" / "small.png")
+    solid(RED, (12, 12)).save(root / "dom_a" / "cat" / "large.png")  # 144 > 100 pixels: PIL warns
+    dataset = load_dataset("folder", data_root=str(root), resolution=8, progress=False)
+    assert dataset.size("dom_a") == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    large = root / "dom_a" / "cat" / "large.png"
+    assert [line for line in err if "decompression-bomb" in line] == [
+        f"fedstyle: image {large} is 12x12 = 144 pixels, above PIL's decompression-bomb limit of 100 pixels; decoded "
+        f"(if images that large are intended, set {MAX_PIXELS_ENV}=N above it to silence this)"]
+    assert not [w for w in recwarn if issubclass(w.category, Image.DecompressionBombWarning)]
+    solid(RED, (15, 15)).save(root / "dom_b" / "cat" / "huge.png")  # 225 > 2 x 100: PIL refuses
+    with pytest.raises(DataError, match=rf"cannot read image {root / 'dom_b' / 'cat' / 'huge.png'} "
+                                        rf"\(DecompressionBombError: .*set {MAX_PIXELS_ENV}=N\)"):
+        load_dataset("folder", data_root=str(root), resolution=8, progress=False)
+    capsys.readouterr()
+    monkeypatch.setenv(MAX_PIXELS_ENV, "1000")  # the way to allow them
+    assert load_dataset("folder", data_root=str(root), resolution=8, progress=False).size("dom_b") == 2
+    assert "decompression-bomb" not in capsys.readouterr().err
+    monkeypatch.setenv(MAX_PIXELS_ENV, "lots")
+    solid(RED, (8, 8)).save(root / "dom_b" / "cat" / "another.png")
+    with pytest.raises(ConfigError, match=f"{MAX_PIXELS_ENV}='lots' is not a pixel count"):
+        load_dataset("folder", data_root=str(root), resolution=8, progress=False)

@@ -154,3 +154,100 @@ def test_fedstyle_run_on_a_hub_dataset_offline(hf_home, tmp_path, capsys, monkey
                  str(tmp_path / "x")])
     assert code == 2 and "--label-column names a column" in capsys.readouterr().err
 
+
+
+OFFICE_HOME_AS_FLOWER = ("Art", "Clipart", "Product", "Real World")  # flwrlabs/office-home's domain values
+
+
+def office_home_rows(classes: int = 65, size: int = 8) -> list[dict]:
+    """One image per domain and class, with flwrlabs/office-home's columns and domain values."""
+    from hub_fixtures import encode
+
+    rng = np.random.default_rng(1)
+    return [{"image": {"bytes": encode(rng.integers(0, 255, (size, size, 3), dtype=np.uint8)), "path": f"{d}_{c}.png"},
+             "domain": domain, "label": c}
+            for d, domain in enumerate(OFFICE_HOME_AS_FLOWER) for c in range(classes)]
+
+
+def test_a_local_copy_of_flowers_office_home_is_officehome_and_takes_real_world_as_target(hf_home, tmp_path, capsys):
+    """hf:DIR holding flwrlabs/office-home's files: recognised by its schema (columns, the four domains, 65
+    classes), so its domains are fedstyle's names and `--target Real_World` is accepted."""
+    from hub_fixtures import pacs_features
+
+    from fedstyle.cli.main import main
+
+    names = [f"Object_{c:02d}" for c in range(65)]
+    copy = tmp_path / "office-home"  # a folder of data files, as `hf download flwrlabs/office-home` leaves
+    write_parquet(copy, {"train": office_home_rows()}, pacs_features(classes=names))
+    dataset = load_dataset(f"hf:{copy}", resolution=8, progress=False)
+    assert dataset.domains == ["Art", "Clipart", "Product", "Real_World"] and dataset.classes == names
+    out = tmp_path / "run"
+    code = main(["run", "--dataset", f"hf:{copy}", "--target", "Real_World", "--resolution", "16", "--rounds", "1",
+                 "--local-steps", "1", "--batch-size", "4", "--selection", "last", "--device", "cpu", "--quiet",
+                 "--out", str(out)])
+    assert code == 0, capsys.readouterr().err
+    assert set(json.loads((out / "summary.json").read_text())["targets"]) == {"Real_World"}
+    fewer = tmp_path / "not-office-home"  # 64 classes: not Office-Home, so its values stay as they are
+    write_parquet(fewer, {"train": office_home_rows(classes=64)}, pacs_features(classes=names[:64]))
+    assert load_dataset(f"hf:{fewer}", resolution=8, progress=False).domains == list(OFFICE_HOME_AS_FLOWER)
+
+
+def test_a_saved_copy_of_flowers_pacs_is_pacs(hf_home, tmp_path):
+    """A save_to_disk copy of flwrlabs/pacs (domain values in other letter cases) reads as the pacs benchmark:
+    its domains in PACS's order with PACS's names, as hf:flwrlabs/pacs does."""
+    import datasets
+
+    from hub_fixtures import pacs_features
+
+    rows = [dict(r, domain=r["domain"].replace("_", " ").title()) for r in tiny_pacs_rows(per_class=1)]
+    columns = {name: [row[name] for row in rows] for name in ("image", "domain", "label")}
+    saved = tmp_path / "my-copy"
+    datasets.DatasetDict({"train": datasets.Dataset.from_dict(columns, features=pacs_features())}).save_to_disk(saved)
+    dataset = load_dataset(f"hf:{saved}", resolution=8, progress=False)
+    assert dataset.domains == list(PACS_DOMAINS) and dataset.classes == list(PACS_CLASSES)
+    split = make_split(dataset, "lodo", targets=["art_painting"], seed=0)
+    assert split.targets == ["art_painting"]
+    named = load_dataset(f"hf:{saved}", resolution=8, progress=False, label_column="label", domain_column="domain")
+    assert named.domains == list(PACS_DOMAINS)  # the default columns named outright: still recognised
+
+
+def test_a_local_dataset_with_no_rows_is_one_line(hf_home, tmp_path, capsys):
+    """`data show hf:DIR` on data files with no rows gave datasets' ValueError traceback ("Instruction 'train'
+    corresponds to no data!"); an empty save_to_disk folder an IndexError."""
+    import datasets
+
+    from fedstyle.cli.main import main
+    from hub_fixtures import pacs_features
+
+    write_parquet(tmp_path / "files", {"train": []})
+    datasets.Dataset.from_dict({"image": [], "domain": [], "label": []}, features=pacs_features()).save_to_disk(
+        str(tmp_path / "saved"))
+    capsys.readouterr()  # the fixtures' progress bars
+    for folder in ("files", "saved"):
+        code = main(["data", "show", f"hf:{tmp_path / folder}", "--out", str(tmp_path / "grid.png"), "--quiet"])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert code == 2 and err == [f"fedstyle: error: hf:{tmp_path / folder} has no rows (its data files are empty); "
+                                     "give a folder whose data files hold images"]
+    assert not (tmp_path / "grid.png").exists()
+
+
+def test_data_show_draws_any_splits_and_names_a_corrupt_row_by_where_it_is(hf_home, tmp_path, capsys):
+    """`data show` draws from every image, so a split outside train/val/test needs no flag: the message suggested
+    --no-official-splits, which `data show` has not. A corrupt image without a path was named by its object's repr
+    (`<fedstyle.data.hub._RowBytes object at 0x...>`) inside PIL's reason."""
+    from fedstyle.cli.main import main
+
+    rows = tiny_pacs_rows(per_class=1)
+    write_parquet(tmp_path / "extra", {"train": rows, "extra": rows})
+    grid = tmp_path / "grid.png"
+    assert main(["data", "show", f"hf:{tmp_path / 'extra'}", "--resolution", "8", "--out", str(grid), "--quiet"]) == 0
+    assert grid.is_file()
+    broken = [dict(r, image={"bytes": b"\x89PNG broken", "path": None}) if i == 3 else r for i, r in enumerate(rows)]
+    write_parquet(tmp_path / "broken", {"train": broken})
+    capsys.readouterr()
+    code = main(["data", "show", f"hf:{tmp_path / 'broken'}", "--resolution", "8", "--out", str(grid), "--quiet"])
+    err = capsys.readouterr().err.strip()
+    where = f"hf:{tmp_path / 'broken'} train row 3"
+    assert code == 2 and len(err.splitlines()) == 1 and "object at 0x" not in err
+    assert err.startswith(f"fedstyle: error: cannot read image {where} (UnidentifiedImageError: cannot identify "
+                          f"image file {where})")

@@ -167,3 +167,53 @@ def test_the_cli_flag_and_runs_saved_before_official_splits(tmp_path):
     del old["official_splits"]  # a run directory from before: its domains were split by the seeded rule
     (tmp_path / "config.json").write_text(json.dumps(old))
     assert read_run_config(tmp_path).official_splits is False
+
+
+def test_pacs_lists_in_correct_txt_lists_are_used(tmp_path):
+    """correct_txt_lists/ is where several FedDG repositories keep PACS's corrected lists."""
+    root = pacs_release(tmp_path)
+    (tmp_path / "pacs_label").rename(root / "correct_txt_lists")
+    dataset = load_dataset("pacs", data_root=str(root), resolution=8, progress=False)
+    assert dataset.splits["cartoon"]["val"].tolist() == [2, 3]
+    assert dataset.info["official_splits"]["photo"]["train"].endswith("correct_txt_lists/photo_train_kfold.txt")
+
+
+def test_the_split_source_is_said_without_decoding(tmp_path):
+    from fedstyle.data.split_lists import describe_split_source
+
+    plain = tree(tmp_path / "plain", PACS)
+    said = describe_split_source("pacs", plain, PACS)
+    assert said.startswith("seeded per-class split of each domain (--val-fraction): no official pacs lists found")
+    assert (f"put <domain>_train_kfold.txt, <domain>_crossval_kfold.txt, <domain>_test_kfold.txt for each domain "
+            f"in {plain / 'splits'} (or {plain} or {plain / 'correct_txt_lists'})") in said
+    root = pacs_release(tmp_path / "release")
+    assert describe_split_source("pacs", root, PACS) == f"official pacs lists from {tmp_path / 'release' / 'pacs_label'}"
+    off = describe_split_source("pacs", root, PACS, official_splits=False)
+    assert off.endswith("official lists off (--no-official-splits)")
+    assert describe_split_source("officehome", plain, ["Art"]).endswith("officehome has no official split lists")
+    (tmp_path / "release" / "pacs_label" / "photo_train_kfold.txt").unlink()  # incomplete: the loader's refusal
+    with pytest.raises(DataError, match="lack photo_train_kfold.txt"):
+        describe_split_source("pacs", root, PACS)
+
+
+def test_domainnet_lines_naming_domainbeds_deleted_duplicates_are_skipped(tmp_path):
+    """`data download domainnet` deletes DomainBed's duplicates, which the official lists still name; a line naming
+    one of them, absent, is skipped. Any other absent image is still refused, and a duplicate kept is used."""
+    domains = ("clipart", "infograph", "painting", "quickdraw", "real", "sketch")
+    duplicate = "clipart/animal_migration/clipart_006_000227.jpg"  # the first line of domain_net_duplicates.txt
+    root = tree(tmp_path / "domainnet", domains, classes=("animal_migration", "zebra"), per_class=2)
+    for d in domains:
+        write_list(root / f"{d}_train.txt", [f"{d}/{c}/pic_0.jpg" for c in ("animal_migration", "zebra")])
+        write_list(root / f"{d}_test.txt", [f"{d}/{c}/pic_1.jpg" for c in ("animal_migration", "zebra")])
+    with open(root / "clipart_train.txt", "a") as handle:
+        handle.write(f"{duplicate} 5\n")
+    dataset = load_dataset("domainnet", data_root=str(root), resolution=8, progress=False)
+    assert dataset.splits["clipart"]["train"].tolist() == [0, 2]
+    Image.new("RGB", (6, 6), (1, 2, 3)).save(root / duplicate)  # a folder that kept it: the line is used
+    kept = load_dataset("domainnet", data_root=str(root), resolution=8, progress=False)
+    assert kept.splits["clipart"]["train"].tolist() == [0, 1, 3]  # animal_migration: clipart_006..., pic_0, pic_1
+    (root / duplicate).unlink()
+    with open(root / "real_train.txt", "a") as handle:
+        handle.write("real/zebra/not_a_duplicate.jpg 1\n")
+    with pytest.raises(DataError, match="1 image\\(s\\) of real_train.txt are not in the real folder"):
+        load_dataset("domainnet", data_root=str(root), resolution=8, progress=False)

@@ -229,3 +229,42 @@ def test_client_batching_is_refused_in_one_line(tiny_root, tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert "--client-batching" in err and "\n" not in err
     assert not out.exists()
+
+
+# -- issue 55 item 3: deploy --resume never ignores a flag ------------------------------------------
+@pytest.mark.parametrize("flags", [["--sites", "3"], ["--insecure"], ["--min-sites", "2"], ["--node-auth"]])
+def test_resume_refuses_the_flags_that_would_change_the_federation(deployment_dir, capsys, flags):
+    before = (deployment_dir / "flower" / "deploy.json").read_text()
+    assert main(["deploy", "--resume", str(deployment_dir), *flags]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and flags[0] in err and "--certs" in err  # names what it refuses and what it may change
+    assert (deployment_dir / "flower" / "deploy.json").read_text() == before
+
+
+def test_resume_applies_new_certificates_and_stores_absolute_paths(deployment_dir, tmp_path, monkeypatch):
+    from fedstyle.cli.deploy import _resume_settings, _settings
+    from fedstyle.runtimes.flower.deployment import load_settings
+
+    certs = pytest.importorskip("fedstyle.runtimes.flower.certs")
+    certs.make_certificates(tmp_path / "old-ca", hosts=[], sites=2)
+    certs.make_certificates(tmp_path / "new-ca", hosts=[], sites=2)
+    (deployment_dir / "flower" / "deploy.json").write_text(json.dumps({"sites": 2, "certs": str(tmp_path / "old-ca")}))
+    monkeypatch.chdir(tmp_path)
+    settings = _resume_settings(SimpleNamespace(certs="new-ca", round_timeout=60.0), deployment_dir)
+    saved = load_settings(deployment_dir)
+    assert saved == settings and saved.certs == str(tmp_path / "new-ca") and saved.round_timeout == 60.0
+    assert saved.sites == 2  # what was not given stays as it was
+    # a new deployment stores --certs as an absolute path: a resume from another folder finds it
+    made = _settings(SimpleNamespace(sites=2, certs="new-ca", site_data_root=["data"]), local=True)
+    assert made.certs == str(tmp_path / "new-ca") and made.site_data_roots == [str(tmp_path / "data")]
+
+
+def test_resume_of_a_relative_certs_folder_from_elsewhere_names_the_folder_not_a_new_ca(deployment_dir, tmp_path,
+                                                                                         monkeypatch):
+    from fedstyle.cli.deploy import _resume_settings
+
+    (deployment_dir / "flower" / "deploy.json").write_text(json.dumps({"sites": 2, "certs": "certs"}))
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError, match="resume from that folder, or give --certs DIR") as err:
+        _resume_settings(SimpleNamespace(), deployment_dir)
+    assert "deploy certs" not in str(err.value)

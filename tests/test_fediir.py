@@ -195,3 +195,22 @@ def test_under_flower_equals_the_simulator(tiny_config, tmp_path, method, hp):
     b = load_file(str(tmp_path / "flower" / "checkpoint.safetensors"))
     shared = {k: v for k, v in a.items() if k.startswith(("global/", "server/"))}
     assert shared and all(torch.equal(v, b[k]) for k, v in shared.items())
+
+
+def test_a_resumed_run_keeps_the_moving_average_where_fediir_keeps_it(tiny_config):
+    """The runner moves every checkpoint tensor to the run's device; FedIIR's server-side moving average lives
+    on the CPU (beside the CPU copies of the clients' gradients), so a run resumed on CUDA failed on mixing
+    devices (seen on an H200, 2026-11-28): the restore must put server state back where init_server_state made
+    it. On a machine without a GPU the roles are played by "meta" (where the method keeps its state) and the
+    CPU (the run's device, where the checkpoint's tensors arrive)."""
+    import torch
+
+    from fedstyle.experiments.build import build_experiment
+
+    sim = build_experiment(tiny_config.updated(method="fediir"), progress=False).simulator
+    assert sim.server.state and all(v.device.type == "cpu" for v in sim.server.state.values())
+    checkpoint = {k: torch.ones_like(v) for k, v in sim.state_tensors().items()}  # arriving on the run's device
+    sim.server.state = {k: v.to("meta") for k, v in sim.server.state.items()}  # where the method keeps it
+    sim.load_state_tensors(checkpoint)
+    assert all(v.device.type == "meta" for v in sim.server.state.values())
+    assert all(v.device.type == "cpu" for v in sim.server.weights.values())  # the model's weights follow the run

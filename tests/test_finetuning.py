@@ -255,3 +255,19 @@ def test_a_fixbn_run_freezes_the_global_running_statistics_from_its_round(tiny_c
         with pytest.raises(ConfigError, match=message):
             run_experiment(bad, tmp_path / "bad", quiet=True)
         assert not (tmp_path / "bad").exists()
+
+
+def test_fixbn_with_batchnorm_on_the_clients_says_what_it_fixes_there(tiny_config, tmp_path, capsys):
+    """Issue 55 item 13: FedBN's BatchNorm is local, so FixBN has no global statistics to fix; the run says, in one
+    line, that each client's own running statistics are frozen instead (the FixBN tracks keep their FedBN rows)."""
+    from fedstyle.experiments.config import RunConfig
+
+    fixbn = dict(batchnorm="train", batchnorm_fix_round=1, rounds=2)
+    for method, hparams in (("fedbn", {}), ("mixstyle", {"local_bn": True}), ("gperxan", {})):
+        assert "own running statistics" in RunConfig(method=method, hparams=hparams, **fixbn).batchnorm_fix_note()
+    assert RunConfig(method="fedavg", **fixbn).batchnorm_fix_note() is None
+    assert RunConfig(method="fedbn", hparams={"local_bn": False}, **fixbn).batchnorm_fix_note() is None
+    assert RunConfig(method="fedbn").batchnorm_fix_note() is None
+    run_experiment(tiny_config.updated(method="fedbn", **fixbn), tmp_path / "run", quiet=True)
+    notes = [line for line in capsys.readouterr().err.splitlines() if "batchnorm-fix-round" in line]
+    assert len(notes) == 1 and notes[0].startswith("fedstyle: note:")

@@ -63,3 +63,50 @@ def test_a_file_whose_hash_matches_its_name_is_loaded(tmp_path, monkeypatch):
     named.write_bytes(bytes(damaged))
     with pytest.raises(ConfigError, match=f"not {prefix}"):
         build_backbone("resnet18", 64, pretrained=True)
+
+
+def test_a_pre_0_13_cache_file_is_found_and_checked_against_its_own_prefix(tmp_path, monkeypatch):
+    """Older torchvision releases kept resnet18-5c106cde.pth / resnet50-19c8e357.pth; with only such a file there,
+    it is the one checked, against 5c106cde (not the current f37072fd), and the fix fetches the current file."""
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path))
+    folder = tmp_path / "hub" / "checkpoints"
+    folder.mkdir(parents=True)
+    for backbone, old, new in (("resnet18", "5c106cde", "f37072fd"), ("resnet50", "19c8e357", "0676ba61")):
+        torch.save({"not": torch.zeros(1)}, folder / f"{backbone}-{old}.pth")  # a small fake under the old name
+        with pytest.raises(ConfigError) as refused:
+            build_backbone(backbone, 224, pretrained=True)
+        message = str(refused.value)
+        assert f"{backbone}-{old}.pth: its SHA-256 begins" in message and f"not {old} as its name says" in message
+        fetch = f"-o {folder / f'{backbone}-{new}.pth'} https://download.pytorch.org/models/{backbone}-{new}.pth"
+        assert fetch in message
+
+
+def test_a_pre_0_13_file_whose_hash_matches_its_name_is_loaded_and_the_current_name_wins(tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path))
+    folder = tmp_path / "hub" / "checkpoints"
+    folder.mkdir(parents=True)
+
+    def named_by_hash(seed: int) -> tuple:
+        torch.manual_seed(seed)
+        state = resnet18().state_dict()
+        draft = folder / "draft.pth"
+        torch.save(state, draft)
+        prefix = hashlib.sha256(draft.read_bytes()).hexdigest()[:8]
+        return state, draft.rename(folder / f"resnet18-{prefix}.pth")
+
+    old_state, old = named_by_hash(4)
+    monkeypatch.setitem(hub_weights.LEGACY_TORCHVISION_FILES, "resnet18", old.name)
+    absent = ("resnet18-00000000.pth", "https://example.invalid/x.pth")
+    monkeypatch.setitem(hub_weights.TORCHVISION_FILES, "resnet18", absent)
+    assert cached_torchvision_weights("resnet18") == old  # the current name is absent: the old file
+    assert torch.equal(build_backbone("resnet18", 64, pretrained=True).layer1[0].conv1.weight,
+                       old_state["layer1.0.conv1.weight"])
+    _, new = named_by_hash(5)
+    monkeypatch.setitem(hub_weights.TORCHVISION_FILES, "resnet18", (new.name, "https://example.invalid/x.pth"))
+    assert cached_torchvision_weights("resnet18") == new  # both there: the current name first
+
+
+def test_the_missing_file_message_names_the_old_name_too(tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path))
+    with pytest.raises(ConfigError, match=r"resnet50-0676ba61\.pth \(or its older name resnet50-19c8e357\.pth\)"):
+        build_backbone("resnet50", 224, pretrained=True)

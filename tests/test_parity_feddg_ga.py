@@ -32,7 +32,7 @@ def test_fixture_provenance_and_settings():
 def test_adjustment_matches_the_official_code(metric):
     """``adjust_weights`` with the official step d_r / 3 (M = 3) is the official ``refine_weight_dict_by_GA``
     (measured: <= 3e-16 relative, float64). The official schedule itself is not reproduced (FedDG-GA's
-    docstring, "Not reproduced"): the test feeds the official step of each round."""
+    card, docs/methods/feddg_ga.md, "Not reproduced"): the test feeds the official step of each round."""
     d, rounds = generator.OFFICIAL[metric]
     steps = FIXTURE[f"official/{metric}/step"]
     # the official schedule, d - (r - 1) d / R for r = 0..R (the first step d (1 + 1/R))

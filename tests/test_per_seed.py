@@ -67,13 +67,18 @@ def test_bad_names_are_one_line_errors(per_seed, tmp_path):
 
 
 def test_every_kept_table_reads_and_pairs(per_seed):
-    """Each committed CSV has the columns, accuracies in percent and one line per (row, cell, seed)."""
+    """Each committed CSV has the columns, accuracies in percent and one line per (row, cell, seed) (the
+    leaderboard's files: its columns, and a line per (row, source, cell, seed, rounds))."""
+    from fedstyle.experiments.leaderboard.run import COLUMNS as LEADERBOARD_COLUMNS
+
     tables = sorted(per_seed.HERE.glob("*.csv"))
     assert tables, "no per-seed table is kept"
     for path in tables:
         rows = per_seed.load(path)
-        assert rows and set(rows[0]) == set(per_seed.COLUMNS), path.name
-        keys = [(r["label"], r["dataset"], r["target"], r["seed"]) for r in rows]
+        columns = LEADERBOARD_COLUMNS if path.name.startswith("leaderboard-") else per_seed.COLUMNS
+        assert rows and set(rows[0]) == set(columns), path.name
+        keys = [(r["label"], r["dataset"], r.get("source", ""), r["target"], r["seed"], r.get("rounds", ""))
+                for r in rows]
         assert len(keys) == len(set(keys)), f"{path.name}: a (row, cell, seed) twice"
         assert all(0.0 <= float(r["target_acc"]) <= 100.0 for r in rows), path.name
 

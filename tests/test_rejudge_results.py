@@ -25,11 +25,11 @@ def rejudge():
 
 def test_every_recorded_figure_is_printed_on_its_row_of_results(rejudge):
     """The script's data are RESULTS.md's figures: each recorded row's per-seed values are on that row there."""
-    assert rejudge.check_recorded(rejudge.RESULTS.read_text(encoding="utf-8")) == []
+    assert rejudge.check_recorded(rejudge.results_text(rejudge.RESULTS)) == []
 
 
 def test_a_figure_changed_in_results_is_named(rejudge, tmp_path, capsys):
-    text = rejudge.RESULTS.read_text(encoding="utf-8").replace("(30.9, 37.1, 33.6)", "(30.9, 37.1, 33.7)")
+    text = rejudge.results_text(rejudge.RESULTS).replace("(30.9, 37.1, 33.6)", "(30.9, 37.1, 33.7)")
     problems = rejudge.check_recorded(text)
     assert len(problems) == 1 and problems[0].startswith("stablefdg-ref: fashion4 → sketch (30.9, 37.1, 33.6)")
     changed = tmp_path / "RESULTS.md"

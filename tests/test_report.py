@@ -267,9 +267,9 @@ def test_curve_aggregation_by_hand():
 def test_write_report(sweep, tmp_path):
     out = tmp_path / "report"
     table, paths = write_report([sweep], out)
-    assert set(paths) == {"markdown", "csv", "plot", "training"}
-    assert sorted(p.name for p in out.iterdir()) == ["accuracy.png", "report.csv", "report.md",
-                                                     "training.png"]  # no temps
+    assert set(paths) == {"markdown", "csv", "latex", "plot", "training"}
+    assert sorted(p.name for p in out.iterdir()) == ["accuracy.pdf", "accuracy.png", "report.csv", "report.md",
+                                                     "report.tex", "training.pdf", "training.png"]  # no temps
     png = paths["plot"].read_bytes()
     assert png.startswith(b"\x89PNG") and len(png) > 5000
     markdown = paths["markdown"].read_text()

@@ -62,8 +62,12 @@ def test_dry_run_on_a_pacs_like_tree_lists_the_papers_runs(fake_data_root, tmp_p
                  "--quiet"]) == 0
     captured = capsys.readouterr()
     lines = captured.out.splitlines()
+    pacs = fake_data_root / "PACS"
     assert lines[0] == (f"paper-pacs (full): ImageNet-pretrained resnet50 at 224 px, 500 rounds x 1 local epoch(s) of "
-                        f"batch 32, sgd lr 0.001; data: pacs from {fake_data_root / 'PACS'}")
+                        f"batch 32, sgd lr 0.001; data: pacs from {pacs}; splits: seeded per-class split of each "
+                        f"domain (--val-fraction): no official pacs lists found; to use them put "
+                        f"<domain>_train_kfold.txt, <domain>_crossval_kfold.txt, <domain>_test_kfold.txt for each "
+                        f"domain in {pacs / 'splits'} (or {pacs} or {pacs / 'correct_txt_lists'})")
     assert "144 runs" in lines[1] and "144 new" in lines[1]
     runs = [line.split() for line in lines[2:]]
     assert len(runs) == 144 and all(r[0] == "new" for r in runs)
@@ -80,6 +84,26 @@ def test_dry_run_at_smoke_scale_and_with_the_data_folder_itself(fake_data_root, 
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith("paper-pacs (smoke): ImageNet-pretrained resnet50 at 224 px, 1 rounds x 2 local steps")
     assert "2 runs" in lines[1] and len(lines) == 4
+
+
+def test_the_setting_line_names_official_lists_when_the_folder_has_them(fake_data_root, tmp_path, capsys):
+    import shutil
+
+    pacs = shutil.copytree(fake_data_root / "PACS", tmp_path / "PACS")
+    for domain in PACS_DOMAINS:
+        every = [f"{domain}/{cls}/{k}.png {i + 1}" for i, cls in enumerate(PACS_CLASSES) for k in range(3)]
+        for name, lines in (("train", every[1:]), ("crossval", every[:1]), ("test", every)):
+            path = pacs / "correct_txt_lists" / f"{domain}_{name}_kfold.txt"
+            path.parent.mkdir(exist_ok=True)
+            path.write_text("\n".join(lines) + "\n")
+    assert main(["reproduce", "pardon", "--data-root", str(tmp_path), "--track", "paper-pacs", "--scale", "smoke",
+                 "--dry-run", "--out", str(tmp_path / "r"), "--set", "clients=4", "--quiet"]) == 0
+    first = capsys.readouterr().out.splitlines()[0]
+    assert first.endswith(f"; splits: official pacs lists from {pacs / 'correct_txt_lists'}")
+    assert main(["reproduce", "pardon", "--data-root", str(tmp_path), "--track", "paper-pacs", "--scale", "smoke",
+                 "--dry-run", "--out", str(tmp_path / "r"), "--set", "clients=4", "--set", "official_splits=false",
+                 "--quiet"]) == 0
+    assert capsys.readouterr().out.splitlines()[0].endswith("official lists off (--no-official-splits)")
 
 
 def test_no_paper_data_names_the_downloads(tmp_path):

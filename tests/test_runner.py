@@ -14,7 +14,9 @@ from fedstyle.federation.star import StarSimulator
 
 
 def _without_time(summary: dict) -> dict:
-    return {k: v for k, v in summary.items() if k != "seconds"}
+    """The summary less what may differ between two runs of one config: wall time, and where each ran
+    (fedstyle.environment: a commit made while the tests run changes it; the numbers must not change)."""
+    return {k: v for k, v in summary.items() if k not in ("seconds", "environment", "environment_resumed")}
 
 
 def _metrics(run_dir):

@@ -23,7 +23,7 @@ from fedstyle.seeding import seed_everything
 from fedstyle.style import StyleAccumulator, channel_stats
 from fedstyle.style.privacy import (
     StylePrivacy,
-    SystemNormal,
+    OSGaussian,
     clip_from_public,
     clip_rows,
     composed_epsilon,
@@ -204,19 +204,47 @@ def test_stablefdg_phi_under_the_defence_differs_by_the_predicted_noise():
     assert release_metrics(query({})[1].state, StylePrivacy()) == {}  # off: nothing counted, nothing logged
 
 
-def test_system_noise_is_standard_normal_and_never_repeats():
-    draws = SystemNormal().randn((200_000,))
-    assert draws.dtype == torch.float64 and draws.shape == (200_000,)
-    # the mean bound 5.8 standard errors (1 / sqrt(200,000)) out, like the tolerances beside it
-    assert abs(float(draws.mean())) < 0.013 and float(draws.std()) == pytest.approx(1.0, rel=0.01)
-    assert float((draws.abs() > 3).double().mean()) == pytest.approx(0.0027, rel=0.25)  # Gaussian tails
-    assert not torch.equal(SystemNormal().randn((8,)), SystemNormal().randn((8,)))
+def test_os_noise_is_openDPs_gaussian_standard_normal_and_never_repeats():
+    draws = OSGaussian().release(torch.zeros(20_000, dtype=torch.float64), 1.0)
+    assert draws.dtype == torch.float64 and draws.shape == (20_000,)
+    # the mean bound 5.8 standard errors (1 / sqrt(20,000)) out, the std's 5.8 too (sd 0.005 relative)
+    assert abs(float(draws.mean())) < 0.041 and float(draws.std()) == pytest.approx(1.0, rel=0.029)
+    assert float((draws.abs() > 2).double().mean()) == pytest.approx(0.0455, rel=0.25)  # Gaussian tails
+    # the mechanism runs on the sums themselves: their shape and device kept, each value moved by the noise
+    sums = torch.arange(6, dtype=torch.float64).reshape(2, 3) * 100
+    released = OSGaussian().release(sums, 1e-3)
+    assert released.shape == (2, 3) and float((released - sums).abs().max()) < 0.01 and not torch.equal(released, sums)
+    assert not torch.equal(OSGaussian().release(torch.zeros(8), 1.0), OSGaussian().release(torch.zeros(8), 1.0))
+    with pytest.raises(ConfigError, match="NaN or infinite"):
+        OSGaussian().release(torch.tensor([1.0, math.nan]), 1.0)
+    # OpenDP's own privacy map of the mechanism at sensitivity 2C: zCDP rho = (2C)^2 / (2 sigma^2) = 1 / (2 z^2),
+    # the continuous Gaussian's, on which the accountant's eps rests
+    z, clip = 1.7, 0.3
+    defence = StylePrivacy(clip=clip, noise=z)
+    assert OSGaussian.mechanism(3, defence.std).map(defence.sensitivity) == pytest.approx(1 / (2 * z * z), rel=1e-9)
     privacy = StylePrivacy(clip=1.0, noise=1.0)  # the default source: os, whatever seed is given
-    assert isinstance(privacy.generator(0, "x"), SystemNormal) and privacy.source == "os"
+    assert isinstance(privacy.generator(0, "x"), OSGaussian) and privacy.source == "os"
     assert StylePrivacy(clip=1.0, noise=1.0, source="auto").source == "os"  # unresolved auto is the safe reading
     assert "CSPRNG" in privacy.describe() and "seed removes it" in StylePrivacy(1.0, 1.0, source="seeded").describe()
     with pytest.raises(ConfigError, match="dp_noise_source"):
         StylePrivacy(clip=1.0, noise=1.0, source="urandom")
+
+
+def test_without_opendp_os_noise_is_refused_in_one_line(monkeypatch):
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_opendp(name, *args, **kwargs):
+        if name.startswith("opendp"):
+            raise ImportError(name)
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_opendp)
+    with pytest.raises(ConfigError, match=r"OpenDP, which is not installed: pip install .*fedstyle\[privacy\]"):
+        StylePrivacy(clip=1.0, noise=1.0).perturb(torch.zeros(3), OSGaussian())
+    seeded = StylePrivacy(clip=1.0, noise=1.0, source="seeded")  # a simulation's noise needs no OpenDP
+    assert seeded.perturb(torch.zeros(3), seeded.generator(0)).shape == (3,)
 
 
 def test_fedstyle_run_seeds_the_noise_a_deployment_draws_it_from_the_os():
@@ -240,15 +268,18 @@ def test_fedstyle_run_seeds_the_noise_a_deployment_draws_it_from_the_os():
     assert deployment_noise(fedavg) is fedavg  # a method without the defence is left alone
 
 
-def test_a_site_outside_the_simulation_engine_is_a_deployment():
+def test_a_site_outside_the_simulation_engine_is_a_deployment(monkeypatch):
     pytest.importorskip("flwr")
     from types import SimpleNamespace
 
-    from fedstyle.runtimes.flower.node_config import in_simulation_engine
+    from fedstyle.runtimes.flower.node_config import SIMULATION_MARKER_ENV, SIMULATION_MARKER_VALUE, in_simulation_engine
 
     def node(**config):
         return SimpleNamespace(node_config=config)
 
+    monkeypatch.delenv(SIMULATION_MARKER_ENV, raising=False)
+    assert not in_simulation_engine(node(**{"partition-id": 0, "num-partitions": 3}))  # Flower's deployment guides
+    monkeypatch.setenv(SIMULATION_MARKER_ENV, SIMULATION_MARKER_VALUE)  # fedstyle's flower-sim workers
     assert in_simulation_engine(node(**{"partition-id": 0, "num-partitions": 3}))  # Flower's simulation engine
     assert not in_simulation_engine(node(**{"partition-id": 0, "state-dir": "/s"}))  # fedstyle deploy / site
     assert not in_simulation_engine(node(**{"partition-id": 0}))  # a hand-started SuperNode

@@ -154,4 +154,4 @@ def test_graph_summary_and_png(tmp_path):
     assert graph_summary(graph) == {"n": 6, "edges": 6, "degrees": [2] * 6, "diameter": 3}
     path = save_graph_png(build_graph("rgg", 8, 0), tmp_path / "sub" / "graph.png")
     assert path.read_bytes().startswith(b"\x89PNG") and path.stat().st_size > 1000
-    assert sorted(p.name for p in path.parent.iterdir()) == ["graph.png"]  # no temporary left
+    assert sorted(p.name for p in path.parent.iterdir()) == ["graph.pdf", "graph.png"]  # no temporary left

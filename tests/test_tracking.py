@@ -191,23 +191,79 @@ def test_sigterm_while_the_mlflow_server_is_probed_leaves_nothing_in_out(listene
     assert not out.exists()  # the same command can be given again
 
 
-def test_the_probe_accepts_any_http_answer_and_leaves_stores_without_a_server_alone(tiny_config, tmp_path):
+def _answering(status):
+    """A local HTTP server whose every GET answers ``status``: (server, its URI); serve it in a thread."""
     from http.server import BaseHTTPRequestHandler, HTTPServer
 
-    from fedstyle.experiments.tracking import probe_trackers
-
-    class NotFound(BaseHTTPRequestHandler):
+    class Answer(BaseHTTPRequestHandler):
         def do_GET(self):
-            self.send_error(404)  # a proxy's answer, or an MLflow server without /health: reachable all the same
+            self.send_response(status)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
 
         def log_message(self, *args):
             pass
 
-    with HTTPServer(("127.0.0.1", 0), NotFound) as server:
-        threading.Thread(target=server.handle_request, daemon=True).start()
-        probe_trackers(tiny_config.updated(trackers=["mlflow"], mlflow_uri=f"http://127.0.0.1:{server.server_port}"))
+    server = HTTPServer(("127.0.0.1", 0), Answer)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, f"http://127.0.0.1:{server.server_port}"
+
+
+def test_the_probe_takes_a_2xx_health_answer_and_leaves_stores_without_a_server_alone(tiny_config, tmp_path):
+    from fedstyle.experiments.tracking import probe_trackers
+
+    server, uri = _answering(200)
+    with server:
+        probe_trackers(tiny_config.updated(trackers=["mlflow"], mlflow_uri=uri))
+        server.shutdown()
     for uri in (str(tmp_path / "store"), f"sqlite:///{tmp_path}/mlflow.db"):
         probe_trackers(tiny_config.updated(trackers=["mlflow"], mlflow_uri=uri))
+
+
+@pytest.mark.parametrize("status, says", [(503, "HTTP 503"), (404, "HTTP 404"), (401, "MLFLOW_TRACKING_USERNAME")])
+def test_a_server_answering_non_2xx_is_refused_in_one_line_before_anything_is_written(
+        status, says, tiny_root, tmp_path, capsys):
+    """Issue 55 item 1: a 503 used to pass the probe, and MLflow's retries then stalled the run 260 s."""
+    server, uri = _answering(status)
+    out = tmp_path / "run"
+    with server:
+        tick = time.perf_counter()
+        code = main(["run", *_tiny_flags(tiny_root), "--tracker", "mlflow", "--mlflow-uri", uri, "--out", str(out),
+                     "--quiet"])
+        seconds = time.perf_counter() - tick
+        server.shutdown()
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and seconds < 5 and not out.exists()
+    assert len(err.splitlines()) == 1 and says in err and "drop --tracker mlflow" in err
+
+
+def test_mlflow_retries_during_a_run_are_bounded_unless_the_user_set_them(monkeypatch):
+    from fedstyle.experiments.tracking import MLFLOW_HTTP_BOUNDS, bound_mlflow_retries
+
+    for name in MLFLOW_HTTP_BOUNDS:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "30")
+    bound_mlflow_retries()
+    assert os.environ["MLFLOW_HTTP_REQUEST_TIMEOUT"] == "30"  # the user's own
+    assert os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] == "2"
+    # worst case of one request with MLflow's backoff (factor * 2 ** retry seconds between tries)
+    retries, factor = int(os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"]), float(MLFLOW_HTTP_BOUNDS["MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR"])
+    assert sum(factor * 2 ** k for k in range(retries)) + (retries + 1) * float(MLFLOW_HTTP_BOUNDS["MLFLOW_HTTP_REQUEST_TIMEOUT"]) < 60
+
+
+def test_an_interrupt_before_the_first_checkpoint_leaves_nothing_in_out(tiny_config, tmp_path, monkeypatch, capsys):
+    """Issue 55 item 1: config.json, partition.json and an empty metrics.jsonl used to block the same --out."""
+    import fedstyle.experiments.runner as runner
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(runner, "save_checkpoint", interrupted)
+    out = tmp_path / "run"
+    with pytest.raises(KeyboardInterrupt):
+        run_experiment(tiny_config, out, quiet=True)
+    assert not out.exists()
+    assert "nothing to resume" in capsys.readouterr().err
 
 
 def test_resume_refuses_to_move_or_drop_a_tracker_that_has_logged(tiny_config, tmp_path, monkeypatch, capsys):

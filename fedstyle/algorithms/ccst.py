@@ -18,53 +18,7 @@ Setup exchange, before round 0 (each client is one domain, as in the paper):
    reads it, so a run pays for the images it trains on; ``stylize=eager`` makes all at setup, as
    the paper (same pixels). A rerun or a resumed run reuses what is made.
 
-The original image (``keep_original``). Algorithm 1 (lines 4-5) keeps an image's original only when
-the client draws its own domain, which happens with probability K / N for N clients. In the paper's
-experiments every client is a domain and K = N = 3 sources, so every image keeps its original plus
-N - 1 restyled copies; with many clients per domain it almost never does: a 62-image client at
-N = 100 clients and K = 3 draws its own domain for 62 x 3 / 100 = 1.9 of its 186 outputs in
-expectation, so it trains on restyled images almost only.
-
-* ``keep_original=own_domain`` (default): Algorithm 1 as written, d x K outputs (Section 3.2.3);
-* ``keep_original=always``: every original plus K restyled copies drawn without replacement among
-  the *other* clients' styles, d x (K + 1) outputs, K <= N - 1; at K = N - 1 the same images as
-  Algorithm 1 at K = N (the paper's setting).
-
-The clients' domains are known neither to the server nor to each other (a client may hold several
-domains under a mixed partition), so the K draws are over distinct clients, as in Algorithm 1, not
-over distinct domains. The setting enters the stylization cache key. With local training by
-epochs, ``always`` gives (K + 1) / K as many steps; the benchmarks train fixed step counts.
-
-Training is then FedAvg on the augmented data; the local options compose as for every method
-(``--hp style=mixstyle`` gives CCST + MixStyle, ``--hp local_bn=true`` CCST + FedBN).
-
-Style privacy (issue 24, :mod:`fedstyle.style.privacy`): ``dp_clip`` = C clips each image's contribution
-(overall: its first and second feature moments per channel; single: its (mean, std)) to L2 norm C,
-``dp_noise`` = z adds Gaussian noise of std z * 2C to the sums before the style is formed (Eq. 8 / Eq. 6
-from noisy sums), ``dp_delta`` the delta of the (eps, delta) each round's metrics carry as ``dp_epsilon``
-(one release, at setup). Adain and lite backends only (``fft`` is refused). Default off: unchanged.
-
-Hyperparameter spelling: ``style=single`` / ``style=overall`` (the issue's and paper's words) are
-accepted as shorthands for ``style_type``; ``style`` otherwise keeps its meaning for every method
-(the feature-level op: none, mixstyle, dsu).
-
-Defaults: overall style, K = 3 (the paper's best), ``keep_original=own_domain`` (Algorithm 1);
-J = ceil(d / 32), the paper's value (Section 4.2: "the value of M is ceil(dataset_size / 32)",
-i.e. one style per batch of 32); alpha = 1 as the public code. ``reference_code=true`` reproduces
-the public code's other choices: in single mode one random style per batch of 32 consecutive
-content images (not per image), client models averaged with equal weights
-(``aggregation=uniform`` unless given), the overall style over every image (``style_images=0``), and
-the transfer's content statistics with the unbiased variance (``unbiased_content`` of the adain and lite
-backends: the code's ``calc_mean_std``, ``style_transfer/AdaIN/function.py:4-12``; its styles are
-population statistics, as fedstyle's). ``tests/test_parity_ccst.py`` (``parity/ccst.py``) checks the adain
-backend in this mode against the code (JeremyCJM/CCST at 87c3e44) with seeded weights: single-image
-styles, the overall style from pooled sums, and encoder -> AdaIN -> decoder at alpha 1 and 0.6.
-Not reproduced: styles and transfers at 512 x 512 (``--image_size``/``--style_size``, resized by
-torchvision), validation drawn from the augmented list, the overall style's float32 sums (fedstyle
-sums in float64), and the code's output rounding (``save_image``: half up; fedstyle: half to even).
-Bugs of the public code: ``CCST_SingleStyleTransfer.py:232`` stops in the debugger
-(``pdb.set_trace()``) after the first style domain; ``mean_std_computation_effcientMem.py:146``, which
-saves the overall style, is commented out.
+Hyperparameters, results, privacy, parity and the paper-versus-code analysis: docs/methods/ccst.md.
 """
 
 from __future__ import annotations

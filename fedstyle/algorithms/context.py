@@ -10,13 +10,23 @@ import math
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Protocol
 
 import torch
 from torch import nn
 
 from fedstyle.data.client import ClientData
 from fedstyle.errors import ConfigError
+from fedstyle.payload import Payload
+
+if TYPE_CHECKING:
+    from fedstyle.style.privacy import StylePrivacy
+
+
+class ReleaseKeeper(Protocol):
+    """What a deployed site gives its client's algorithm to make defended releases through (:meth:`ClientContext.release`)."""
+
+    def release(self, name: str, privacy: StylePrivacy, make: Callable[[], Payload]) -> Payload: ...
 
 
 @dataclass
@@ -98,6 +108,9 @@ class ClientContext:
     scratch: dict[str, Any] = field(default_factory=dict)
     #: set by the runtime: returns the frozen global model (see :meth:`global_model`)
     global_model_source: Callable[[], nn.Module] | None = field(default=None, repr=False)
+    #: set by a deployed site's runtime (``fedstyle.runtimes.site_privacy.SiteReleases``): keeps every defended
+    #: release, answers the same question again with it, counts it in the site's ledger (see :meth:`release`)
+    release_keeper: ReleaseKeeper | None = field(default=None, repr=False)
     _sums: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)
     _counts: dict[str, int] = field(default_factory=dict, repr=False)
     _timings: dict[str, list] = field(default_factory=dict, repr=False)
@@ -118,6 +131,15 @@ class ClientContext:
         if self.global_model_source is None:
             raise ConfigError("this runtime provides no global model copy in this phase")
         return self.global_model_source()
+
+    def release(self, name: str, privacy: StylePrivacy, make: Callable[[], Payload]) -> Payload:
+        """A defended style release named ``name`` (what ``make()`` computes): ``make()`` itself in a simulation
+        or without the defence; on a deployed site, the release kept for the same question (run, client,
+        round, name, what the message sent) if there is one, else ``make()``'s, recorded in the site's
+        ledger and budget (docs/privacy.md)."""
+        if self.release_keeper is None or not privacy.enabled:
+            return make()
+        return self.release_keeper.release(name, privacy, make)
 
     # -- metrics of the round ---------------------------------------------------------
     def log(self, name: str, value: torch.Tensor | float) -> None:

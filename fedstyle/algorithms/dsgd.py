@@ -3,6 +3,8 @@
 theta_i <- sum_j P_ij theta_j - lr * g_i (StyleDDG's Eq. 14 without style sharing); the
 simulator in ``fedstyle.federation.p2p`` does the mixing. ``--hp style=mixstyle`` or
 ``--hp style=dsu`` gives the DSGD + MixStyle / DSU baselines of the StyleDDG paper.
+
+Its card, with hyperparameters, results and parity: docs/methods/dsgd.md.
 """
 
 from fedstyle.algorithms.base import PEER_TO_PEER, Algorithm

@@ -16,6 +16,8 @@ and 229; there is no stage boundary there in fedstyle's ResNet); the firing draw
 ``np.random.random()`` there, torch's CPU generator here). A batch of one sample, or a 1 x 1 map (layer4
 on small inputs), passes through unchanged here; the authors' unbiased variance of one value is NaN
 (dsu.py:48 and 57), which makes their output NaN.
+
+Its card, with hyperparameters, results and parity: docs/methods/dsu.md.
 """
 
 from fedstyle.algorithms.base import Algorithm, apply_reference_code

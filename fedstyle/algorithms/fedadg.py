@@ -14,64 +14,7 @@ paper's loss names (the forms are the authors' least-squares ones, see Sources):
     L_advg = mean[D(G(xi, c), c)^2]                                  G: the reference moves to the features
     F, C minimise (1 - lambda_adv) · L_err + lambda_adv · L_advf
 
-so F and G both close the gap D measures: the reference is generated "by accommodating all source domains".
-One local step on a batch (the authors' ``train_step`` order): (1) one D step on L_advd with F's features
-computed in eval mode and the reference detached; (2) one F, C step with the updated D (frozen); (3) one G step
-on L_advg with the same noise. The first ``ce_warmup`` of a round's local steps train F, C on L_err alone (the
-code's E0 epochs before the E1 adversarial epochs). The server averages F, C and G (FedAvg; the code's train.py
-averages [F, C, G] and keeps one D per client); D stays on its client (``local_keys``: kept in
-``ctx.state["local/fedadg_discriminator.*"]``, never sent down, not averaged; the server keeps its unused initial
-copy, as FedSR's reference).
-
-Sources. The paper's text was not at hand here: equation numbers are not quoted; the loss names follow the paper's
-notation as a third-party re-implementation cites it (lambda_0 · L_advf + lambda_1 · L_err, L_advd, L_advg).
-The forms, order and defaults follow the authors' code (github.com/wzml/FedADG, read from its mirror
-Haoxiang-Wang/FedADG, ``pacs-ours/localTrain.py`` latest, ``Nets.py``, ``train.py`` and the README commands):
-
-- ``lambda_adv`` = 0.15: ``alpha = 0.85`` weights L_err, 1 - alpha L_advf (train_step, both datasets).
-- ``noise_dim`` = 2048 (``--input_size``), ``gen_hidden`` = 4096 (GeneDistrNet: Linear(noise + K, 4096) -
-  LeakyReLU - Linear(4096, feature width) - ReLU, Xavier-uniform weights with gain 0.5); ``rp_size`` = 1024
-  (README), ``disc_hidden`` = 1024 (Discriminator: a bias-free projection of h to rp_size, concatenated with c,
-  Linear(rp + K, 1024) - LeakyReLU - Linear(1024, 1) - sigmoid, Kaiming-uniform weights; the projection is
-  trained with D, as in the code).
-- ``onehot`` = 0.7 (the label code of pacs-ours; 0.6 in the VLCS code); noise uniform on [0, 1) (``torch.rand``).
-- ``adv_lr_scale`` = 0.02: G and D train at 0.02 x the run's (scheduled) lr, the rate the code gives them against
-  its base lr0: lr1 / lr0 = 0.7 (0.007 / 0.01 on PACS, 0.0007 / 0.001 on VLCS) times the warm-up factor of a round,
-  3.1 % (its ``GradualWarmupScheduler``, made anew every round with 100 warm-up epochs, sets 1, 1, 2, ..., 6 % of
-  lr1 in the 7 adversarial epochs: ``utils/utilss.py``, ``localTrain.py:22-35,49-51``). At 0.7 x the run's lr
-  (fedstyle's default before issue 35) D's 1024-wide layers saturated its sigmoid within the first round on the
-  learning check's digits (logits +-40 to 80; two clients' D exactly right, one exactly inverted, none able to
-  move): every adversarial gradient fell to ~1e-20 of the cross-entropy's and FedADG trained as FedAvg on
-  0.85 L_err; 0.35 (the code's D : F rate within its warm-up) still left L_advf's at 4e-4. The run's optimiser
-  type, momentum and weight decay (code: SGD, 0.9, 1e-5).
-- One D step per local step; ``ce_warmup`` = 0.3 = E0 / (E0 + E1) = 3 / (3 + 7) (PACS command; VLCS code 5 / 15).
-- ``label_smoothing`` = 0: plain cross-entropy, as fedstyle's other baselines (the code: 0.01 on PACS, 0.2 on VLCS).
-  The code's ``LabelSmoothingLoss(s)`` (``utils/utilss.py:6-21``) gives the true class 1 - s and every other class
-  s / (K - 1); torch's (used here) gives s' / K to every class: the code's s is ``label_smoothing`` = s K / (K - 1)
-  (0.01167 for PACS's s = 0.01, K = 7; 0.25 for VLCS's 0.2, K = 5).
-
-Checked against the code by ``tests/test_parity_fedadg.py`` (``parity/fedadg.py``: ``pacs-ours/localTrain.py``
-``train_step`` on fedstyle's ConvNet with their G and D): one step's four losses and the gradients of its D, F + C
-and G updates, to float rounding.
-
-Deviations: the classifier is fedstyle's linear head on the neck's output (the code: a two-layer MLP on AlexNet's
-fc7); a round is ``local_steps`` steps split by ``ce_warmup`` (not E0 + E1 epochs), with no local model selection on
-a client validation split and no warm-up / plateau lr schedulers (the run's lr schedule applies; the code's warm-up
-restarts with every round's new ``localTrain``, ``pacs-ours/train.py:87``, ``localTrain.py:22-35``, so with
-``--ite-warmup 100`` and 3 + 7 epochs a round it trains at 1-10 % of lr0 and lr1 throughout: F and C train at the
-run's lr here, G and D at its mean factor through ``adv_lr_scale``); the server's
-average weighs clients by sample count (``aggregation=uniform`` is the code's plain mean). Optimisers are made anew
-each round, as in the authors' PACS code (its VLCS version keeps D's SGD momentum across rounds); nothing but
-weights persists, so a resumed run equals an uninterrupted one. The runtime uploads the whole model state, D too
-(ignored by the server). Cost: G holds (noise_dim + K)·gen_hidden + gen_hidden·d weights (9.5 M on the digits
-ConvNet, d = 256) that travel both ways each round; per step one extra eval-mode forward of F, two of G, four of D.
-Logged: ``fedadg_ce`` (L_err), ``fedadg_adv_d``, ``fedadg_adv_f``, ``fedadg_adv_g``.
-
-Bugs of the public code (mirror at 1d34f2a), not reproduced: ``pacs-ours/train.py:88`` unpacks four values from
-``localTrain.train``, which returns three (``localTrain.py:63``), so the PACS script stops after its first client;
-the discriminator's projection is normalised at construction (``pacs-ours/Nets.py:122``) and then re-initialised
-(``:125``, ``:140``), so the normalisation has no effect; the generator fixes 7 labels and 4,096 hidden units
-(``Nets.py:10-15``) whatever the arguments.
+Hyperparameters, results, privacy, parity and the paper-versus-code analysis: docs/methods/fedadg.md.
 """
 
 from __future__ import annotations

@@ -1,4 +1,7 @@
-"""FedAvg (McMahan et al., AISTATS'17): local SGD, sample-size weighted averaging."""
+"""FedAvg (McMahan et al., AISTATS'17): local SGD, sample-size weighted averaging.
+
+Its card, with hyperparameters, results and parity: docs/methods/fedavg.md.
+"""
 
 from fedstyle.algorithms.base import Algorithm
 from fedstyle.algorithms.registry import register_method

@@ -3,6 +3,8 @@
 For evaluation on an unseen domain there is no client BatchNorm to use, so clients also upload
 their BatchNorm layers and the server's evaluation model holds their average; the server never
 sends BatchNorm layers down (they are not counted in bytes down).
+
+Its card, with hyperparameters, results and parity: docs/methods/fedbn.md.
 """
 
 from fedstyle.algorithms.base import Algorithm

@@ -18,42 +18,7 @@ Cross-client feature extension, then dual-stage alignment (the paper's two modul
    JS the mean KL of each prediction to their mean (AugMix's, ``prediction_consistency`` form js). Each view is its
    own forward pass (BatchNorm normalises each with its own statistics), as the code. Aggregation is FedAvg's.
 
-Sources. The stored copy of the paper here holds its abstract and the start of its introduction only (v1: "we
-adapt MixStyle to the federated setting to transfer domain-specific features, while AugMix is employed to perturb
-domain-invariant features ... supervised contrastive loss for representation alignment and ... Jensen-Shannon
-divergence to ensure consistent predictions between original and augmented samples"); its equations and tables
-were not readable. What the abstract leaves open is taken from the authors' code (algorithm/client/fedccrl.py,
-server/fedccrl.py at 60b2d9b): image-level statistics of r = 0.1 of each client's images, recomputed every round
-(:20-44, server :76), the pool without the client's own rows (:46-53), the sampling (:55-63), two views (:80-90),
-lambda1 = lambda2 = 0.1, tau = 0.1, MixStyle alpha 0.1, p = 1, eps 1e-6 (server :21-36, models.py:259-282). Where
-the code departs from the methods the paper cites, the default is the cited method and ``reference_code=true`` the
-code's choice:
-
-- variances: MixStyle's 1/HW (its paper) vs the code's ``torch.var``, 1/(HW - 1), in the uploaded and the batch's
-  statistics (fedccrl.py:29, models.py:272);
-- SupCon's positives: the other same-label samples (Khosla et al.) vs the code's mask, which keeps each anchor's
-  similarity to itself, 1/tau, among its positives (fedccrl.py:137-144);
-- AugMix: the official operations (nine, levels ~ U(0.1, 3) per image) vs torchvision's ``AugMix()`` defaults,
-  which add brightness, color, contrast and sharpness (``perturb_args`` ops=all thirteen), and the code's 8-bit
-  round trip around it, truncating the restyled pixels and AugMix's output to whole levels (fedccrl.py:158-163).
-
-Not reproduced: torchvision's AugMix draws one chain of operations for the whole batch at a fixed magnitude
-(severity 3 of 10 bins), fedstyle's per image; the code's uint8 cast wraps restyled pixels outside [0, 255]
-(undefined for floats; fedstyle clamps); every client takes part every round in the code, so its pool is this
-round's uploads — with client sampling fedstyle's pool is each client's latest. tests/test_parity_fedccrl.py runs
-``reference_code=true`` against the code's statistics, transfer, losses and gradients (parity/fedccrl.py).
-
-FedAlign (Gupta et al., arXiv 2501.15486, CVPR'25 workshop; code sunnyinAI/FedALign) is not this method under
-another name: its code is a copy of FedCCRL's with other choices (docs/parity.md, "FedCCRL"): statistics drawn by
-k-means clusters (k = 7) weighted by variance, the second view restyled from the first, an MSE between augmented and
-clean representations (weight 0.1) and a domain discriminator whose loss never reaches the model; its MixStyle
-ignores the shared statistics it is given (its models.py:287-313 mixes with the batch's own, permuted). Not
-implemented here.
-
-Privacy: the rows are per-image statistics, sent every round; ``fedstyle audit privacy`` audits them (its surface
-"per-image input statistics"). Logged: ``fedccrl_ce``, ``fedccrl_ce_views`` (summed over views),
-``fedccrl_supcon``, ``fedccrl_js`` (unweighted), ``fedccrl_transferred`` (fraction of views restyled),
-``fedccrl_pool`` (rows received) and the seconds of ``fedccrl_transfer``, ``fedccrl_perturb``, ``fedccrl_query``.
+Hyperparameters, results, privacy, parity and the paper-versus-code analysis: docs/methods/fedccrl.md.
 """
 
 from __future__ import annotations
@@ -108,7 +73,7 @@ def quantize(x: torch.Tensor, norm: Normalization, slack: float = 0.0) -> torch.
 
 @register_method
 class FedCCRL(Algorithm):
-    """Statistics pool, MixStyle towards it, AugMix, SupCon + JS alignment (see the module docstring)."""
+    """Statistics pool, MixStyle towards it, AugMix, SupCon + JS alignment (docs/methods/fedccrl.md)."""
 
     name = "fedccrl"
     label = "FedCCRL"

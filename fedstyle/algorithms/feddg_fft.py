@@ -19,30 +19,7 @@ and outer updates and the boundary-oriented contrastive loss of its segmentation
 the "amplitude exchange alone", which CCST's appendix E compares in its own framework and which
 the CCST and StableFDG tables list as "FedDG".
 
-The public code (liuquande/FedDG-ELCFS at 0a281e4). ``tests/test_parity_feddg_fft.py`` (``parity/feddg_fft.py``)
-checks the ``fft`` backend against its functions: the amplitude spectrum (``extract_amp_spectrum``,
-``freq_space_interpolation_demo.py:15``), the demo's continuous interpolation (``amp_spectrum_swap`` with
-``ratio = 1 - lam``, ``:22-59``, ``:115``) and training's exchange (``source_to_target_freq``,
-``dataloaders/fundus_dataloader.py:253-297``), including the square's position on even, odd and non-square sides.
-Not reproduced (training, ``dataloaders/fundus_dataloader.py``; fedstyle follows the paper and the demo):
-
-- lam: training replaces the square outright (lam = 1, ``:269``; the interpolation line is commented out,
-  ``:270``, and the ratio it draws, ``:267``, is unused); fedstyle draws lam ~ U(0, 1) per copy (Sec. 3.2).
-- band: training calls it with L = 0 (``:56``), which still exchanges the 1 x 1 square of the zero frequency
-  (each channel's mean colour); fedstyle's ``band = 0`` exchanges nothing and any band in (0, 1 / min(H, W))
-  is the code's L = 0. Default here 0.1 (the function's default).
-- copies and draws: training makes two copies per image on the fly each time it is read (new draws every
-  epoch), each from a client drawn with replacement among the others and a random file of its bank
-  (``:52-53``), and stacks them with the original on the channel axis; the bank is floor(n / 8) random
-  spectra of each client (``:24-28``). fedstyle makes ``copies`` (default 1) once, bank ceil(n / 8).
-- output: training clips the float image to [0, 255] (``:57``); fedstyle also rounds to uint8 (its images).
-
-Bugs of the public code, not reproduced: a band L > 0.5 gives the square a negative start index, so numpy
-exchanges only a corner of it (``fundus_dataloader.py:262-269``, ``amp_spectrum_swap``: 9 of 1,024 frequencies
-at L = 0.6 on 32 x 32); fedstyle clips the square to the spectrum. ``dataset/prepare_dataset.py``, which
-writes the amplitude banks, cannot run (it returns the undefined ``amp_sample``, ``:20``, reads the undefined
-``im_trg``, ``:26``, calls ``.fprmat`` and saves no array, ``:29``, and takes the FFT over the last two axes of
-an H x W x C image, ``:17``).
+Hyperparameters, results, privacy, parity and the paper-versus-code analysis: docs/methods/feddg_fft.md.
 """
 
 from __future__ import annotations
@@ -85,7 +62,7 @@ def plan_amplitude_exchange(num_images: int, bank: StyleBank, own: int, copies: 
 
 @register_method
 class FedDGFFT(StyleExchange):
-    """FedDG's amplitude exchange across clients without its episodic meta-learning (see the module docstring)."""
+    """FedDG's amplitude exchange across clients without its episodic meta-learning (docs/methods/feddg_fft.md)."""
 
     name = "feddg_fft"
     label = "FedDG-FFT"

@@ -19,49 +19,7 @@ weight moves by the same fraction of itself as in the paper (``step_divisor`` ov
 The round's aggregation: w^{r+1} = sum_{i in S} a_i w_i / sum_{i in S} a_i over the clients that
 returned an update (the stored weights renormalised over the sampled clients).
 
-Partial participation (the paper has all clients in every round; this is PARDON's fork's policy):
-the gaps need client-side evaluation, done in the *query* phase — each sampled client evaluates
-the received global model on its local training data (eval mode, no augmentation; fedstyle keeps
-no per-client validation split) and subtracts the loss (accuracy) of its own model at the end of
-its last participation, kept in ``ctx.state`` (``local_loss=eval``: that model evaluated the same
-way right after local training, the paper's L^before; ``train``: the round's mean training loss,
-no extra pass — with ``metric=acc`` eval is needed). It uploads the gap, one number. Only sampled
-clients' weights move; the others count as gap 0 (they do not enter max |G|) and keep theirs up to
-the renormalisation. A client without a previous participation reports no gap (NaN) and its weight
-is left alone. Weights computed from the gaps of round r are used for round r's aggregation (in
-the paper, the weights computed after round r-1's aggregation aggregate round r: the same timing).
-
-``reference_code=true`` is PARDON's fork (judydnguyen/PARDON-FedDG, ``FedDGGA``, src/server.py:579-693, and
-``FedDGGAClient``, src/client.py:805-875): step (1 - r/R) / 3 (d = 1, M = 3, unless given; :597,684);
-round 0 and a round with a NaN gap aggregated by size, the weights left as they are (:676-689); a
-client without a previous participation counts its previous loss as 0 (client.py:856-860); the
-previous local loss = the round's mean training loss (``local_loss=train`` unless given; client.py:861-872);
-participants whose weights are all 0 aggregated equally (:646-647); every weight clipped to 0 kept at 0
-(no renormalisation, :653-662). tests/test_parity_feddg_ga.py checks the server's weights and mixing
-coefficients over 8 rounds against a fixture made with the fork's code.
-
-Not reproduced:
-
-- The official code's step schedule (MediaBrain-SJTU/FedDG-GA, algorithms/*/train_pacs_GA.py, e.g.
-  fedavg/train_pacs_GA.py:61-62,83): R + 1 rounds r = 0..R, the weights adjusted after round r's
-  aggregation with d - (r - 1) d / R (the first step d (1 + 1/R)). Here the adjustment for round r
-  (from the gaps of the model aggregated in round r - 1) uses d (1 - r/R): 2d/R smaller than the
-  official step for the same gaps. Its single adjustment (utils/weight_adjust.py:3-37, M = 3) is
-  ``adjust_weights`` with ``step = d_r / 3``: tests/test_parity_feddg_ga.py feeds it the official steps
-  and matches its weights to float64 precision.
-- Where the gaps are measured: the official code on each site's validation split, the fork on the
-  client's training loader (src/client.py:112,812-833, shuffled, with the training set's transform);
-  here on the client's training data without augmentation (fedstyle keeps no per-client validation split).
-- The fork's local loss is the per-sample mean over its local epochs (each batch's loss weighted by
-  its size, src/client.py:861-870); ``local_loss=train`` takes the mean over the local steps (the two
-  differ only when a batch is smaller than the others).
-- Division by zero in both codes when every gap is 0 (max |G| = 0: NaN weights; weight_adjust.py:19,
-  src/server.py:635) and in the official clip when every weight is clipped to 0 (weight_adjust.py:34-35):
-  here the weights are left alone / set to 1/N.
-
-Defaults: d = 0.2 (the official PACS scripts; their helper's default is 0.1), metric loss (the
-paper's definition; the official scripts default to accuracy), no centring (the official code).
-Cost: with ``local_loss=eval`` two evaluation passes over the local data per sampled client per round.
+Hyperparameters, results, privacy, parity and the paper-versus-code analysis: docs/methods/feddg_ga.md.
 """
 
 from __future__ import annotations
@@ -132,7 +90,7 @@ def adjust_weights(weights: torch.Tensor, clients: list[int], gaps: list[float],
 
 @register_method
 class FedDGGA(Algorithm):
-    """Generalization adjustment of the aggregation weights (see the module docstring)."""
+    """Generalization adjustment of the aggregation weights (docs/methods/feddg_ga.md)."""
 
     name = "feddg_ga"
     label = "FedDG-GA"

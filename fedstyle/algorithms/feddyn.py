@@ -6,6 +6,8 @@ h ← h − (alpha/m)·Σ_{i∈S}(w_i − w_server) with m the number of all cli
 w_server = mean_{i∈S}(w_i) − h/alpha (unweighted mean, Algorithm 1 of the paper). BatchNorm
 running statistics are averaged as in FedAvg. FedGCA's class-consistency term (its Eq. 5) is the
 same regulariser, so :class:`DynamicRegularizer` is shared.
+
+Its card, with hyperparameters, results and parity: docs/methods/feddyn.md.
 """
 
 from __future__ import annotations

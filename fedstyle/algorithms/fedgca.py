@@ -8,42 +8,7 @@ X+ = {x, x'_1, ..., x'_J} (Eq. 1), J augmented views of each image from the styl
 
     L = L_CE + alpha * L_OC + beta * L_GC,   L_GC = L_CP + L_CAM                  (Eq. 6, Eq. 4)
 
-* L_CE: cross-entropy on all V = J + 1 views (X+ of Eq. 1; ``ce_views=clean``: the originals only).
-* L_CP (Eq. 2): p_j = softmax of the local model on view j, p^G_j of the round's global model;
-  p̄ = mean of {p_j} ∪ {p^G_j} (``cp_global=false``: of {p_j} only, Table 3's P without P^G);
-  Eq. 2 reads L_CP = -Σ_j Σ_k [p_jk log p̄_k + (1 - p_jk) log(1 - p̄_k)] (``cp_form=ce``). Its text says
-  the consistency is a KL divergence, and Eq. 2 is that divergence plus the binary entropy of the
-  local predictions (which only sharpens them), so the default ``cp_form=bkl`` subtracts it:
-  Σ_j Σ_k [p log(p / p̄) + (1 - p) log((1 - p) / (1 - p̄))], zero exactly when every prediction
-  agrees. ``cp_form=js``: RandConv's / AugMix's Jensen-Shannon form Σ_j KL(p_j ‖ p̄) over classes.
-  p̄ is clamped at 1e-7 inside logs.
-* L_CAM (Eq. 3): class activation maps of the final stage for the true class, M = Σ_l W_l F_l with
-  the classifier's weights (``Classifier.class_activation_maps``), from the local and the global
-  model on all views, each turned into a distribution by a softmax over the h x w positions (of
-  M / ``cam_temperature``); M̄ = their mean (``cam_global=false``: local maps only);
-  L_CAM = Σ_j KL(M_j ‖ M̄). Pooling backbones (ResNets, EfficientNet-Lite0) share W across positions;
-  the Digits ConvNet flattens its last map, so there M[h, w] = Σ_l W[l, h, w] F[l, h, w] with the
-  head's per-position weights (2 x 2 positions at 32 x 32). A model whose head fits neither (or a
-  replaced neck) is refused when the model is configured.
-* Sums over the views j follow Eq. 2 and 3 (``view_reduction=sum``; ``mean`` divides by V); every
-  term is averaged over the batch. The means p̄ and M̄ carry gradients (as in AugMix's JS loss;
-  ``detach_mean=true`` stops them).
-* L_OC (Eq. 5) = -(1/alpha) λ_i^T w + ½||w - w^t||², so alpha * L_OC is FedDyn's client term with
-  FedDyn's alpha; λ_i ← λ_i - alpha (w_i - w^t) after local training (Algorithm 1 line 10) and the
-  server's h and w^{t+1} = mean(w_i) - h / alpha (lines 13-14) are FedDyn's, shared through
-  :class:`~fedstyle.algorithms.feddyn.DynamicRegularizer` (same state keys as FedDyn).
-
-Defaults alpha = beta = 0.1: the paper's best values on Digits (its Fig. 3); on PACS they are
-alpha = 10, beta = 8 — pass them for PACS-like data (``--hp alpha=10 --hp beta=8``).
-The global predictions and maps come from ``ctx.global_model()``: one frozen copy of this round's
-downloaded weights per process (no per-client copy), in eval mode — its BatchNorm layers use their
-running statistics (the aggregated ones), not the statistics of the augmented batch — under no_grad.
-The local model sees the V views concatenated as one batch (BatchNorm statistics over all views, as
-AugMix does). Ablations: ``use_cp``, ``use_cam``, ``use_oc`` (false: FedAvg aggregation, no
-FedDyn state), ``augment=none`` (X+ = {x}; the consistency terms then compare local and global
-model on the originals). Logged per round: loss_ce, loss_cp, loss_cam, loss_gc, loss_oc,
-augment_seconds, global_forward_seconds. Not given by the paper (supplement missing) and chosen
-here: J, the generator mix, the forms above, the optimiser and schedule (the runner's).
+Hyperparameters, results, privacy, parity and the paper-versus-code analysis: docs/methods/fedgca.md.
 """
 
 from __future__ import annotations

@@ -17,19 +17,7 @@ agreement. tau = 0 is FedAvg (with server lr eta_g). With K clients A takes few 
 Only floating-point trainable parameters are masked; BatchNorm running statistics are averaged
 plainly and integer counters rounded, as in FedAvg (``reference_code`` masks every entry, see below).
 
-Defaults: tau = 0.4, the value of PARDON's PACS configs and of the third implementation (the
-paper's value could not be checked; FedTHE uses 0.1, declearn's constructor 1.0); eta_g = 1.
-
-``reference_code=true``: the rule of the FedDG benchmark (Bai et al.) and PARDON's fork, whose
-parameter-dict arithmetic turns the intended soft mask into 1[A >= tau] * (1 + A) — a hard mask,
-scaled up (``0 - mask`` evaluates to ``mask``: PARDON-FedDG src/server.py:306, FedDG_Benchmark
-src/server.py:379): w^{t+1} = w^t + eta_g * 1[A >= tau] * (1 + A) * Delta_bar, signs counted uniformly
-(PARDON: eta_g = ``step_size`` 1, tau = ``mask_threshold`` 0.4, src/server.py:302,307; the benchmark:
-``hparam1`` is both tau and eta_g, src/server.py:375,380 — set ``server_lr`` = ``tau``). Both apply it to
-every entry of the state dict, BatchNorm running statistics and counters included (a counter computed
-in float and truncated by ``load_state_dict``: PARDON src/server.py:287-308, benchmark
-src/server.py:357-381), and so does this mode. Reproduce it only to match those numbers;
-tests/test_parity_fedgma.py checks both against fixtures made with their code.
+Hyperparameters, results, privacy, parity and the paper-versus-code analysis: docs/methods/fedgma.md.
 """
 
 from __future__ import annotations
@@ -43,7 +31,7 @@ from fedstyle.algorithms.registry import register_method
 
 def masked_update(base: torch.Tensor, updates: list[torch.Tensor], coefs: list[float], sign_coefs: list[float],
                   tau: float, server_lr: float = 1.0, reference: bool = False) -> torch.Tensor:
-    """FedGMA's new value of one parameter from the clients' values (see the module docstring)."""
+    """FedGMA's new value of one parameter from the clients' values (docs/methods/fedgma.md)."""
     base32 = base.to(torch.float32)
     mean_delta = torch.zeros_like(base32)
     agreement = torch.zeros_like(base32)
@@ -61,7 +49,7 @@ def masked_update(base: torch.Tensor, updates: list[torch.Tensor], coefs: list[f
 
 @register_method
 class FedGMA(Algorithm):
-    """Gradient-masked averaging (see the module docstring)."""
+    """Gradient-masked averaging (docs/methods/fedgma.md)."""
 
     name = "fedgma"
     label = "FedGMA"

@@ -18,40 +18,7 @@ counts that download like the training one) and sends its classifier gradient up
 down beside the training download (|w| numbers). The penalty's gradient is a second-order pass through the
 classifier (``create_graph``), which reaches Phi too.
 
-What the paper leaves out (FedIIR#2: a reproduction 3.5 points short on PACS art, 79.4 against 82.9; the
-author named the classifier's hidden size and the EMA), from the authors' code (YamingGuo98/FedIIR):
-
-- the classifier is two linear layers, Linear(d, d // 2) - ReLU - Linear(d // 2, C), Kaiming-normal weights
-  (domainbed/networks.py:195-211; ``nonlinear_classifier`` for PACS, VLCS and OfficeHome, linear for
-  RotatedMNIST's small CNN, hparams_registry.py:31-37), d = 512 on ResNet-18 (networks.py:69-71): 256 hidden
-  units; the penalty covers both layers (algorithms.py:161,204). ``hidden=-1`` (default) follows that rule by
-  backbone: d // 2 on ResNet and EfficientNet, none on the from-scratch ConvNet (the RotatedMNIST CNN's
-  counterpart; on the learning check's digits, seed 0, its 128-unit layer left the mean training loss of the
-  last 3 rounds at 1.42 against 1.09 without it, FedAvg 1.17); ``0`` is the linear head, ``k`` a width of k;
-- beta = 0.95 (hparams_registry.py:53, searched over 0.90 / 0.95 / 0.99), g_bar starting at 0 with no bias
-  correction and updated before the round's local training (algorithms.py:162,181-182,188);
-- gamma: RotatedMNIST 1e-2, VLCS 5e-3, PACS 1e-3, OfficeHome 5e-4 (hparams_registry.py:42-52);
-- the rest of its setting: SGD lr 2.5e-3 on PACS (1e-3 VLCS / OfficeHome, 1e-2 RotatedMNIST), momentum 0.9,
-  weight decay 0, batch 32 (64 on RotatedMNIST) (hparams_registry.py:30,60-74, algorithms.py:94-99); an
-  ImageNet ResNet-18 whose BatchNorm stays in eval mode, dropout 0 (networks.py:65-112); 10 clients, 3
-  sampled per round (5 on RotatedMNIST), 100 rounds of 1 local epoch (main.py:43-53); each source domain
-  split into equal client shards after holding 10 % out for validation (main.py:40,147-170); the model
-  selected on that validation every 10 rounds (main.py:38,236-258).
-
-Paper and code: the paper's mean is over the participating clients; the code pools every mini-batch of
-the sampled clients (algorithms.py:164-180), weighing a client by its number of batches:
-``reference_code=true`` (each client sends its batch count, ceil(n / batch size), with its gradient).
-Not reproduced: the code computes g_hat in training mode over the training loader (augmented, shuffled,
-the last batch's mean counted like the others, algorithms.py:168-180) and centrally from the clients' data
-(a simulation shortcut); here each client computes the exact mean gradient of its own data in eval mode
-(fedstyle's query phase: BatchNorm's running statistics, as the code's frozen-BN ResNet) without
-augmentation, and uploads it. ``grad_samples`` N > 0 uses a seeded subset of N samples (a cost knob).
-tests/test_parity_fediir.py runs this mode against two rounds of the code's ``FedIIR.update`` (fixture from
-parity/fediir.py): moving average, step losses and weights within 2.1e-7.
-
-Logged: ``fediir_ce``, ``fediir_penalty`` (unweighted) and ``fediir_penalty_seconds`` per step,
-``fediir_query_seconds`` per client, and the server's ``fediir_grad_norm`` ||g_hat|| and ``fediir_ema_norm``
-||g_bar||. Defaults: gamma 1e-3 and beta 0.95 (the code's PACS values), the hidden layer by the code's rule.
+Hyperparameters, results, privacy, parity and the paper-versus-code analysis: docs/methods/fediir.md.
 """
 
 from __future__ import annotations
@@ -97,7 +64,7 @@ class HiddenNeck(Neck):
 
 @register_method
 class FedIIR(Algorithm):
-    """Inter-client alignment of the classifier's gradients (see the module docstring)."""
+    """Inter-client alignment of the classifier's gradients (docs/methods/fediir.md)."""
 
     name = "fediir"
     label = "FedIIR"

@@ -13,53 +13,7 @@ S clients, solved on their S x S Gram matrix — no extra communication, the cli
     d      = g_FL + kappa ||g_FL|| G Gamma* / ||G Gamma*||
     w^{r+1} = w^r + eta d                                                     (eta = ``lr``)
 
-Here g_FL = w_agg - w^r is the update of the *method's own* aggregation (FedAvg: sum_i p_i Delta_i), which
-makes FedOMG the server optimiser ``omg`` (fedstyle.algorithms.server_opt) that composes with every star
-method: ``--method ccst --hp server_opt=omg`` (the paper calls it orthogonal to FL/FDG methods and reports
-FedIIR+OMG, FedSAM+OMG and FedSR+OMG; the authors' code combines it with FedDG-GA, train_pacs_OMG_GA.py, and
-FedSAM, train_vlcs_SAMOMG.py). kappa = 0 with eta = 1 is the method itself (the paper's Corollary 1:
-kappa -> 0 is FedAvg). The method ``fedomg`` is FedAvg's clients with ``server_opt=omg``. It moves the
-shared trainable parameters; buffers (BatchNorm's running statistics) and local layers are the method's.
-
-Sources. The stored arXiv copy this file was written from ends after the paper's introduction; the equation
-numbers (Eq. 15: the dual above; Theorem 1, Eq. 16-17: d and the update) and the paper's settings below are
-those of a public reading of arXiv 2501.14653v2, and agree with the authors' code. Eq. 15 is solved to
-convergence here: projected gradient descent on the simplex with backtracking (``steps`` iterations from the
-uniform Gamma, float64, on the Gram matrix scaled to unit mean norm, which leaves the argmin unchanged); the
-paper's and code's 21 points of SGD are ``reference_code``'s, with the code's other numerics:
-
-``reference_code=true``: the DG code, FedOMG-DG/algorithms/FedOMG/utils/fed_merge.py (``FedOMG`` :59-79,
-``OMG`` :82-125) with train_pacs_OMG.py's defaults:
-
-- each Delta_i is multiplied by its client's aggregation weight p_i before the solve (:65; weights by the
-  sites' split sizes, :24-34), and g_FL is the plain mean of those columns, (1/S) sum_i p_i Delta_i (:91-92,
-  ``1 / num_tasks`` at :123): a step 1/S of FedAvg's, and a different simplex; here p_i are the sample
-  shares (equal with ``aggregation=uniform``) — with FedDG-GA its code feeds GA's weights instead
-  (train_pacs_OMG_GA.py:89), and this mode then ignores the method's aggregation for the parameters;
-- the dual is solved on the Gram matrix divided by the squared mean norm with 1e-4 added inside every
-  square root (:89-90,104,111,120) by 20 steps of SGD (lr 25, momentum 0.5; lr 50 for 50 clients) on
-  softmax logits from 0, keeping the best of the 21 evaluated points (:98-117), and the step is scaled by
-  lambda = c / (||g_Gamma|| + 1e-4) (:122);
-- d is divided by 1 + kappa^2 (:123-124; CAGrad's ``rescale=1``; also ``rescale=true`` alone), eta = 0.5
-  (train_pacs_OMG.py:35, ``--global_model_lr``);
-- only the parameters are written (``vector_to_parameters``, :62,75): BatchNorm's running statistics
-  stay those of the previous global model, i.e. the pretrained ones for ever (clients' statistics are
-  never averaged); this mode keeps every entry but the parameters at w^r likewise.
-
-Not reproduced: ``OMG(..., 3, c)`` hard-codes 3 clients (:72; here S, the updates received); the PFLlib
-variant (system/flcore/servers/server_OMG.py:75-172), whose deltas are unweighted, whose solver's lr,
-momentum, StepLR schedule and step count are flags, and whose norm balancing (:97-113) is computed and
-then overwritten (:115). tests/test_parity_fedomg.py runs this mode against the code's ``FedOMG`` (fixture
-from parity/fedomg.py): equal to its float64 run to 1e-15, to its float32 run within that run's rounding.
-
-Defaults: kappa = 0.5 (the paper's, train_pacs_OMG.py:36 ``--parameter_c``), 500 solver steps, eta = 1: not the
-paper's eta_g = 0.05 (PACS, VLCS, OfficeHome; 100 rounds of 5 local epochs from a pretrained ResNet-18), a
-server that takes a twentieth of FedAvg's step per round. With eta = 1, kappa = 0 is the method itself, and
-fedstyle's short budgets train: on the learning check's digits (seed 0, 6 rounds x 15 steps, ConvNet from
-scratch) the mean training loss of the last 3 rounds is 1.07 with eta = 1 (FedAvg 1.17) and 2.23 with 0.05
-(chance 2.30). Logged per round: ``omg_step_ratio`` ||d|| / ||g_FL||, ``omg_cos_method`` cos(d, g_FL),
-``omg_min_cos_method`` / ``omg_min_cos`` the least cos(Delta_i, .) of g_FL and of d (matching raises it),
-``omg_gamma_max`` and ``server_opt_seconds``.
+Hyperparameters, results, privacy, parity and the paper-versus-code analysis: docs/methods/fedomg.md.
 """
 
 from __future__ import annotations
@@ -108,7 +62,7 @@ def project_simplex(v: np.ndarray) -> np.ndarray:
 
 def solve_dual(M: torch.Tensor, b: torch.Tensor, radius: float, steps: int) -> torch.Tensor:
     """argmin over the simplex of Gamma.b + radius sqrt(Gamma^T M Gamma) (radius = kappa ||g_FL||), by projected
-    gradient descent with backtracking from the uniform Gamma (see the module docstring)."""
+    gradient descent with backtracking from the uniform Gamma (docs/methods/fedomg.md)."""
     M, b = M.numpy(), b.numpy()
     S = len(b)
     gamma = np.full(S, 1.0 / S)
@@ -166,7 +120,7 @@ def solve_dual_reference(M: torch.Tensor, kappa: float, steps: int) -> tuple[tor
 
 @SERVER_OPTS.register("omg")
 class OMG(ServerOptimizer):
-    """FedOMG's on-server gradient matching after any method's aggregation (see the module docstring)."""
+    """FedOMG's on-server gradient matching after any method's aggregation (docs/methods/fedomg.md)."""
 
     name = "omg"
     label = "OMG"
@@ -230,7 +184,7 @@ class OMG(ServerOptimizer):
 
 @register_method
 class FedOMG(Algorithm):
-    """FedAvg's clients with the ``omg`` server optimiser (see the module docstring)."""
+    """FedAvg's clients with the ``omg`` server optimiser (docs/methods/fedomg.md)."""
 
     name = "fedomg"
     label = "FedOMG"

@@ -2,6 +2,8 @@
 
 The proximal term is a :meth:`~fedstyle.algorithms.base.Algorithm.weight_penalty` (a function of the
 weights alone), so FedProx keeps FedAvg's step and trains batched under ``--client-batching``.
+
+Its card, with hyperparameters, results and parity: docs/methods/fedprox.md.
 """
 
 import torch

@@ -9,25 +9,7 @@ One local step at weights w on the mini-batch xi (../shared/notes/baselines.md Â
 
 The server is FedAvg (eta_g = 1). MoFedSAM's momentum mixing is not implemented.
 
-Decisions:
-
-- Only :meth:`Algorithm.training_step` changes: the batches, the local options (``style=``: the style
-  ops run in both passes; ``local_bn``), ``ctx.log`` / ``ctx.timed`` and the loss reported are the base
-  loop's. Both passes evaluate ``training_loss`` (cross-entropy here), so a subclass's loss is SAM'd too.
-- The norm is taken over the parameters that received a gradient; delta = 1e-12 (the SAM reference;
-  FL-Simulator uses 1e-7). No gradient clipping (FL-Simulator clips to 10: an implementation detail).
-- w is restored by copying the saved parameters back (bitwise; subtracting eps again would round).
-- BatchNorm (``sam_bn``): ``first`` (default) â€” the running statistics are updated by the first pass
-  only (they are saved before the second pass and copied back after it), so a SAM step moves them
-  exactly as an SGD step does; the second pass still normalises with its batch's statistics. ``both``
-  accepts the second update at w + eps (what a plain two-pass loop does).
-- ``replay_noise`` (default true): the second pass replays the random draws of the first (torch's CPU
-  and device generators are restored), so a stochastic style op (MixStyle, DSU) mixes the same pairs
-  with the same weights in both passes: g_sam is the gradient of the same sampled loss at w + eps.
-- rho = 0.05 (the SAM paper's common default; FL-Simulator uses 0.1; the paper's value is unverified).
-  rho = 0 is FedAvg at twice the cost (tested bitwise).
-- The loss reported (train_loss) is the first pass's; the second's is logged as ``sam_perturbed_loss``
-  and its time as ``sam_second_pass_seconds``.
+Hyperparameters, results, privacy, parity and the paper-versus-code analysis: docs/methods/fedsam.md.
 """
 
 from __future__ import annotations

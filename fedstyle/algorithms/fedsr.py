@@ -14,38 +14,7 @@ Digits-DG ConvNet its input is the flattened last map, 256 features at 32 x 32) 
 
 The server runs FedAvg (``aggregation=size``; the public code's unweighted mean is ``aggregation=uniform``).
 
-Decisions (defaults from ../shared/notes/baselines.md §1):
-
-- Reference distribution: local to each client, as both reference implementations. mu_y, rho_y (and C)
-  are parameters of the neck, trained by the same optimiser as the model (the public code gives them
-  the same SGD settings), and named in :meth:`FedSR.local_keys`: the runtime keeps them in the
-  client's state (``ctx.state["local/neck.ref_*"]``, checkpointed, on the Flower site), never sends
-  them down, and the server does not average them (:meth:`FedSR.aggregate` keeps its initial copy,
-  which is unused: prediction never reads the reference). Local parameters rather than loose tensors
-  in ``ctx.state`` because they then ride on the base training loop and optimiser, and on FedBN's
-  local-layer mechanism (restored before and saved after every local training) with no code of their own.
-  They do travel up with the weights (the runtime uploads the whole state): 2·classes·z_dim floats.
-- Prediction: the deterministic mu(x) by default (``predict=mean``); ``predict=mc`` averages the softmax
-  over ``mc_samples`` draws (the public code, 20), the same rule for validation and test.
-- alpha_l2r = 0.01, alpha_cmi = 0.001: the official README's PACS command (argparse: 0.01, 5e-4).
-  z_dim = 512: the paper's ResNet-18 setting (the public code uses the backbone's feature width).
-- Optimiser state resets every round (fedstyle's clients build their optimiser per local training; the
-  public code keeps one SGD optimiser per client across rounds).
-
-The public code's settings (atuannguyen/FedSR): ``l2r=norm cmi_scale=true predict=mc mc_samples=20
-aggregation=uniform``. tests/test_parity_fedsr.py checks them against a fixture made with its
-``Model`` (src/methods/FedSR.py:15-73, src/methods/base.py:65-91): the Monte-Carlo prediction, the sample
-z, CE, L2R, CMI, the loss and every gradient of one step match to float32 rounding. Not reproduced:
-
-- sigma has no floor there (base.py:71, the KL's log at FedSR.py:51); here ``sigma_floor`` >= 1e-12,
-  which vanishes next to softplus values of order 1 (the parity test runs with 1e-12);
-- one SGD optimiser per client for the whole run (base.py:38-43, FedSR.py:22), momentum kept across rounds
-  (see the decision on the optimiser state above);
-- each local step takes the first batch of a fresh iterator, ``next(iter(loader))`` (FedSR.py:32): with a
-  shuffling loader, batches drawn independently (with replacement across steps), not epochs.
-
-``--hp style=...``, ``local_bn`` and the other local options compose: the style ops run inside the
-backbone before the neck, and FedBN's BatchNorm keys join the reference as local keys.
+Hyperparameters, results, privacy, parity and the paper-versus-code analysis: docs/methods/fedsr.md.
 """
 
 from __future__ import annotations
@@ -88,7 +57,7 @@ class FedSR(Algorithm):
         return super().local_keys(model) | self.reference_keys
 
     def regularizers(self, model, mu, sigma, z, y) -> tuple[torch.Tensor, torch.Tensor]:
-        """(L2R, CMI) of one batch (see the module docstring)."""
+        """(L2R, CMI) of one batch (docs/methods/fedsr.md)."""
         l2r = z.square().sum(1).mean() if self.hp["l2r"] == "squared" else torch.linalg.vector_norm(z, dim=1).mean()
         return l2r, model.neck.cmi(mu, sigma, y)
 

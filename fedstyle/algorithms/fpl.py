@@ -14,55 +14,7 @@ epoch — its last ceil(d / B) steps, every step of a round of at most one epoch
 public code collects them, ``models/fpl.py:189-196``, ``agg_func`` ``:19-33``). A class absent on a client
 has no prototype from it.
 
-Server, each round (Eq. 4-6), from the prototypes the round's clients uploaded: per class k, FINCH
-(cosine, ``fedstyle.style.transfer.interpolation.finch_partition``) on {c_m^k}; each cluster's mean is
-a cluster prototype (P^k, Eq. 5); their plain mean is the unbiased prototype U^k (Eq. 6). FINCH's
-partition is ``partition=coarsest`` (the code's ``c[:, -1]``; Eq. 4's first-neighbour linking alone
-is ``finest``); fewer than 2 prototypes of a class: one cluster (the code keeps a lone prototype).
-P and its classes live in ``server.state`` (checkpointed) and are broadcast with next round's weights
-(``round_payloads``; counted in ``bytes_payload_down``). U is not sent: each client derives it from P
-and its classes by Eq. 6 (fewer bytes, the same numbers). Aggregation of weights: FedAvg.
-
-Local loss (Eq. 12), per sample i of class k, averaged over the batch:
-
-    s(z, c)  = cos(z, c) / tau                                                              (Eq. 7)
-    L_CPCL   = -log( sum_{c in P^k} e^{s(z,c)} / sum_{c in P} e^{s(z,c)} )                 (Eq. 8)
-    L_UPCR   = sum_v (z_v - U^k_v)^2            (upcr=sum, Eq. 10 as printed)
-             = mean_v (z_v - U^k_v)^2           (upcr=mean, default: the code's nn.MSELoss)
-    L        = CE + lambda_cpcl * L_CPCL + lambda_upcr * L_UPCR       (Eq. 12: both weights 1)
-
-Decisions and defaults:
-
-- tau = 0.02: the paper's default (Sec. 4.2, Fig. 4), PARDON's benchmark code and RethinkFL's
-  ``main.py:55`` (``--infoNCET``; 0.1 only in its first commit a52a765, changed to 0.02 four days later).
-  Eq. 8 is computed with logsumexp, so tau = 0.01 does not overflow (the paper reports NaN there with
-  exp(); the code's ``calculate_infonce``, ``models/fpl.py:106-121``, uses exp()).
-- UPCR per element (mean over the d dimensions): the scale of the public code's weight 1; Eq. 10's
-  sum is d times larger (256 on the ConvNet) and swamps CE (``upcr=sum`` to get it). Measured on the
-  learning check's digits3x (tests/learning.py: 3 clients, 6 rounds x 15 steps, seed 0), best mean
-  source-validation accuracy: defaults 0.616, ``upcr=sum`` 0.10 (chance), ``reference_code`` 0.586
-  (0.520 with the tau 0.1 it used before), FedAvg 0.520.
-- Batch average: the per-sample CPCL and UPCR are summed over the samples whose class has prototypes
-  and divided by the batch size, as the public code (a sample of a class that no client of the last
-  round held contributes 0, and its class is no negative either). With no negative class at all,
-  L_CPCL = 0 (log 1). PARDON's benchmark copy divides by the covered samples instead and keeps one
-  cluster prototype per negative class: not reproduced.
-- Round 0 (no prototypes yet) and a round after which no prototype arrived: L = CE, as the code. The
-  logged ``train_loss`` therefore jumps in round 2, when CPCL and UPCR join (``fpl_ce`` keeps falling).
-- Clustering uses only the round's participants' prototypes (the code's online clients); a resumed
-  run gets P back from the checkpoint, so it equals an uninterrupted one.
-- ``reference_code=true`` sets the public code's choices not given explicitly: tau 0.02 (its
-  ``main.py:55`` at commit 74201b3) and ``prototypes=batches`` (its optimiser, SGD lr 0.01, momentum
-  0.9, weight decay 1e-5, batch 64, is a run setting). ``lambda_cpcl=0`` or ``lambda_upcr=0`` gives the
-  ablations of Table 1. Checked against the code by ``tests/test_parity_fpl.py`` (``parity/fpl.py``): the
-  server's FINCH cluster prototypes, one local step's CE, CPCL and UPCR, gradients and batch prototypes.
-- Not reproduced (bugs of the public code): a class whose prototype came from one client only is kept as
-  a 1-D tensor (``models/fpl.py:86``) and the loss then fails to concatenate it with the other classes'
-  (``:107``: "Tensors must have same number of dimensions"), so a run where some class reaches the server
-  from one client crashes; fedstyle keeps it as one cluster. Its ``np.array`` of lists of tensors
-  (``:91-95``) needs numpy < 1.24. The code draws the online clients' order at random (``:125``);
-  fedstyle clusters in client-id order (the partition does not depend on the order, up to ties).
-Logged per round: ``fpl_ce``, ``fpl_cpcl``, ``fpl_upcr``.
+Hyperparameters, results, privacy, parity and the paper-versus-code analysis: docs/methods/fpl.md.
 """
 
 from __future__ import annotations
@@ -139,7 +91,7 @@ def prototype_losses(z: torch.Tensor, y: torch.Tensor, protos: torch.Tensor, cla
 
 @register_method
 class FPL(Algorithm):
-    """FPL (see the module docstring)."""
+    """FPL (docs/methods/fpl.md)."""
 
     name = "fpl"
     label = "FPL"

@@ -17,51 +17,7 @@ Three pieces, each a hyperparameter away from the others (the paper's ablation r
   with h_k its features (its personalised BatchNorm inside) and W_g the round's global classifier, frozen (what the
   client downloaded; its gradient reaches h_k only): the features must suit the classifier every client shares.
 
-Shares nothing but weights: no payload, no setup or query phase, no style statistic of any client's data goes to
-the server beyond what its weights hold, and with ``eval_norm=instance`` not even the BatchNorm branch's (the
-update carries the shared weights only: ``private_keys``). That is the method's point against the style-sharing
-methods (CCST, PARDON, StableFDG), and the privacy audit's gradient-inversion row is all it has to attack.
-
-Evaluation on the unseen domain: there is one BatchNorm per client and none is the target's.
-
-- ``eval_norm=average`` (default; the authors' code, the only rule the code and the stored copy of the paper give):
-  the clients send their whole state up, BatchNorm branch included (client.py:31 ``get_parameters`` returns the
-  full ``state_dict``), the server averages all of it by sample count (strategies.py:29-40, Flower's FedAvg
-  over every array) into the model it tests on the target domain (server.py:58-66), and sends down everything but
-  the keys containing "batchnorm" (strategies.py:48). The average BatchNorm is the evaluation model's only: it
-  never reaches a client. BatchNorm statistics do travel up, within the weights, as FedAvg's and FedBN's do.
-- ``eval_norm=instance``: the BatchNorm branch (and its score) never leaves the client; the server's evaluation
-  model holds its initial copy with the score -1e4, whose softmax weight is exactly 0 in float32 and float64:
-  the target is classified through the averaged InstanceNorm branch alone (the branch that carries no
-  client's statistics). Not in the paper or the code: the privacy-strict reading of "personalised".
-
-Sources and differences. The stored copy of the paper ends after its abstract, so its equations are not quoted
-here; the forms and defaults follow the authors' code (pinned in ``parity/gperxan.py``), file:line on their side:
-
-- XAN: source/models/modules/normalization.py:4-39 (scores initialised to 1, ``nn.InstanceNorm2d(C, affine=True)``).
-  Their ResNet-50 loads their own checkpoint ``resnet50_xon4.pth`` (client.py:85-92, not in the repository);
-  here the BatchNorm branch is the backbone's (pretrained or not) and the InstanceNorm branch starts from its
-  affine parameters (a from-scratch model: ones and zeros, the code's init).
-- The regulariser: engines.py:12-14,22-23, a frozen copy of ``fc`` taken when local training starts (after the
-  global weights were loaded: the global classifier) and lambda = 0.5: ``guide`` = 0.5.
-- ``reference_code=true``: the score of the BatchNorm branch is personalised too, as the code's key filter
-  ``"batchnorm" not in key`` (client.py:37, strategies.py:48) also matches ``score_batchnorm``; the paper's
-  description personalises the BatchNorm layers, so by default the two scores are averaged like the
-  InstanceNorm branch. tests/test_parity_gperxan.py runs this mode against two rounds of the code's
-  ``Client.fit`` and its ``FedAvg.aggregate_fit`` (fixture from parity/gperxan.py).
-- Not reproduced: one SGD optimiser per client kept across rounds (client.py:23-26,96-99; momentum buffers and the
-  cosine schedule stepped before each round; fedstyle builds the optimiser per round, as for every method); the
-  model kept is the round with the best mean validation accuracy of the clients' own models after local
-  training (strategies.py:41-46, engines.py:28-41; fedstyle selects on the evaluation model's source
-  validation); ``engines.py:22`` calls ``client_model.backbone``, which torchvision's ResNet-50 built at
-  client.py:85 does not have (the published code stops there with an AttributeError; the parity generator runs
-  it on a model with ``backbone`` and ``fc``). Their setting: SGD lr 2e-3, momentum 0.9, weight decay 5e-4,
-  batch 32, 224 px with flip and colour jitter, one client per source domain, 100 rounds of one epoch
-  (client.py:62-99, data.py:10-29, runs/run0.sh).
-
-Logged per step: ``gperxan_ce``, ``gperxan_guide`` (unweighted); per client: ``gperxan_in_weight``, the mean
-InstanceNorm weight a_IN over the layers after local training. Peer-to-peer: refused (star only); the regulariser
-guides with the server's aggregated classifier, which a peer-to-peer graph does not have.
+Hyperparameters, results, privacy, parity and the paper-versus-code analysis: docs/methods/gperxan.md.
 """
 
 from __future__ import annotations

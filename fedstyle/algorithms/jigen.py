@@ -13,58 +13,7 @@ The object classifier sees the ordered images only (Eq. 1's first sum runs over 
 shuffled ones too); the jigsaw classifier sees every image, ordered ones as class 0. At test time only the
 object classifier runs: ``model(x)`` is unchanged.
 
-Decisions:
-
-- Defaults alpha = ``jig_weight`` = 0.7, beta = ``bias_whole_image`` = 0.9, P = ``permutations`` = 30: the
-  public code's README command for ResNet-18 on PACS (fmcarlucci/JigenDG: ``--jig_weight 0.7
-  --bias_whole_image 0.9 --jigsaw_n_classes 30``; CCST used ResNet-50 on PACS, ResNet-18 on Office-Home).
-  The paper's own per-dataset values could not be checked against its text here.
-- beta is the probability that a sample stays ordered, the paper's "data bias". The public loader first
-  draws the class uniformly from 0..P and then forces class 0 with probability beta, so its share of
-  ordered images is beta + (1 - beta)/(P + 1) (0.903 at the defaults); fedstyle uses beta exactly.
-- Permutations (:func:`jigsaw_permutations`): the identity is class 0; classes 1..P are chosen greedily
-  from all 9! permutations, each maximising its summed Hamming distance to those already chosen
-  (identity included), ties broken by a seeded random priority (``perm_seed``). This is Noroozi &
-  Favaro's (ECCV'16) Algorithm 1, which the public code's permutation files come from (the author,
-  JigenDG issue #11, via bbrattoli/JigsawPuzzlePytorch); it starts from a random permutation, fedstyle
-  from the identity because the ordered image is itself a class. Computed once per process.
-- Convention: the output tile at grid position t (row-major) is input tile perm[t], as the public code.
-- Shuffling is one batched gather on the normalised batch, with a per-(size, device) pixel index.
-  Sizes not divisible by 3: the grid covers the central 3·floor(H/3) x 3·floor(W/3) pixels and the
-  leftover rows and columns (at most 2 per axis, split evenly: 1 px each side at 32 x 32, tiles 10 x 10)
-  stay in place. The public code instead resizes every tile to a fixed size and re-assembles a
-  3·tile-sized image, and randomly greyscales tiles (p = 0.1); neither is done here (the ConvNet needs
-  its input size, and tile colour augmentation is data augmentation, not JiGen's loss).
-- The jigsaw head is a linear layer (P + 1 outputs) on the neck's output, beside the classifier, as the
-  public code's ``jigsaw_classifier`` on the pooled features (on the Digits-DG ConvNet: the flattened last
-  map, 256 features at 32 x 32). It is part of the model (``model.jigsaw_head``): trained locally and
-  averaged by the server like every other weight, so every client's puzzle solver sees the shared
-  representation; it is unused at test time.
-- With ``classify=ordered`` a batch without an ordered image adds 0 to the object term (masked mean over
-  max(1, count)); every image still trains the jigsaw head. Ordered and shuffled images share one forward
-  pass, so BatchNorm's batch statistics include the shuffled ones, as in the public code.
-- Cost of the auxiliary task on a short budget: on the learning check (digits3x, ConvNet, 6 rounds x 15
-  steps, seed 0) the best source-validation accuracy is 0.346 against FedAvg's 0.520; alpha = 0 (beta
-  0.9) gives 0.475, and alpha = 0 with beta = 1 reproduces FedAvg's run exactly.
-- Logged per round: ``jigen_ce`` (the object term), ``jigen_jigsaw`` (the jigsaw CE), ``jigen_ordered``
-  (the batch's share of ordered images).
-
-``reference_code=true``: the public code (fmcarlucci/JigenDG) for the options not given explicitly:
-``classify=all`` (train_jigsaw.py:97-107 with ``--classify_only_sane`` off, its default, train_jigsaw.py:44)
-and the loader's draw of the jigsaw class, uniform over 0..P and then 0 with probability beta
-(data/JigsawLoader.py:88-91). ``tests/test_parity_jigen.py`` checks, given the authors' permutation file
-and draws, the classes, the shuffled batch (equal) and ``Trainer._do_epoch``'s losses and gradients
-(train_jigsaw.py:91-114, both ``classify`` settings) to float precision.
-
-Not reproduced: the public permutation file (``permutations_30.npy``, loaded by JigsawLoader.py:103-109):
-each of its rows maximises the summed Hamming distance to the rows before it, as here, but it starts
-from a random permutation (7 2 0 1 5 6 3 4 8) and does not contain the identity, so one of its classes
-(0 1 2 3 4 5 6 8 7) differs from the ordered image (class 0) in two tiles only; fedstyle's set starts from
-the identity (its closest class differs in 5 tiles). Also not reproduced: the tile augmentation
-(``RandomGrayscale`` per tile, data/data_helper.py:114-117) and the crop of tiles at fractional
-coordinates when the size is not divisible by 3 (JigsawLoader.py:68-74; its image sizes 222 and 225 are).
-With ``classify=ordered`` a batch without an ordered image adds 0 here; the public code's criterion on an
-empty selection is NaN (train_jigsaw.py:102).
+Hyperparameters, results, privacy, parity and the paper-versus-code analysis: docs/methods/jigen.md.
 """
 
 from __future__ import annotations
@@ -108,7 +57,7 @@ def _greedy_permutations(count: int, seed: int) -> torch.Tensor:
 
 def jigsaw_permutations(count: int = 30, seed: int = 0) -> torch.Tensor:
     """(count + 1, 9) tile orders: row 0 the identity (the ordered image), rows 1..count the greedy
-    maximal-Hamming-distance set (see the module docstring)."""
+    maximal-Hamming-distance set (docs/methods/jigen.md)."""
     if not 1 <= count < 362880:
         raise ConfigError(f"the number of jigsaw permutations must be in [1, 362879], got {count}")
     return _greedy_permutations(int(count), int(seed)).clone()

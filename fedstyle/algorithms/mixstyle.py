@@ -16,6 +16,8 @@ Not reproduced: the authors' "crossdomain" mixing (mixstyle.py:107-113: the batc
 that swap partners; a client here holds one domain); how the draws are made (Python's
 ``random.random()`` for firing and ``torch.distributions.Beta`` for lambda there, torch's generators
 here: the same distributions, other streams).
+
+Its card, with hyperparameters, results and parity: docs/methods/mixstyle.md.
 """
 
 from fedstyle.algorithms.base import Algorithm

@@ -14,36 +14,7 @@ classifier are aggregated like the backbone. On the Digits-DG ConvNet h is the f
 i.e. cross-entropy over the logits [sim(z, z_glob), sim(z, z_prev)] / tau with target 0. The server
 is FedAvg.
 
-Decisions:
-
-- The global model is ``ctx.global_model()``: one frozen copy per process, eval mode (BatchNorm uses
-  its running statistics), shared by every client of the round. With ``local_bn`` it holds the
-  client's own BatchNorm layers (the client's view of the global model).
-- The previous local model is per-client state: the client's whole model state (parameters and
-  buffers) at the end of its last local training, kept in ``ctx.state["moon/prev/<key>"]`` — so it is
-  checkpointed, lives on the Flower site, and a resumed run equals an uninterrupted one. It is
-  evaluated on one more process-wide frozen module (made once from the model, eval mode, no grads)
-  into which a client's stored weights are copied at the start of its local training — no per-client
-  model copy in memory beyond the stored state itself (one model's tensors per client, as MOON needs).
-  A buffer of one previous model (the paper's default; the optional FIFO pool is not implemented).
-- First participation: a client that has not trained before has no previous model, and l_con is
-  skipped until it has trained once (L = CE). The public code puts every client's untouched,
-  independently initialised network in the pool from round 1 on; with full participation (FedGCA's
-  10 clients every round) both agree: l_con is absent in round 0 only. ``moon_first_participation``
-  in metrics.jsonl is the fraction of the round's clients that skipped it.
-- mu = 1 (the public code's default and the paper's CIFAR-100 value; its CIFAR-10 value, 5, came with
-  10 local epochs: in a 4-round digits4 single-source smoke run with 10 local steps, mu = 5 held the
-  source-validation accuracy at 0.42 against 0.80 with mu = 1 and 0.74 for FedAvg), tau = 0.5, out_dim = 256.
-- The public code (QinbinLi/MOON): tests/test_parity_moon.py checks one local step against a fixture made
-  with its ``train_net_fedcon`` (main.py:246-340) on ``ModelFedCon`` (model.py:536-587): cross-entropy on
-  the projected z, l_con against the frozen eval-mode global and previous models (main.py:294-311), the
-  loss and every gradient agree bitwise; ``model_contrastive_loss`` also matches its pool of two previous
-  models. Not reproduced: its previous-model pool — from round 1 on a copy of every client's network,
-  the never-trained ones included (main.py:537-553), and a FIFO of ``model_buffer_size`` models (here
-  one, and no l_con before a client's first training; see "First participation"); its projection head's
-  PyTorch default initialisation (model.py:562-566; here Kaiming, see ``ProjectionNeck.reset_parameters``).
-- Cost: three forward passes per batch (two of them without gradients; their time is logged as
-  ``moon_frozen_forward_seconds``), ``moon_ce`` and ``moon_con`` are logged per round.
+Hyperparameters, results, privacy, parity and the paper-versus-code analysis: docs/methods/moon.md.
 """
 
 from __future__ import annotations

@@ -14,62 +14,7 @@ backbone maps (B, C, h, w) before the neck and h(.) = head(neck(.)) (RSC Sec. 3)
         samples with the largest drop c > 0 keep their mask, the others are not muted
     L      = CE( h(z ⊙ m), y )      over the whole batch, m constant (no gradient through it)    (Eq. 4-5)
 
-Decisions (sources: the paper; the public code, DeLightCMU/RSC ``Domain_Generalization/models/resnet.py``;
-DomainBed's re-implementation, ``algorithms.RSC``):
-
-- p = ``drop_f`` = 1/3 and b_pct = ``drop_b`` = 1/3: DomainBed's defaults (``rsc_f_drop_factor`` =
-  ``rsc_b_drop_factor`` = 1/3) and the public code's spatial fraction and initial batch share
-  (``self.pecent = 1/3``); the paper's own values could not be checked against its text here. The public
-  code drops ceil(C/3.2) channels and, since its "curriculum" update, mutes a batch share that grows over
-  its 30 epochs (0.3, 0.5, 0.7 every 10 epochs); a client has no epochs of its own here, so the share is
-  constant.
-- Spatial or channel: chosen per batch with probability ``spatial_p`` = 1/2 (the public code's
-  ``randint(0, 9) <= 4``), from torch's CPU generator (seeded by the runtime); ``mode=spatial|channel`` fixes it.
-- Scores: channel-wise, the gradient averaged over positions (the paper's Sec. 3.2 and the public code);
-  it ranks channels exactly as the gradient w.r.t. a globally pooled channel does. Spatial-wise, the
-  public code's Grad-CAM map above (``spatial_score=gradcam``, the default), because the paper's score,
-  the gradient averaged over channels (``spatial_score=gradient``), is the same at every position when
-  the head reads globally pooled maps (d logit / d z[c, i, j] = W[y, c]/(h·w)): on ResNets and
-  EfficientNet it cannot rank positions (an earlier version of the public code took it one stage earlier, from layer3's output). On
-  the ConvNet, whose head has a weight per position, both rank positions.
-- Counts: exactly k = ceil(p·n) entries (n = h·w or C) per sample, the largest scores (ties broken by
-  ``topk``), at most n - 1 so that something always survives: the public code's ceil(HW/3) (17 of 7 x 7),
-  which for these sizes equals the paper's "at or above the (100 - p)th percentile" (DomainBed's
-  np.percentile rule). The muted samples: the round(b_pct·B) largest confidence drops (the public code's
-  sorted threshold; DomainBed's percentile gives the same count), and only those with a positive drop (the
-  public code clips the drop at 0 and compares strictly, so a sample whose confidence did not drop is never
-  muted). Muted entries are set to 0 without rescaling (as both codes).
-- The Digits-DG ConvNet flattens its last map (64 x 2 x 2 at 32 x 32) instead of pooling it, so its head
-  has a weight per channel and position. The masks act on the map before the flatten, so spatial muting
-  zeroes all 64 channels at ceil(4/3) = 2 of the 4 positions and channel muting zeroes ceil(64/3) = 22
-  channels at every position; their scores average the per-position gradients as above. At 16 x 16 the
-  map is 1 x 1 and spatial muting (k <= n - 1 = 0) mutes nothing; channel muting still applies.
-- The score pass runs the neck and head on detached maps (one head-only backward, no second backbone
-  pass) in the model's training mode; the training forward reuses the batch's maps, so BatchNorm and the
-  style ops see each batch once. The public code's extra horizontally flipped copy of every batch is data
-  augmentation and is not added (``--augment crop_flip`` flips instead).
-- On the learning check (digits3x, ConvNet, 6 rounds x 15 steps, seed 0) the best source-validation
-  accuracy is 0.406 against FedAvg's 0.520: muting slows fitting on a short budget, as intended.
-- Logged per round: ``rsc_ce``, ``rsc_muted`` (share of the batch muted) and ``rsc_spatial`` (share of
-  batches muted spatially).
-
-``reference_code=true``: the public code's ``ResNet.forward(..., flag=True, epoch)`` (DeLightCMU/RSC
-``Domain_Generalization/models/resnet.py``:70-150) in its first ten epochs, for the options not given
-explicitly: ceil(C/3.2) channels muted channel-wise (resnet.py:117; spatially ceil(hw/3), resnet.py:109,
-drop_f's default), batch share 0.3 (``self.pecent``, set to 0.3 + 0.2·floor(epoch/10) at epochs 0, 10, 20,
-resnet.py:71-73), a sample muted only if its confidence dropped by more than 1e-4 (resnet.py:140-143), the
-count rounded half to even (Python's ``round``, resnet.py:142). ``tests/test_parity_rsc.py`` checks the
-masks, the loss and the gradients against that forward (spatial and channel, fixed choice) on a reduced
-ResNet: equal masks, loss and gradients to float precision.
-
-Not reproduced: the share's growth to 0.5 and 0.7 at epochs 10 and 20 (resnet.py:71-73; a client has no
-epochs of its own); the flipped copy of every batch (Domain_Generalization/train.py:86-88, data
-augmentation); ties at the threshold (the public code mutes entries strictly above the (k+1)-th largest
-score, resnet.py:110-112 and 118-120, so tied scores mute fewer than k; here exactly k); how the
-spatial/channel choice is drawn (Python's ``random.randint(0, 9) <= 4``, resnet.py:106, here torch's CPU
-generator with ``spatial_p``). Public-code limits not carried over: the spatial branch expands a
-threshold to 49 positions (resnet.py:111) and reshapes to H x H (resnet.py:114), so it runs only on 7 x 7
-square maps (224 px ResNet inputs); every mask is made with ``.cuda()`` (resnet.py:87-141), so it needs a GPU.
+Hyperparameters, results, privacy, parity and the paper-versus-code analysis: docs/methods/rsc.md.
 """
 
 from __future__ import annotations

@@ -8,86 +8,7 @@ just downloaded (its own BatchNorm layers under ``local_bn``), runs its whole lo
     Phi_n = [mu_n, sigma_n, Sigma_n(mu), Sigma_n(sigma)]      (4 x C; means and 1/N variances of the
                                                                per-sample channel statistics, Eq. 2)
 
-(``round_query``). The paper does not say which forward the features come from; as the public code
-(trainer.py:676-721, ``style_collect`` on a copy of the global model in training mode, fed the
-augmented training loader), ``style_stats=train`` (default) takes one epoch of the client's augmented
-training batches with BatchNorm normalising by each batch's statistics — the features the shift is
-then applied to — and leaves the running statistics alone; ``style_stats=eval`` is the earlier
-choice, un-augmented images and the running statistics (at initialisation sigma 0.36 vs 0.52 in
-training: a received Phi then shifts features toward a scale they never have). ``style_images=N``
-estimates Phi from fewer images (eval: a seeded random N; train: the first ceil(N / B) batches), a cost
-knob: the pass over all local data costs about 40% of a local epoch on the ConvNet. The server gives
-each participant another participant's Phi by a seeded random derangement (``round_payloads``,
-:func:`fedstyle.style.sharing.derangement`; one participant: nothing is shared and it trains without
-shifting). Phi travels up and down as payload bytes (:mod:`fedstyle.style.sharing`).
-
-**Per mini-batch of B samples**, in the hook of ``model.backbone.forward_stages``
-(:class:`~fedstyle.algorithms.stablefdg_pipeline.FeaturePipeline`, whose module details steps 1-4):
-
-1. *Selective style shifting* (step 2) after ``share_stage``, with probability ``shift_p``: floor(B/2)
-   samples chosen by k-means++ on the styles keep their style, the others are AdaIN-ed to the received one.
-2. *Feature-level oversampling* (step 3): M = round(``oversample_ratio`` B) class-balanced extras s~
-   (paper: B) appended right after ``share_stage``, on every mini-batch.
-3. *Style exploration* (step 4, Eq. 4-5) of s~ ONCE per mini-batch, at the first firing stage of
-   ``explore_stages`` (each fires with probability ``explore_p``), alpha = 3.
-4. *MixStyle* (step 5) over the enlarged batch at every firing stage, one AdaIN with the exploration.
-5. *Attention-based feature highlighter* (Section 3.2, Eq. 6-8) on the last stage's output, as the
-   model's neck (:class:`fedstyle.models.attention.AttentionNeck`): 1 x 1 convolutions to d = 30,
-   each sample's query mixed with a random same-class partner in training (itself when its class
-   has no other sample in the batch), self-attention at test time, softmax over H x W; the
-   attention feature A(z) (C) is concatenated with "the last embedding feature" (Section 3.2), the
-   backbone's own embedding — the model's default neck, which the attention neck wraps: global
-   average pooling on ResNets and EfficientNet (classifier input 2C, as the paper's ResNet), the
-   flattened last map on the Digits-DG ConvNet (64 x 2 x 2 + 64 = 320 at 32 px).
-
-The loss is the cross-entropy over the enlarged batch. ``ctx.log``: ``ce``, ``shift_fired``,
-``explore_fired``; ``ctx.timed``: ``kmeans``, ``shift``, ``oversample``, ``explore_mixstyle``,
-``attention`` (forward passes of each part) and ``style_query`` (the round's Phi). ``dp_clip``/``dp_noise``: Phi
-clipped and noised (:mod:`fedstyle.style.privacy`), logged ``dp_epsilon``, ``dp_epsilon_total``, ``dp_releases``.
-
-**Switches** (the paper's ablation, Table 3): ``share``, ``shift``, ``oversample``, ``explore``,
-``mixstyle``, ``attention``. Style only = ``attention=false``; attention only = ``share=false
-oversample=false mixstyle=false`` (shift and explore follow: a shift needs a received style,
-exploration acts on the oversampled part; giving them ``true`` against that is an error).
-Other ablations: ``select=random`` (Table 11), ``oversample_balanced=false`` (Table 12),
-``oversample_ratio`` (Fig. 4), ``alpha`` (Fig. 4), ``shift_p`` / ``explore_p`` (Table 13).
-
-**reference_code=true** reproduces the public code (savertm/StableFDG_github @ 77eac35; proven on one
-ResNet-18 step in float64 by tests/test_parity_stablefdg.py: loss equal to 4e-16, every gradient within 3.3e-8,
-with its own k-means, oversampling order and shift; also Phi and the server's pairing; docs/parity.md):
-
-- the shift (style_insert.py:17-69): the first B/2 samples get scikit-learn's k-means cluster centres'
-  styles (``KMeans(B/2, k-means++, max_iter=1, n_init=1)``, :func:`~fedstyle.style.selection.sklearn_kmeans_centres`),
-  the last B/2 draw around the received style, sigma' clamped at 0 (not 1e-6);
-- per-sample variances with 1/(HW - 1) everywhere (style_insert.py:20, oma.py:158, 181, trainer.py:698);
-- Phi: means over samples, spreads sqrt(var + 1e-6) with 1/(N - 1) (trainer.py:721), from training
-  batches (``style_stats=train``, as the default); no style sharing in round 0; the server's greedy
-  pairing (trainer.py:599-611, :func:`~fedstyle.style.sharing.greedy_pairing`), which gives the last
-  participant its own style when only that is left (7 % of rounds at 10 participants);
-- oversampling (as exploration) only at the first firing exploration stage (later firing stages:
-  MixStyle only; no firing stage: no oversampling), the extras in the code's level-by-level order
-  (oma.py:133-155, :func:`~fedstyle.style.oversample.level_order_indices`), the exploration centre over the
-  original batch (oma.py:169-170);
-- OMA normalises with mu and sigma that keep their gradients (only the targets are detached,
-  oma.py:157-161, 180-184, 191) and MixStyle mixes a negative explored sigma as it is (oma.py:172-200;
-  the paper's sequence, the default, mixes |sigma_e| and mirrors the map);
-- the attention (cross_attn.py): 1 x 1 convolutions with biases, queries and keys L2-normalised per
-  position (cosine scores), partners = the next same-class sample, and the embedding = the last map
-  summed over positions / 49 (average pooling only at 224 px; ConvNet: its flattened map);
-- equal client weights (``aggregation=uniform`` unless given; ``explore_repeat`` stays ``once``).
-
-Not reproduced (intended): styles of all 30 clients recomputed each round (trainer.py:590-592; here only
-the participants', which are the only ones used); B = 32 hard-wired (style_insert.py:17: here B/2 for any B);
-a class with one sample in the batch (oma.py:113-131, cross_attn.py:45-48, 64-65: the code appends a
-class-balanced batch's feature and uses its query; here the sample is its own partner and nothing is
-appended); the Dataset loaders' dropped last batch in Phi (here only a trailing single sample is dropped);
-the never-stepped per-client scheduler (use ``--lr-schedule constant``) and the derangement loop that
-never ends on Python >= 3.11 (trainer.py:599-611: ``random.sample`` of a set).
-
-The paper mode follows the paper where it speaks and the code where it is silent: Eq. 2-3's 1/N
-variances and the statistics of the MixStyle paper it cites for step 5 (1/HW variance, statistics
-detached), Eq. 6-8's plain dot-product attention and global average pooling (Section 3.2), a
-derangement (n != n'); Phi from training batches (silent: the code's).
+Hyperparameters, results, privacy, parity and the paper-versus-code analysis: docs/methods/stablefdg.md.
 """
 
 from __future__ import annotations
@@ -262,16 +183,21 @@ class StableFDG(Algorithm):
         start = time.perf_counter()
         privacy = style_privacy(self.hp)  # off by default; noise seeded from the client's round seed
         reference = self.hp["reference_code"]
-        phi = dataset_style(model.backbone, ctx.data, self.hp["share_stage"], ctx.device, self.hp["style_images"],
-                            ctx.generator, privacy, privacy.generator(ctx.seed, "stablefdg"),
-                            mode=self.hp["style_stats"], batch_size=ctx.train.batch_size,
-                            batch_stats=getattr(model, "uses_batch_statistics", True),
-                            unbiased=reference, spread_eps=1e-6 if reference else 0.0).as_tensor()
+
+        def make() -> Payload:
+            return {STYLE_KEY: dataset_style(
+                model.backbone, ctx.data, self.hp["share_stage"], ctx.device, self.hp["style_images"], ctx.generator,
+                privacy, privacy.generator(ctx.seed, "stablefdg"), mode=self.hp["style_stats"],
+                batch_size=ctx.train.batch_size, batch_stats=getattr(model, "uses_batch_statistics", True),
+                unbiased=reference, spread_eps=1e-6 if reference else 0.0).as_tensor()}
+
+        # a deployed site answers the same question again with the same release (docs/privacy.md)
+        released = ctx.release("stablefdg-phi", privacy, make)
         count_release(ctx.state, privacy)
         if ctx.device.type == "cuda":
             torch.cuda.synchronize(ctx.device)  # once per round: the phase's time for the metrics
         ctx.state[_QUERY_SECONDS] = torch.tensor(time.perf_counter() - start, dtype=torch.float64)
-        return {STYLE_KEY: phi}
+        return released
 
     def round_payloads(self, server: ServerContext, client_ids: list[int], queries: dict[int, Payload]
                        ) -> dict[int, Payload]:

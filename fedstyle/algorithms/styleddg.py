@@ -18,76 +18,7 @@ Peer-to-peer only (complete, ring, rgg, erdos_renyi graphs; the in-process simul
 3. updates theta_i <- theta_i + sum_j p_ij (theta_j - theta_i) - lr g_i with Metropolis–Hastings
    p_ij (Eq. 14; done by the simulator, as for DSGD).
 
-The style steps at a stage that fires, on features h (B x C x H x W) with per-sample statistics
-(mu, sigma) (detached, as MixStyle's: gradients flow through h only):
-
-- **StyleShift** (Eq. 16–17): a random half I_s of the batch (floor(B/2) samples) takes the style
-  of a neighbour j: mu = mu_bar_j + eps_mu * Sigma_mu_j, sigma = sigma_bar_j + eps_sigma *
-  Sigma_sigma_j, Sigma = sqrt(var) from psi_j (``fedstyle.style.sample_styles``; sigma clamped at
-  1e-6); the other half keeps its own.
-- **StyleExplore** (Eq. 18): a random half I_e of the result is extrapolated from the batch mean,
-  mu_e = mu + alpha (mu - E_b[mu]) and likewise sigma, alpha = 3 (``explore_styles``); no
-  oversampling (the batch keeps its size, unlike StableFDG).
-- **MixStyle** (Eq. 19): lambda ~ Beta(0.1, 0.1) per sample, a random permutation pi of the batch,
-  StyleExplore(x) = MixStyle_lambda(x, mu_e[pi], sigma_e[pi]), which by Eq. 4-5 restyles x to
-  mu_mix = lambda mu(x) + (1 - lambda) mu_e[pi], likewise sigma, where x is the StyleShift output
-  (Eq. 23 feeds StyleExplore the StyleShift output): the sample's own operand is its *shifted*
-  style, the explored styles enter only through the permuted operand (``mix_from``, below).
-
-The three steps act on statistics only, so the stage output is one AdaIN of h to the final
-(mu_mix, sigma_mix) — equal to applying the three AdaINs in turn, up to the 1e-6 inside sigma
-(:func:`fedstyle.style.fused.shift_explore_mix`).
-
-Ambiguities settled (hyperparameter, default first):
-
-- ``neighbour_draw``: the neighbour j is drawn uniformly from N_i **per stage** (``stage``; Eq. 21
-  indexes j_l by layer — it writes M \\ {i}, but a device holds only its neighbours' styles) or once
-  per iteration for every stage (``iteration``). One neighbour per stage serves the whole shifted
-  half (Eq. 17's 1_{B/2} psi_j^T).
-- ``shift_noise``: eps is drawn **per element** (sample x channel) as DSU's reference does — the
-  paper's per-layer symbol eps_{mu,l} (Eq. 21) is the one it also uses for DSU (Eq. 11), which
-  draws per element; ``false`` shifts to the neighbour's mean style exactly (no noise).
-- What a device uses before it hears from a neighbour: nothing is stale here — every iteration's
-  styles are exchanged before the gradient (Alg. 1 line 5, Fig. 3: style sharing precedes the
-  model consensus), so from the very first iteration each device holds its neighbours' current
-  psi_j. Only a device without neighbours (a one-device graph, or a runtime that delivers no
-  share) has none: ``no_neighbour=skip`` (default) skips StyleShift and still explores and mixes;
-  ``own`` shifts to the device's own batch style at that stage (DSU-like resampling).
-- ``explore_center``: E_b in Eq. 18 is the mean over the batch being explored, i.e. the StyleShift
-  output (``shifted``, Fig. 1(b): "concatenates the original plus the shifted points"); ``original``
-  uses the mean of the device's own styles before the shift (what the public StableFDG code does).
-- ``mix_from``: the operand lambda multiplies in MixStyle. ``shifted`` (default) follows Eq. 19 with
-  Eq. 4-5: lambda mu(x) + (1 - lambda) mu_e[pi], x the StyleShift output — the equation the
-  paper's objective (Eq. 21-23) and convergence analysis are written for. Fig. 1(c) says instead
-  "apply MixStyle within" the explored styles, lambda mu_e + (1 - lambda) mu_e[pi] (``explored``).
-  They differ on the explored half only: with lambda ~ Beta(0.1, 0.1) near 0 or 1, Eq. 19 gives an
-  explored style to about a quarter of the batch (the samples whose lambda is near 0 and whose
-  partner pi(b) was explored), the figure's reading to about half (an explored sample keeps its
-  explored style when lambda is near 1). Measured (issue 21, digits4 -> mnistm, m = 3 complete
-  graph, benchmarks/styleddg_table.py's budget): ``shifted`` 59.0 / 57.7 (seeds 0, 1) against
-  ``explored`` 51.6 +- 3.2 (3 seeds).
-- ``share_stats``: Eq. 15 takes the statistics of h_theta,l(x_i), the training forward's features,
-  so psi_i is computed with BatchNorm normalising by the batch's own statistics as in training
-  (``train``, default) — without changing the running statistics or counters
-  (``fedstyle.models.batchnorm.batch_statistics``) and without the style ops of earlier stages.
-  The simulator's share hook runs in eval mode; ``eval`` keeps that (BatchNorm's running
-  statistics), which early in training gives features on another scale than the ones the shift is
-  applied to.
-- ``negative_sigma``: at alpha = 3 every explored sample with sigma below 3/4 of the batch mean gets a
-  negative sigma_e. ``keep`` (default) uses Eq. 18 and AdaIN (Eq. 1) as written: the map's contrast
-  is inverted around its new mean, its content kept; ``clamp`` clamps sigma_e at 1e-6, the shared
-  op's default, which flattens such a map to its mean (its content is lost at that stage).
-  StyleShift's sampled sigma (Eq. 17) is clamped at 1e-6 by ``sample_styles`` (a draw below zero
-  needs eps < -sigma_bar_j / Sigma_sigma_j: rare).
-- ``ops``: the paper always runs all three steps; a subset is an ablation (e.g. ``ops=shift``).
-
-Logged per round (``train_metrics`` in metrics.jsonl): ``loss_ce``, ``style_fired`` (fraction of the
-chosen stages where the steps ran), ``style_shifted`` (fraction where a neighbour style was used),
-``style_ops_seconds`` and ``style_share_seconds``. Bytes: the simulator counts the shares apart from
-the weights; ``summary.json``'s ``traffic.per_edge_iteration`` gives both per edge and iteration.
-
-Backbones: any with named stages; on the ConvNet (which flattens its last map into the head)
-StyleDDG acts only on the outputs of the chosen stages (default 1–3), never on the flattened features.
+Hyperparameters, results, privacy, parity and the paper-versus-code analysis: docs/methods/styleddg.md.
 """
 
 from __future__ import annotations
@@ -129,10 +60,10 @@ class StyleDDG(Algorithm):
     HPARAMS = (
         HParam("stages", "layer1,layer2,layer3", "backbone stages whose batch style is shared (Eq. 15) and restyled "
                "(Eq. 16-19); the paper: ResNet blocks 1-3 (stages=layer1 is a sensitivity option, reported in "
-               "benchmarks/RESULTS.md)"),
+               "docs/results/styleddg.md)"),
         HParam("p", 0.5, "probability p_l that the style steps run at a stage (Eq. 21)", low=0.0, high=1.0),
         HParam("alpha", 3.0, "StyleExplore extrapolation alpha (Eq. 18; the paper's 3; 0 = no exploration; "
-               "alpha=1 is a sensitivity option, reported in benchmarks/RESULTS.md)", low=0.0),
+               "alpha=1 is a sensitivity option, reported in docs/results/styleddg.md)", low=0.0),
         HParam("mix_alpha", 0.1, "Beta(mix_alpha, mix_alpha) of MixStyle's lambda (Eq. 19)"),
         HParam("ops", "shift,explore,mix", "style steps that run when a stage fires (the paper: all three; "
                "a subset is an ablation)"),

@@ -1,7 +1,8 @@
 """What the receiver gets, in (eps, delta) and in clipping: every release it sees, not one.
 
 - :func:`releases_per_sender`: how many defended releases each sender made (StableFDG: one each round it
-  was sampled; CCST: one at setup), from the checkpoint's per-client counters, else metrics.jsonl.
+  was sampled; CCST: one at setup, whatever the rounds), from the per-client counts every metrics.jsonl row
+  logs and the checkpoint's per-client counters.
 - :func:`receiver_epsilon`: the headline eps over all of the worst-off sender's releases (the accountant of
   :meth:`fedstyle.style.privacy.StylePrivacy.total_epsilon`: RDP, Mironov CSF'17, or exact Gaussian
   composition, Dong, Roth & Su JRSS-B'22, whichever is smaller), with eps per release beside it.
@@ -16,26 +17,35 @@ from typing import Any
 import torch
 
 from fedstyle.audit.surfaces import Surface
+from fedstyle.federation.rounds import merge_release_counts, releases_in_rows
 from fedstyle.style.privacy import StylePrivacy, clip_from_public, release_count
 
 
 def releases_per_sender(exp, records: list[dict[str, Any]]) -> tuple[dict[int, int], str]:
     """Defended releases per client id and where the counts come from.
 
-    1. The checkpoint's client states (``style_privacy/releases``, restored into ``exp.simulator``): exact.
-    2. Else the rounds of metrics.jsonl that logged ``dp_releases``: each client releases at most once a
-       round, so this bounds every client's count from above (eps from it is conservative).
+    1. The per-client counts of metrics.jsonl's last row (``dp_releases_per_client``: the coordinator logs each
+       client's count with every evaluation row, whatever ``--eval-every``), and the checkpoint's client states
+       (``style_privacy/releases``, restored into ``exp.simulator``): each client's larger count.
+    2. Else (a run made before the rows carried the counts) the last round that logged ``dp_releases``: each
+       client releases at most once a round, so this bounds every client's count from above (conservative).
     3. Else one release per client (a style sent once, at setup: CCST).
     """
     clients = range(len(exp.simulator.clients))
     states = getattr(exp.simulator, "client_states", None)
     counts = {cid: release_count(states[cid]) for cid in clients} if states is not None else {}
-    if any(counts.values()):
-        return counts, "the checkpoint's per-client release counters"
-    rounds = sum(1 for r in records if "dp_releases" in r.get("train_metrics", {}))
+    logged = releases_in_rows(records)
+    if any(counts.values()) or logged:
+        merged = merge_release_counts({c: n for c, n in counts.items() if n}, logged)
+        sources = [name for name, found in (("metrics.jsonl's per-client release counts", logged),
+                                            ("the checkpoint's per-client release counters", any(counts.values())))
+                   if found]
+        return {cid: merged.get(cid, 0) for cid in clients}, " and ".join(sources)
+    rounds = [int(r["round"]) for r in records if "dp_releases" in r.get("train_metrics", {}) and "round" in r]
     if rounds:
-        return ({cid: rounds for cid in clients},
-                "the rounds with a release in metrics.jsonl (at most one per client and round: an upper bound)")
+        return ({cid: max(rounds) for cid in clients},
+                "the rounds up to the last with a release in metrics.jsonl (at most one per client and round: "
+                "an upper bound)")
     return {cid: 1 for cid in clients}, "one release per client (the style is sent once)"
 
 

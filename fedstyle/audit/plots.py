@@ -5,7 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from fedstyle.io import atomic_write
+from fedstyle.colours import colour_for
+from fedstyle.figures import accuracy_axis, save_figure
 
 
 def save_grid(report: dict[str, Any], path: Path) -> Path:
@@ -26,7 +27,7 @@ def save_grid(report: dict[str, Any], path: Path) -> Path:
                 axes[row, j].imshow(image.clamp(0, 1).permute(1, 2, 0).numpy())
         axes[2 * i, 0].set_title(f"{r.method}: {r.kind} — true (top), reconstructed (bottom)", loc="left", fontsize=8)
     fig.subplots_adjust(left=0.01, right=0.99, top=0.95, bottom=0.01, hspace=0.35)
-    atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=110))
+    save_figure(fig, path)  # and the PDF beside it
     plt.close(fig)
     return path
 
@@ -56,9 +57,13 @@ def save_tradeoff(reports: list[dict[str, Any]], path: Path) -> Path:
             total = f", ε={eps:.2g}" + (f" over {releases} releases" if releases > 1 else "") if eps else ""
             labels.append(f"z={r['defence'].get('dp_noise', 0):g}{total}")
         for ax, xs in ((axes[0], xs_auc), (axes[1], xs_gain)):
-            ax.plot(xs, ys, "o-", label=method)
+            ax.plot(xs, ys, "o-", label=method, color=colour_for(method))
             for x, y, text in zip(xs, ys, labels):
                 ax.annotate(text, (x, y), fontsize=7, textcoords="offset points", xytext=(3, 3))
+    classes = {r["summary"].get("num_classes") for r in reports} - {None}
+    chance = 100.0 / next(iter(classes)) if len(classes) == 1 else None
+    for ax in axes:
+        accuracy_axis(ax, chance)
     axes[0].set_xlabel("membership AUC (0.5 = no leak)")
     axes[1].set_xlabel("reconstruction PSNR over the best uninformed guess (dB)")
     for ax in axes:
@@ -67,6 +72,6 @@ def save_tradeoff(reports: list[dict[str, Any]], path: Path) -> Path:
         ax.legend(fontsize=8)
     fig.suptitle("Accuracy vs leakage of shared styles under the Gaussian defence")
     fig.tight_layout()
-    atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=110))
+    save_figure(fig, path)  # and the PDF beside it
     plt.close(fig)
     return path

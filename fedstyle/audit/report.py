@@ -20,6 +20,7 @@ from fedstyle.audit.canary import canary_line
 from fedstyle.audit.playbook import SurfaceResult
 from fedstyle.audit.plots import save_grid, save_tradeoff
 from fedstyle.errors import ConfigError
+from fedstyle.figures import pdf_beside
 from fedstyle.io import atomic_write
 
 COLUMNS = (
@@ -188,7 +189,8 @@ def as_json(report: dict[str, Any]) -> dict[str, Any]:
 
 def write_outputs(reports: list[dict[str, Any]], out: Path) -> list[Path]:
     """privacy.json, privacy.md and reconstructions.png (one per run, numbered when several), plus
-    tradeoff.png when the runs differ in their defence and one of them uses it."""
+    tradeoff.png when the runs differ in their defence and one of them uses it; each figure with its PDF
+    beside it."""
     out.mkdir(parents=True, exist_ok=True)
     written = []
     text = "".join(table(r) + "\n" for r in reports)
@@ -199,8 +201,8 @@ def write_outputs(reports: list[dict[str, Any]], out: Path) -> list[Path]:
         if not any(result.examples for result in r["results"]):
             continue  # nothing reconstructed (a weights-only method audited with --no-baseline)
         name = "reconstructions.png" if len(reports) == 1 else f"reconstructions-{i}-{r['method']}.png"
-        written.append(save_grid(r, out / name))
+        written += [save_grid(r, out / name), pdf_beside(out / name)]
     defended = any(r["defence"].get("dp_clip") or r["defence"].get("dp_noise") for r in reports)
     if defended and len({json.dumps(r["defence"], sort_keys=True) for r in reports}) > 1:
-        written.append(save_tradeoff(reports, out / "tradeoff.png"))
+        written += [save_tradeoff(reports, out / "tradeoff.png"), pdf_beside(out / "tradeoff.png")]
     return written

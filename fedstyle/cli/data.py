@@ -1,4 +1,5 @@
-"""``fedstyle data download NAME``: a benchmark fetched, verified and unpacked into a data root."""
+"""``fedstyle data download NAME``: a benchmark fetched, verified and unpacked into a data root; ``fedstyle data
+check DIR``: a folder of own images read before training."""
 
 from __future__ import annotations
 
@@ -69,3 +70,27 @@ def add_download_command(data_sub: argparse._SubParsersAction) -> None:
                           help="keep the archives in DIR/downloads after unpacking (default: deleted)")
     download.add_argument("--quiet", action="store_true", help="no progress bar")
     download.set_defaults(func=_cmd_download)
+
+
+def _cmd_check(args: argparse.Namespace) -> int:
+    from fedstyle.data.check import check_folder, report_lines
+
+    check = check_folder(Path(args.root), progress=not args.quiet)
+    print("\n".join(report_lines(check)))
+    return 0 if check.ok else 1
+
+
+def add_check_command(data_sub: argparse._SubParsersAction) -> None:
+    check = data_sub.add_parser("check", help="a folder of own images before training: images per domain and "
+                                "class, their sizes, unreadable files",
+                                description="Read DIR/<domain>/<class>/<image> as `--dataset folder` reads it, "
+                                "without training: the images per domain and class, their sizes, the unreadable "
+                                "ones and the resolution a run would use. Exits 1 when a run would refuse the "
+                                "folder (unreadable images, a class missing from a domain).",
+                                epilog="example:\n  fedstyle data check my_images/\n"
+                                "  fedstyle run --dataset folder --data-root my_images/ --target DOMAIN --out runs/x",
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    check.add_argument("root", metavar="DIR", help="the folder with one folder per domain, each with one per class")
+    check.add_argument("--quiet", action="store_true", help="no progress bar")
+    check.set_defaults(func=_cmd_check)
+

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 from pathlib import Path
@@ -50,27 +51,47 @@ across machines:
 """
 
 
+#: the federation flags' defaults; the flags themselves default to "not given" (argparse.SUPPRESS), so that a
+#: --resume can tell a flag given from one left alone
+FEDERATION_DEFAULTS = {"sites": 0, "certs": None, "insecure": False, "node_auth": False, "min_sites": 1,
+                       "wait_timeout": 600.0, "round_timeout": 1800.0, "site_data_root": [], "host": "0.0.0.0",
+                       "port": 9093}
+#: what --resume changes in flower/deploy.json: how to reach and wait for the sites, never who takes part or
+#: how the traffic is protected (new certificates after a leaked CA is retired, a moved coordinator or dataset)
+RESUME_CHANGES = ("certs", "wait_timeout", "round_timeout", "site_data_root", "host", "port")
+#: what --resume refuses: each would change the federation the run was checkpointed on
+RESUME_REFUSES = ("sites", "insecure", "node_auth", "min_sites")
+
+
 def _settings_flags(parser: argparse.ArgumentParser, *, local: bool) -> None:
     group = parser.add_argument_group("federation")
-    group.add_argument("--sites", type=int, help="number of sites (SuperNodes); one client per site, so it must "
+    given = argparse.SUPPRESS
+    group.add_argument("--sites", type=int, default=given, help="number of sites (SuperNodes); one client per site, so it must "
                        "equal the partition's number of clients")
-    group.add_argument("--certs", metavar="DIR", help="folder from `fedstyle deploy certs` (TLS is on by default)")
-    group.add_argument("--insecure", action="store_true", help="no TLS: traffic unencrypted (trusted networks only)")
-    group.add_argument("--node-auth", action="store_true",
+    group.add_argument("--certs", metavar="DIR", default=given,
+                       help="folder from `fedstyle deploy certs` (TLS is on by default); with --resume: new certificates")
+    group.add_argument("--insecure", action="store_true", default=given,
+                       help="no TLS: traffic unencrypted (trusted networks only)")
+    group.add_argument("--node-auth", action="store_true", default=given,
                        help="Flower SuperNode authentication: only sites whose public key is registered "
                        "(certs/site-K.pub, registered automatically) may join; each site signs with certs/site-K.key")
-    group.add_argument("--min-sites", type=int, default=1,
+    group.add_argument("--min-sites", type=int, default=given,
                        help="sites that must be connected for a round to start, and must reply for it to count (default: 1)")
-    group.add_argument("--wait-timeout", type=float, default=600.0,
+    group.add_argument("--wait-timeout", type=float, default=given,
                        help="seconds to wait for --min-sites sites before giving up (default: 600)")
-    group.add_argument("--round-timeout", type=float, default=1800.0,
+    group.add_argument("--round-timeout", type=float, default=given,
                        help="seconds a site may take to answer one message before it drops out of the round (default: 1800)")
     if local:
-        group.add_argument("--site-data-root", action="append", metavar="DIR", default=[],
+        group.add_argument("--site-data-root", action="append", metavar="DIR", default=given,
                            help="data folder of site K (repeat in site order); default: the coordinator's --data-root")
     else:
-        group.add_argument("--host", default="0.0.0.0", help="address the SuperLink listens on (default: 0.0.0.0)")
-        group.add_argument("--port", type=int, default=9093, help="SuperLink port for sites and the run (default: 9093)")
+        group.add_argument("--host", default=given, help="address the SuperLink listens on (default: 0.0.0.0)")
+        group.add_argument("--port", type=int, default=given, help="SuperLink port for sites and the run (default: 9093)")
+
+
+def _federation_flag(args, name: str):
+    """A federation flag's value, or its default when it was not given."""
+    return getattr(args, name, FEDERATION_DEFAULTS[name])
 
 
 def add_deploy_command(sub) -> None:
@@ -116,18 +137,66 @@ def add_deploy_command(sub) -> None:
                       help="where this site keeps its client's persistent state between messages, restarts and "
                       "resumed runs (FedDyn's, FedBN's local layers; a folder per run and client, removable once "
                       "the run is done); default: $FEDSTYLE_SITE_STATE or the per-user state folder")
+    floor = site.add_argument_group("this site's privacy settings (node config; no coordinator can change them; "
+                                    "docs/privacy.md)")
+    floor.add_argument("--min-noise", type=float, default=0.0, metavar="Z",
+                       help="release defended styles with a noise multiplier of at least Z, whatever the run asks "
+                       "(dp-min-noise; default 0: the run's)")
+    floor.add_argument("--max-clip", type=float, default=0.0, metavar="C",
+                       help="clip each image's contribution at C at most (dp-max-clip; default 0: the run's)")
+    floor.add_argument("--max-epsilon", type=float, default=None, metavar="EPS",
+                       help="refuse a release that takes this site's eps, over every run in its release ledger, past "
+                       "EPS (dp-max-epsilon; default: no budget, the ledger still counts)")
+    floor.add_argument("--budget-delta", type=float, default=1e-5, metavar="DELTA",
+                       help="the delta of --max-epsilon (dp-budget-delta; default 1e-5)")
     site.set_defaults(func=_cmd_site)
 
 
 def _settings(args, *, local: bool):
     from fedstyle.runtimes.flower.deployment import DeploySettings
 
+    flag = lambda name: _federation_flag(args, name)  # noqa: E731
+    certs = flag("certs")
     return DeploySettings(
-        sites=args.sites or 0, insecure=args.insecure, certs=args.certs, node_auth=args.node_auth,
-        host="127.0.0.1" if local else args.host, port=0 if local else args.port, min_sites=args.min_sites,
-        wait_timeout=args.wait_timeout, round_timeout=args.round_timeout,
-        site_data_roots=list(getattr(args, "site_data_root", []) or []),
+        sites=flag("sites") or 0, insecure=flag("insecure"), certs=str(Path(certs).resolve()) if certs else None,
+        node_auth=flag("node_auth"), host="127.0.0.1" if local else flag("host"), port=0 if local else flag("port"),
+        min_sites=flag("min_sites"), wait_timeout=flag("wait_timeout"), round_timeout=flag("round_timeout"),
+        # deploy.json is read again by --resume, perhaps from another folder: absolute paths only
+        site_data_roots=[str(Path(d).resolve()) for d in flag("site_data_root") or []],
     )
+
+
+def _resume_settings(args, out: Path):
+    """flower/deploy.json of ``out`` with the flags --resume may change applied (checked, then saved), after
+    refusing in one line the flags it may not change; the settings a resumed federation starts with."""
+    import dataclasses
+
+    from fedstyle.errors import ConfigError
+    from fedstyle.runtimes.flower.deployment import load_settings, save_settings
+
+    refused = [f"--{name.replace('_', '-')}" for name in RESUME_REFUSES if hasattr(args, name)]
+    if refused:
+        raise ConfigError(f"--resume continues the federation the run was checkpointed on: drop {', '.join(refused)} "
+                          f"(it may change only {', '.join('--' + n.replace('_', '-') for n in RESUME_CHANGES)})")
+    settings = load_settings(out)
+    changes = {}
+    if hasattr(args, "certs"):
+        changes["certs"] = str(Path(args.certs).resolve())
+    for name in ("wait_timeout", "round_timeout", "host", "port"):
+        if hasattr(args, name):
+            changes[name] = getattr(args, name)
+    if hasattr(args, "site_data_root"):
+        changes["site_data_roots"] = [str(Path(d).resolve()) for d in args.site_data_root]
+    if settings.certs and not Path(settings.certs).is_absolute() and "certs" not in changes:
+        if not Path(settings.certs).is_dir():  # deploy.json of an older fedstyle: --certs as typed
+            raise ConfigError(f"{out}/flower/deploy.json names the certificates folder {settings.certs!r} relative to "
+                              f"the folder the deployment was started from; resume from that folder, or give --certs DIR")
+        changes["certs"] = str(Path(settings.certs).resolve())
+    if changes:
+        settings = dataclasses.replace(settings, **changes)
+        settings.validate()  # new certificates: checked before the federation starts on them
+        save_settings(out, settings)
+    return settings
 
 
 def _new_run(args, settings):
@@ -237,11 +306,11 @@ def _cmd_deploy(args: argparse.Namespace) -> int:
 def _deploy(args: argparse.Namespace, lock) -> int:
     from fedstyle.errors import ConfigError
     from fedstyle.experiments.runner import CONFIG, DONE, SUMMARY
-    from fedstyle.runtimes.flower.deployment import deploy_run, load_settings
+    from fedstyle.runtimes.flower.deployment import deploy_run
 
     if args.resume:
         out = Path(args.resume)
-        settings = load_settings(out)
+        settings = _resume_settings(args, out)
         rounds = json.loads((out / CONFIG).read_text())["rounds"]
         if (out / DONE).exists():
             summary = json.loads((out / SUMMARY).read_text())
@@ -252,7 +321,7 @@ def _deploy(args: argparse.Namespace, lock) -> int:
                 print(f"\ninterrupted; continue with: fedstyle deploy --resume {out}", file=sys.stderr)
                 raise
     else:
-        if not args.sites:
+        if not _federation_flag(args, "sites"):
             raise ConfigError("give --sites N (one site per client), or an action: certs, coordinator, site")
         settings = _settings(args, local=True)
         config = _new_run(args, settings)
@@ -275,14 +344,14 @@ def _cmd_coordinator(args: argparse.Namespace) -> int:
 def _coordinate(args: argparse.Namespace, lock) -> int:
     from fedstyle.errors import ConfigError
     from fedstyle.experiments.runner import CONFIG, SUMMARY
-    from fedstyle.runtimes.flower.deployment import Federation, load_settings
+    from fedstyle.runtimes.flower.deployment import Federation
 
     if args.resume:
         out = Path(args.resume)
-        settings = load_settings(out)
+        settings = _resume_settings(args, out)
         rounds = json.loads((out / CONFIG).read_text())["rounds"]
     else:
-        if not args.sites:
+        if not _federation_flag(args, "sites"):
             raise ConfigError("give --sites N: the number of sites (one client each) that will join")
         settings = _settings(args, local=False)
         rounds = _new_run(args, settings).rounds
@@ -313,6 +382,7 @@ def _cmd_site(args: argparse.Namespace) -> int:
     from fedstyle.errors import ConfigError
     from fedstyle.runtimes.flower import require_flower
     from fedstyle.runtimes.flower.deployment import fedstyle_path, flower_bin, free_port
+    from fedstyle.runtimes.flower.node_config import SIMULATION_MARKER_ENV, SitePrivacy
     from fedstyle.runtimes.flower.node_config import node_config as make_node_config
     from fedstyle.runtimes.flower.warm_site import site_command
     from fedstyle.runtimes.site_state import default_state_root
@@ -321,7 +391,9 @@ def _cmd_site(args: argparse.Namespace) -> int:
     if args.insecure == bool(args.root_certificates):
         raise ConfigError("give --root-certificates CA.crt (the coordinator's CA) or, without TLS, --insecure")
     state_dir = Path(args.state_dir).expanduser().resolve() if args.state_dir else default_state_root()
-    node_config = make_node_config(args.partition_id, state_dir, args.data_root)
+    privacy = SitePrivacy(min_noise=args.min_noise, max_clip=args.max_clip, budget_delta=args.budget_delta,
+                          max_epsilon=math.inf if args.max_epsilon is None else args.max_epsilon)
+    node_config = make_node_config(args.partition_id, state_dir, args.data_root, privacy)
     argv = [flower_bin("flower-supernode"), "--superlink", args.superlink, "--port", str(args.port or free_port()),
             "--node-config", node_config]
     argv += ["--insecure"] if args.insecure else ["--root-certificates", str(Path(args.root_certificates).resolve())]
@@ -331,6 +403,7 @@ def _cmd_site(args: argparse.Namespace) -> int:
     sys.stdout.flush()
     sys.stderr.flush()
     os.environ["PYTHONPATH"] = fedstyle_path(os.environ.get("PYTHONPATH"))  # its ClientApps run this fedstyle
+    os.environ.pop(SIMULATION_MARKER_ENV, None)  # a deployed site: never fedstyle's simulation engine
     # the site (a warm one: runtimes/flower/warm_site.py, around the SuperNode) replaces this process, in the
     # foreground: Ctrl-C and signals reach it, its SuperNode and its ClientApps directly
     argv = site_command(argv)

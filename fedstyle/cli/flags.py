@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import sys
 from pathlib import Path
 
 
@@ -101,6 +102,27 @@ def config_from_args(args: argparse.Namespace):
     if "hparams" in changes:
         changes["hparams"] = {**config.hparams, **parse_assignments(changes["hparams"])}
     return config.updated(**changes)
+
+
+def fetch_pretrained_weights(config, quiet: bool = False) -> None:
+    """``--download``: put the torchvision file ``--pretrained`` loads into the torch hub cache (its hash checked);
+    the backbone ``auto`` picks is resolved on the dataset first. Nothing to fetch for EfficientNet-Lite0, whose
+    weights ship with its package."""
+    from fedstyle.errors import ConfigError
+    from fedstyle.models.hub_weights import TORCHVISION_FILES, download_torchvision_weights
+
+    if not config.pretrained or config.weights:
+        raise ConfigError("--download fetches the weights --pretrained loads; add --pretrained, or drop --download"
+                          + (" (--weights names the file already)" if config.weights else ""))
+    backbone = config.backbone
+    if backbone == "auto":
+        from fedstyle.experiments.build import load_config_dataset, resolve_config
+
+        backbone = resolve_config(config, load_config_dataset(config, progress=not quiet)).backbone
+    if backbone in TORCHVISION_FILES:
+        path = download_torchvision_weights(backbone, progress=not quiet)
+        if not quiet:
+            print(f"{backbone}: torchvision's ImageNet weights in {path}", file=sys.stderr)
 
 
 def print_summary(summary: dict, out: Path) -> None:

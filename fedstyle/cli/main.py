@@ -10,6 +10,7 @@ from fedstyle.cli.flags import (
     add_run_flags,
     check_resume_flags,
     config_from_args,
+    fetch_pretrained_weights,
     print_summary,
     resume_settings,
     stop_on_sigterm,
@@ -64,7 +65,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
     else:
         if not args.out:
             raise ConfigError("give --out DIR for the run directory (or --resume DIR to continue one)")
-        summary = run_experiment(config_from_args(args), args.out, quiet=args.quiet)
+        config = config_from_args(args)
+        if args.download:
+            fetch_pretrained_weights(config, quiet=args.quiet)
+        summary = run_experiment(config, args.out, quiet=args.quiet)
         out = Path(args.out)
     print_summary(summary, out)
     return 0
@@ -139,8 +143,9 @@ def _cmd_cache(args: argparse.Namespace) -> int:
 def _cmd_data_show(args: argparse.Namespace) -> int:
     from fedstyle.data import load_dataset, save_grid
 
+    # a grid draws from every image: official splits play no part (and hf:DIR's extra splits need no flag here)
     dataset = load_dataset(args.name, data_root=args.data_root, resolution=args.resolution,
-                           skip_bad_images=args.skip_bad_images, progress=not args.quiet)
+                           skip_bad_images=args.skip_bad_images, progress=not args.quiet, official_splits=False)
     out = Path(args.out or f"{args.name.replace(':', '-').replace('/', '--')}.png")  # hf:OWNER/NAME: one file
     save_grid(dataset, out, per_cell=args.per_cell, seed=args.seed)
     sizes = ", ".join(f"{d} {dataset.size(d)}" for d in dataset.domains)
@@ -164,12 +169,14 @@ def build_parser() -> argparse.ArgumentParser:
                          "metrics.jsonl, a checkpoint, summary.json and finally `done` into --out.",
                          epilog=RUN_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_run_flags(run, resume_help="continue the interrupted run in DIR (its config.json is used)")
+    run.add_argument("--download", action="store_true", help="with --pretrained: fetch torchvision's ResNet file "
+                     "from its official URL into the torch hub cache (its hash checked) when it is not there")
     run.set_defaults(func=_cmd_run)
 
     report = sub.add_parser("report", help="paper-style table over run directories (mean ± std over seeds)",
                             description="Collect run directories (searched recursively) into the papers' table: "
                             "rows are methods, columns held-out domains and their average, cells mean ± std over seeds. "
-                            "Writes report.md, report.csv and accuracy.png.")
+                            "Writes report.md, report.csv, report.tex and the figures (PNG and PDF).")
     report.add_argument("runs", nargs="+", metavar="DIR", help="run directories or folders containing them")
     report.add_argument("--out", default="report", metavar="DIR", help="where to write the report (default: report)")
     report.add_argument("--which", choices=("selected", "last"), default="selected",
@@ -209,7 +216,8 @@ def build_parser() -> argparse.ArgumentParser:
     clear.add_argument("kinds", nargs="*", metavar="KIND", help="datasets, ccst, feddg_fft, style or adain")
     clear.add_argument("--all", action="store_true", help="everything")
 
-    data = sub.add_parser("data", help="list datasets, draw one as a PNG grid, or download a benchmark")
+    data = sub.add_parser("data", help="list datasets, draw one as a PNG grid, check a folder of images, or download "
+                          "a benchmark")
     data_sub = data.add_subparsers(dest="data_command", metavar="ACTION", required=True)
     data_list = data_sub.add_parser("list", help="list datasets")
     data_list.set_defaults(func=_cmd_data_list)
@@ -223,9 +231,10 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("--seed", type=int, default=0, help="which images are drawn")
     show.add_argument("--quiet", action="store_true", help="no progress bar")
     show.set_defaults(func=_cmd_data_show)
-    from fedstyle.cli.data import add_download_command
+    from fedstyle.cli.data import add_check_command, add_download_command
 
     add_download_command(data_sub)
+    add_check_command(data_sub)
 
     from fedstyle.cli.style import add_style_commands
 
@@ -242,6 +251,10 @@ def build_parser() -> argparse.ArgumentParser:
     from fedstyle.cli.audit import add_audit_command
 
     add_audit_command(sub)
+
+    from fedstyle.cli.leaderboard import add_leaderboard_command
+
+    add_leaderboard_command(sub)
     return parser
 
 

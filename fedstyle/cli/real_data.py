@@ -42,7 +42,7 @@ def reproduce_paper_setting(args: argparse.Namespace, path: Path, overrides: lis
                           "paper-<dataset> track or none")
     where = f"preset {args.paper}"
     runs, missing = select_paper_runs(read_toml(path), where, data_root=args.data_root, dataset=args.dataset,
-                                      track=track)
+                                      track=track, without_data=args.dry_run)
     for line in missing:
         print(f"fedstyle: left out {line}", file=sys.stderr)
     scale = args.scale or "full"

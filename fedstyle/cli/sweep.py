@@ -162,7 +162,8 @@ def _run(grid, out: Path, args: argparse.Namespace) -> int:
     from fedstyle.experiments.sweep import dry_run, plan_grid, run_plan
 
     launcher = make_launcher(args)
-    plan = plan_grid(grid, out, progress=not args.quiet, only=_only(args.only))
+    # a dry run lists the runs even where the data is not there yet (marked), so a plan can be read before a download
+    plan = plan_grid(grid, out, progress=not args.quiet, only=_only(args.only), without_data=args.dry_run)
     if args.dry_run:
         dry_run(plan)
         return 0

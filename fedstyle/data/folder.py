@@ -2,8 +2,10 @@
 
 Images (``.jpg``, ``.jpeg``, ``.png`` in any letter case) are decoded once with PIL, converted to
 RGB (grey and palette images expanded, transparent images composited on white) and resized to
-``resolution x resolution`` with a plain antialiased bilinear resize (no crop, so nothing of an
-off-centre object is lost; aspect ratios are not kept, as in DomainBed's evaluation transform).
+``resolution x resolution`` (default: the benchmark's; for the generic ``folder`` dataset the images' own
+median size, capped at 224, so 32 px images are not upsampled 7x) with a plain antialiased bilinear resize
+(no crop, so nothing of an off-centre object is lost; aspect ratios are not kept, as in DomainBed's
+evaluation transform).
 Within a domain, images are ordered by (class, file name); classes are sorted by name.
 
 Domain folders of named benchmarks are matched ignoring case, spaces, ``-`` and ``_`` (so
@@ -19,18 +21,19 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import sys
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO, Sequence
+from typing import BinaryIO, Callable, Sequence
 
 import numpy as np
 from PIL import Image
 from tqdm.auto import tqdm
 
 from fedstyle.data.cache import ArrayWriter, DecodedArrays, cached_dataset
-from fedstyle.data.contract import DomainDataset, check_build_options
+from fedstyle.data.contract import MIN_RESOLUTION, DomainDataset, check_build_options
 from fedstyle.errors import ConfigError, DataError
 from fedstyle.registry import Registry
 
@@ -42,6 +45,14 @@ IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 LAYOUT_HINT = "expected layout: ROOT/<domain>/<class>/<image>.jpg|.jpeg|.png"
 DECODE_BLOCK = 512
+#: raises PIL's decompression-bomb limit (``PIL.Image.MAX_IMAGE_PIXELS``) for images meant to be that large
+MAX_PIXELS_ENV = "FEDSTYLE_MAX_IMAGE_PIXELS"
+#: the largest default resolution of a folder of own images: the pretrained backbones' input size
+MAX_DEFAULT_RESOLUTION = 224
+#: images per domain whose size is read to choose the default resolution (headers only: no decoding)
+SIZE_SAMPLE = 64
+#: an explicit resolution this many times the images' own side warns: it costs compute and bytes, adds nothing
+UPSCALE_WARNING = 2
 
 
 @dataclass(frozen=True)
@@ -53,7 +64,8 @@ class FolderBenchmark:
     domains: tuple[str, ...] | None = None
     num_classes: int | None = None
     classes: tuple[str, ...] | None = None
-    resolution: int = 224
+    #: image side the images are resized to; None: their own size, capped (:func:`images_resolution`)
+    resolution: int | None = 224
     mean: tuple[float, float, float] = IMAGENET_MEAN
     std: tuple[float, float, float] = IMAGENET_STD
     augment: str = "crop_flip"
@@ -95,7 +107,8 @@ for _benchmark in (
         ("mnist", "mnist_m", "svhn", "syn"), 10, tuple(str(d) for d in range(10)),
         resolution=32, mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5), augment="crop",
     ),
-    FolderBenchmark("folder", "any ROOT/<domain>/<class>/<image> tree (domains and classes from folder names)"),
+    FolderBenchmark("folder", "any ROOT/<domain>/<class>/<image> tree (domains and classes from folder names)",
+                    resolution=None),
 ):
     BENCHMARKS.add(_benchmark.name, _benchmark)
 
@@ -204,6 +217,36 @@ def check_same_classes(listings: dict[str, DomainListing]) -> list[str]:
     return sorted(reference)
 
 
+def sampled_files(listing: DomainListing, count: int) -> list[Path]:
+    """Up to ``count`` files of a domain, spread evenly over its classes' files in order."""
+    files = [p for c in sorted(listing.files) for p in listing.files[c]]
+    step = max(1, len(files) // count)
+    return files[::step][:count]
+
+
+def image_side(path: Path) -> int | None:
+    """The longer side of an image from its header (PIL reads no pixels), None when unreadable."""
+    try:
+        # a header read only: a very large image is said once, in one line, when it is decoded (not here)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            with Image.open(path) as image:
+                return max(image.size)
+    except Exception:  # PIL raises many types; unreadable files are reported by `fedstyle data check`
+        return None
+
+
+def images_resolution(listings: dict[str, DomainListing]) -> int | None:
+    """The median longer side of a sample of the images, capped at :data:`MAX_DEFAULT_RESOLUTION`: a folder
+    of 32 px images trains at 32 px (and with ``--backbone auto``, the small ConvNet), not upsampled to 224.
+    None when no sampled image could be read."""
+    sides = sorted(side for listing in listings.values() for path in sampled_files(listing, SIZE_SAMPLE)
+                   if (side := image_side(path)) is not None)
+    if not sides:
+        return None
+    return min(sides[len(sides) // 2], MAX_DEFAULT_RESOLUTION)
+
+
 def file_fingerprint(root: Path, listings: dict[str, DomainListing]) -> str:
     """SHA-256 over every image's relative path, size and modification time."""
     digest = hashlib.sha256()
@@ -231,10 +274,15 @@ def to_rgb(image: Image.Image) -> Image.Image:
     return image.convert("RGB")
 
 
-def decode_image(path: Path | BinaryIO, resolution: int) -> np.ndarray:
+def decode_image(path: Path | BinaryIO, resolution: int,
+                 on_large: Callable[[tuple[int, int]], None] | None = None) -> np.ndarray:
     """Decode ``path`` (a file name, or an open binary file such as the bytes of a parquet row) to uint8
-    (resolution, resolution, 3)."""
+    (resolution, resolution, 3). ``on_large(size)`` is called for an image above PIL's decompression-bomb
+    limit (``Image.MAX_IMAGE_PIXELS``) that PIL still decodes (up to twice the limit)."""
     with Image.open(path) as image:
+        limit = Image.MAX_IMAGE_PIXELS
+        if on_large is not None and limit and image.size[0] * image.size[1] > limit:
+            on_large(image.size)
         # JPEG can decode at 1/2, 1/4 or 1/8 scale directly; draft keeps both sides >= resolution.
         image.draft("RGB", (resolution, resolution))
         image.load()
@@ -244,11 +292,37 @@ def decode_image(path: Path | BinaryIO, resolution: int) -> np.ndarray:
     return np.asarray(rgb, dtype=np.uint8)
 
 
-def _decode_or_error(path: Path, resolution: int) -> np.ndarray | str:
+def pixel_limit() -> int | None:
+    """PIL's decompression-bomb limit, raised by ``$FEDSTYLE_MAX_IMAGE_PIXELS`` where set (PIL warns above
+    the limit and refuses above twice it; an image that large is more often a mistake than a photo)."""
+    given = os.environ.get(MAX_PIXELS_ENV)
+    if given:
+        if not given.isdigit() or int(given) <= 0:
+            raise ConfigError(f"{MAX_PIXELS_ENV}={given!r} is not a pixel count; give a whole number such as "
+                              "200000000, or unset it")
+        Image.MAX_IMAGE_PIXELS = int(given)
+    return Image.MAX_IMAGE_PIXELS
+
+
+def _decode_or_error(path: Path, resolution: int) -> tuple[np.ndarray | str, tuple[int, int] | None]:
+    """(pixels or the reason they cannot be read, the size of an image above PIL's limit or None)."""
+    large = []
     try:
-        return decode_image(path, resolution)
+        return decode_image(path, resolution, large.append), (large[0] if large else None)
+    except Image.DecompressionBombError as err:
+        return f"{type(err).__name__}: {err}; if images that large are intended, set {MAX_PIXELS_ENV}=N", None
     except Exception as err:  # PIL raises many types (OSError, SyntaxError, ValueError, ...)
-        return f"{type(err).__name__}: {err}"
+        return f"{type(err).__name__}: {err}", None
+
+
+def _pixels(count: int) -> str:
+    return f"{count / 1e6:.1f} Mpixel" if count >= 100_000 else f"{count:,} pixels"
+
+
+def _say_large(item, size: tuple[int, int], limit: int) -> None:
+    print(f"fedstyle: image {item} is {size[0]}x{size[1]} = {_pixels(size[0] * size[1])}, above PIL's "
+          f"decompression-bomb limit of {_pixels(limit)}; decoded (if images that large are intended, set "
+          f"{MAX_PIXELS_ENV}=N above it to silence this)", file=sys.stderr)
 
 
 def bad_image_error(path: Path | str, reason: str) -> DataError:
@@ -274,17 +348,24 @@ def decode_domain(
     """
     images = writer.empty_images(domain_index, len(paths), resolution, resolution)
     kept, bad = [], []
+    limit = pixel_limit()
     for start in range(0, len(paths), DECODE_BLOCK):
         block = paths[start : start + DECODE_BLOCK]
-        for offset, result in enumerate(executor.map(lambda p: _decode_or_error(p, resolution), block)):
-            index = start + offset
-            if isinstance(result, str):
-                if not skip_bad_images:
-                    raise bad_image_error(paths[index], result)
-                bad.append([str(paths[index]), result])
-            else:
-                images[index] = result.transpose(2, 0, 1)
-                kept.append(index)
+        # PIL's raw warning, raised in the worker threads, is silenced here and said in one line naming the file
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            decoded = executor.map(lambda p: _decode_or_error(p, resolution), block)
+            for offset, (result, large) in enumerate(decoded):
+                index = start + offset
+                if large is not None:
+                    _say_large(paths[index], large, limit)
+                if isinstance(result, str):
+                    if not skip_bad_images:
+                        raise bad_image_error(paths[index], result)
+                    bad.append([str(paths[index]), result])
+                else:
+                    images[index] = result.transpose(2, 0, 1)
+                    kept.append(index)
         bar.update(len(block))
     if bad:
         images = writer.keep_images(domain_index, np.asarray(kept, dtype=np.int64))
@@ -349,11 +430,11 @@ def load_folder_benchmark(
         benchmark = BENCHMARKS.get(benchmark)
     if data_root is None:
         raise ConfigError(f"{benchmark.name} needs its images: {benchmark.root_hint()}")
-    resolution = check_build_options(benchmark.name, resolution, benchmark.resolution)
     root = Path(data_root).expanduser().resolve()
     folders = find_domain_folders(root, benchmark)
     listings = {domain: scan_domain(folder) for domain, folder in folders.items()}
     classes = check_same_classes(listings)
+    resolution = _folder_resolution(benchmark, resolution, listings)
     if benchmark.num_classes is not None and len(classes) != benchmark.num_classes:
         warnings.warn(
             f"{benchmark.name} has {benchmark.num_classes} classes but {root} holds {len(classes)}; "
@@ -382,6 +463,22 @@ def load_folder_benchmark(
         files = {d: listing.files for d, listing in listings.items()}
         dataset = attach_split_lists(dataset, benchmark.name, root, files, classes)
     return dataset
+
+
+def _folder_resolution(benchmark: FolderBenchmark, resolution: int | None,
+                       listings: dict[str, DomainListing]) -> int:
+    """The resolution to decode at: the one given, the benchmark's, or (own images) the images' own size."""
+    if resolution is None and benchmark.resolution is not None:
+        return check_build_options(benchmark.name, None, benchmark.resolution)
+    own = images_resolution(listings)
+    if resolution is None:
+        return check_build_options(benchmark.name, None, max(own or MAX_DEFAULT_RESOLUTION, MIN_RESOLUTION))
+    resolution = check_build_options(benchmark.name, resolution, resolution)
+    if own is not None and resolution >= UPSCALE_WARNING * own and benchmark.resolution is None:
+        warnings.warn(f"{benchmark.name}: --resolution {resolution} upsamples {own} px images {resolution / own:.0g}x "
+                      f"per side, which costs compute and traffic and adds no detail; --resolution {own} "
+                      f"(with --backbone auto) trains at their own size", stacklevel=3)
+    return resolution
 
 
 def check_skipped(dataset: DomainDataset, name: str, skip_bad_images: bool) -> None:

@@ -5,7 +5,10 @@ Any image dataset on the Hub with an image column, a domain-like column and a la
 label column (a ``ClassLabel``'s names in its order, else the sorted values), and every split of the
 dataset pooled. Flower's FedDG sets have known columns and map onto fedstyle's folder benchmarks (same
 domain names, classes, resolution and normalisation): ``flwrlabs/pacs`` is ``pacs`` and
-``flwrlabs/office-home`` is ``officehome``; other datasets name their columns with ``image_column`` /
+``flwrlabs/office-home`` is ``officehome``. A copy of either under another name (``hf:DIR``, a local
+folder; or a mirror on the Hub) is recognised by its schema (:func:`recognise_benchmark`): the default
+columns, the benchmark's domains (ignoring case, spaces, ``-`` and ``_``, so ``Real World`` is
+``Real_World``) and its classes. Other datasets name their columns with ``image_column`` /
 ``domain_column`` / ``label_column`` (CLI ``--image-column`` ...; defaults ``image``, ``domain``, ``label``).
 
 Where the data comes from is the ``datasets`` library's business, so its cache and offline mode hold:
@@ -108,7 +111,10 @@ def open_hub_dataset(repo: str, progress: bool = True):
     with _quiet(datasets, progress):
         if folder.is_dir():
             saved = (folder / "dataset_dict.json").is_file() or (folder / "state.json").is_file()
-            loaded = datasets.load_from_disk(str(folder)) if saved else datasets.load_dataset(str(folder))
+            try:
+                loaded = datasets.load_from_disk(str(folder)) if saved else datasets.load_dataset(str(folder))
+            except (ValueError, IndexError) as err:  # what the library raises for a folder with no rows
+                raise DataError(_unreadable_folder(repo, err)) from None
         else:
             if not REPO_NAME.match(repo):
                 raise ConfigError(f"--dataset hf:{repo}: give hf:OWNER/NAME (a Hugging Face dataset, e.g. "
@@ -122,7 +128,18 @@ def open_hub_dataset(repo: str, progress: bool = True):
                 loaded = datasets.load_dataset(snapshot)
     if isinstance(loaded, datasets.Dataset):
         loaded = datasets.DatasetDict({"train": loaded})
+    if not sum(len(split) for split in loaded.values()):
+        raise DataError(f"hf:{repo} has no rows (splits: {', '.join(loaded) or 'none'}); give a dataset with images")
     return loaded
+
+
+def _unreadable_folder(repo: str, err: BaseException) -> str:
+    """One line for a local folder ``datasets`` cannot load: no rows ("Instruction 'train' corresponds to no
+    data!", or an IndexError from an empty ``save_to_disk``), or another fault in its files."""
+    if isinstance(err, IndexError) or "corresponds to no data" in str(err):
+        return f"hf:{repo} has no rows (its data files are empty); give a folder whose data files hold images"
+    return (f"hf:{repo} cannot be read by the datasets library ({_one_line(err)}); give a folder of data files "
+            "(parquet, arrow, an imagefolder) or one written by save_to_disk")
 
 
 def _not_found(datasets, repo: str, err: BaseException) -> str:
@@ -225,14 +242,38 @@ def read_rows(data, columns: dict[str, str], where: str) -> HubRows:
                    np.array(label, dtype=np.int64), name, classes)
 
 
+def _loose(name: str) -> str:
+    return re.sub(r"[\s_\-]", "", name).lower()
+
+
+def recognise_benchmark(rows: HubRows, columns: dict[str, str]) -> HubDefaults | None:
+    """The known dataset whose schema ``rows`` has, for a copy read under another name (``hf:DIR``), or None.
+
+    Recognised: the known dataset's columns, its benchmark's domains (loosely, see :func:`domain_order`) and
+    its classes: the names themselves where the benchmark lists them (PACS), else their number (Office-Home's
+    65, which fedstyle takes from the folders)."""
+    domains = {_loose(d) for d in rows.domain}
+    for defaults in KNOWN_DATASETS.values():
+        benchmark = BENCHMARKS.get(defaults.benchmark)
+        if columns != {"image": defaults.image, "domain": defaults.domain, "label": defaults.label}:
+            continue
+        if domains != {_loose(d) for d in benchmark.domains}:
+            continue
+        classes_match = (list(rows.classes) == list(benchmark.classes) if benchmark.classes
+                         else len(rows.classes) == benchmark.num_classes)
+        if classes_match:
+            return defaults
+    return None
+
+
 def domain_order(rows: HubRows, defaults: HubDefaults | None, where: str, column: str) -> dict[str, str]:
     """Domain value -> fedstyle domain name, in dataset order (a known dataset's benchmark names and order)."""
     values = sorted(set(rows.domain))
     if defaults is None:
         return {v: v for v in values}
     benchmark = BENCHMARKS.get(defaults.benchmark)
-    key = {re.sub(r"[\s_\-]", "", d).lower(): d for d in benchmark.domains}
-    named = {v: key.get(re.sub(r"[\s_\-]", "", v).lower()) for v in values}
+    key = {_loose(d): d for d in benchmark.domains}
+    named = {v: key.get(_loose(v)) for v in values}
     unknown = [v for v, d in named.items() if d is None]
     if unknown:
         raise DataError(f"{where}: column {column!r} holds {unknown[0]!r}, not a domain of {benchmark.name} "
@@ -270,6 +311,8 @@ class _RowBytes(io.BytesIO):
 
     def __str__(self) -> str:
         return self.where
+
+    __repr__ = __str__  # PIL names an unreadable file by its repr ("cannot identify image file %r")
 
 
 class HubImages(Sequence):
@@ -359,9 +402,15 @@ def load_hub_dataset(repo: str, data_root: str | None = None, resolution: int | 
                "domain": domain_column or (defaults.domain if defaults else "domain"),
                "label": label_column or (defaults.label if defaults else "label")}
     benchmark = BENCHMARKS.get(defaults.benchmark) if defaults else None
+    asked = resolution
     resolution = check_build_options(where, resolution, benchmark.resolution if benchmark else 224)
     data = open_hub_dataset(repo, progress)
     rows = read_rows(data, columns, where)
+    if defaults is None:  # a copy of a known dataset under another name (hf:DIR): its benchmark by its schema
+        defaults = recognise_benchmark(rows, columns)
+        if defaults is not None:
+            benchmark = BENCHMARKS.get(defaults.benchmark)
+            resolution = check_build_options(where, asked, benchmark.resolution)
     groups = group_rows(rows, domain_order(rows, defaults, where, columns["domain"]), where)
     local = Path(repo).expanduser().is_dir()
     recipe = {

@@ -9,7 +9,7 @@ import numpy as np
 
 from fedstyle.data.contract import DomainDataset
 from fedstyle.errors import ConfigError
-from fedstyle.io import atomic_write
+from fedstyle.figures import save_figure
 
 
 def cell_image(images: np.ndarray, per_cell: int) -> np.ndarray:
@@ -67,4 +67,4 @@ def save_grid(
         title += f" (first {len(classes)} of {dataset.num_classes} classes)"
     figure.suptitle(title, fontsize=10)
     figure.tight_layout()
-    return atomic_write(path, lambda tmp: figure.savefig(tmp, format="png"))
+    return save_figure(figure, path, dpi=100)  # and the PDF beside it

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -11,7 +12,7 @@ import torch
 from fedstyle.algorithms import METHODS, Algorithm
 from fedstyle.data import BatchTransform, DomainDataset, SamplePool, load_dataset
 from fedstyle.devices import resolve_device
-from fedstyle.errors import ConfigError
+from fedstyle.errors import ConfigError, DataError
 from fedstyle.experiments.config import RunConfig
 from fedstyle.data.client import ClientData
 from fedstyle.federation.evaluate import EvalSet
@@ -76,12 +77,20 @@ def shared_clients(dataset: DomainDataset, split: Split, specs: list[ClientSpec]
     return clients
 
 
+#: image side (px) up to which ``--backbone auto`` trains the small ConvNet rather than a ResNet
+SMALL_IMAGES = 64
+
+
 def resolve_config(config: RunConfig, dataset: DomainDataset) -> RunConfig:
     """Fill every 'auto' or unset option with the value actually used."""
     method = METHODS.get(config.method)
     backbone = config.backbone
-    if backbone == "auto":
-        backbone = "convnet" if dataset.resolution <= 64 else "resnet18"
+    if backbone == "auto":  # the small ConvNet below 64 px, unless ImageNet weights are asked for (it has none)
+        backbone = "convnet" if dataset.resolution <= SMALL_IMAGES and not config.pretrained else "resnet18"
+    if config.pretrained and dataset.resolution < SMALL_IMAGES and config.resolution is None:
+        warnings.warn(f"--pretrained {backbone} at {dataset.resolution} px, the images' own size: ImageNet features "
+                      f"are learnt at 224 px; --resolution 224 upsamples to it, or drop --pretrained to train the "
+                      f"small ConvNet (--backbone auto) at {dataset.resolution} px", stacklevel=2)
     return config.updated(
         backbone=backbone,
         resolution=dataset.resolution,
@@ -114,6 +123,16 @@ def deployment_noise(config: RunConfig, *, refuse_seeded: bool = True) -> RunCon
     return config.updated(hparams={**config.hparams, "dp_noise_source": "os"})
 
 
+def check_defence_copies(config: RunConfig, hp: dict[str, Any]) -> None:
+    """Refuse ``--data-copies K > 1`` with style noise: one image then sits in up to K clients and may repeat in
+    one, so it moves a client's sums by up to 2C times its copies, and the eps the accountant gives (one image,
+    one copy, :mod:`fedstyle.style.privacy`) would be understated."""
+    if config.data_copies > 1 and hp.get("dp_noise", 0) > 0:
+        raise ConfigError(f"--data-copies {config.data_copies} with the style defence (dp_noise={hp['dp_noise']:g}): "
+                          "an image then sits in several clients and may repeat in one, so the eps reported would "
+                          "be understated; use --data-copies 1 with dp_noise")
+
+
 def load_config_dataset(config: RunConfig, progress: bool = True) -> DomainDataset:
     """The dataset a run of ``config`` trains and tests on (``per_class``: its fixed subset)."""
     dataset = load_dataset(config.dataset, data_root=config.data_root, resolution=config.resolution,
@@ -123,6 +142,22 @@ def load_config_dataset(config: RunConfig, progress: bool = True) -> DomainDatas
     if config.per_class is not None:
         dataset = dataset.subset_per_class(config.per_class)
     return dataset
+
+
+def check_source_validation(config: RunConfig, split: Split) -> None:
+    """Refuse, before training, a source-validated run whose sources keep no validation image.
+
+    The stratified split keeps at least one image of a class for training, so a class with one image
+    per domain (``--per-class 1``, or a tiny folder) gives nothing to validate on; model selection on
+    source validation would then average an empty set (NaN) and fail when the checkpoint is written."""
+    if config.resolved_selection() != "source_val" or any(len(idx) for idx in split.val.values()):
+        return
+    cause = (f"--per-class {config.per_class} leaves each class one image per domain, which stays for training"
+             if config.per_class == 1 else
+             f"the source domains ({', '.join(split.sources)}) hold too few images per class to keep any")
+    fix = "raise --per-class to 2 or more" if config.per_class == 1 else "give more images per class"
+    raise DataError(f"no source validation image to select the model on (--selection source_val): {cause}; {fix}, "
+                    "or pass --selection last")
 
 
 def build_experiment(config: RunConfig, progress: bool = True) -> Experiment:
@@ -136,7 +171,7 @@ def build_experiment(config: RunConfig, progress: bool = True) -> Experiment:
             fix = f"for peer-to-peer training use --method {' or '.join(p2p)}, or --topology star"
         raise ConfigError(f"method {config.method!r} runs on {', '.join(method_cls.topologies)}, not --topology "
                           f"{config.topology}; {fix}")
-    method_cls.resolve(config.hparams)  # fail on a bad --hp before loading data
+    check_defence_copies(config, method_cls.resolve(config.hparams))  # fail on a bad --hp before loading data
     device = resolve_device(config.device)
     dataset = load_config_dataset(config, progress)
     config = resolve_config(config, dataset)
@@ -144,6 +179,7 @@ def build_experiment(config: RunConfig, progress: bool = True) -> Experiment:
         dataset, config.protocol, targets=list(config.targets), val_domain=config.val_domain,
         source=config.source, val_fraction=config.val_fraction, seed=config.seed,
     )
+    check_source_validation(config, split)
     specs = make_partition(
         config.partition, split, dataset, num_clients=config.clients, alpha=config.alpha, lam=config.lam,
         min_size=config.min_client_size, seed=derive_seed(config.seed, "partition"), copies=config.data_copies,

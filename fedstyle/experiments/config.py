@@ -103,7 +103,10 @@ class RunConfig:
                                     "(1 = the first) every client normalises with the global model's running "
                                     "statistics, frozen, as evaluation does; 0 = never. Half the rounds is the "
                                     "paper's choice; it closes the gap batch statistics leave when each client "
-                                    "holds one domain (benchmarks/RESULTS.md 'Fine-tuning with batch statistics')")
+                                    "holds one domain (benchmarks/RESULTS.md 'Fine-tuning with batch statistics'). "
+                                    "With BatchNorm kept on the clients (FedBN, --hp local_bn=true) there are no "
+                                    "global statistics: each client normalises with its own running statistics, "
+                                    "frozen, and the run says so")
     rounds: int = _opt(20, "communication rounds (peer-to-peer: epochs of iterations)")
     local_epochs: int = _opt(1, "local epochs per round")
     local_steps: int = _opt(0, "local steps per round (overrides --local-epochs when > 0)")
@@ -296,6 +299,19 @@ class RunConfig:
             raise ConfigError("--val-fraction 0 leaves no source validation data for --selection source_val; "
                               "give --val-fraction > 0 or choose --selection last")
 
+
+    def batchnorm_fix_note(self) -> str | None:
+        """One line for a run that fixes BatchNorm where it stays on the clients: FixBN (Zhong et al., 2024) fixes
+        the global model's statistics, which FedBN's local BatchNorm does not have; what it fixes there instead."""
+        if not self.batchnorm_fix_round:
+            return None
+        from fedstyle.algorithms import METHODS
+
+        if self.method not in METHODS or not METHODS.get(self.method).resolve(self.hparams).get("local_bn"):
+            return None
+        return (f"--batchnorm-fix-round {self.batchnorm_fix_round} with BatchNorm kept on the clients (local_bn): "
+                f"there are no global statistics to fix, so from round {self.batchnorm_fix_round} each client "
+                "normalises with its own running statistics, frozen; the evaluation model averages them")
 
     def check_scale_settings(self) -> None:
         """--state-budget is a size; the Ray settings are for --backend flower-sim and well formed."""

@@ -63,6 +63,15 @@ def data_folder(dataset: str, data_root: Path) -> Path | None:
     return None
 
 
+def download_folder(dataset: str, data_root: Path) -> Path:
+    """Where ``fedstyle data download`` puts ``dataset`` under ``data_root`` (``data_root/<dataset>`` for a
+    dataset it does not download)."""
+    from fedstyle.data.download import DOWNLOADS
+
+    folders = [data_root / e.folder for _, e in DOWNLOADS.items() if e.dataset == dataset]
+    return folders[0] if folders else data_root / dataset
+
+
 def download_hint(dataset: str, data_root: Path) -> str:
     from fedstyle.data.download import DOWNLOADS
 
@@ -90,8 +99,14 @@ def _fill(data: Mapping[str, Any], track: str, dataset: str | None, data_root: P
 
 
 def select_paper_runs(data: Mapping[str, Any], where: str, *, data_root: str | Path | None = None,
-                      dataset: str | None = None, track: str | None = None) -> tuple[list[PaperRun], list[str]]:
-    """The paper tracks to run on the real data, and a line per paper track left out for want of its data."""
+                      dataset: str | None = None, track: str | None = None,
+                      without_data: bool = False) -> tuple[list[PaperRun], list[str]]:
+    """The paper tracks to run on the real data, and a line per paper track left out for want of its data.
+
+    ``without_data`` (a dry run): when none of the tracks' data is there, every track is kept, reading its
+    data from where ``fedstyle data download`` would put it; the plan then marks their runs
+    (``plan_grid(without_data=True)``).
+    """
     tracks = paper_tracks(data)
     if not tracks:
         raise ConfigError(f"{where} has no paper-<dataset> track: it runs on fedstyle's stand-in datasets only")
@@ -109,17 +124,21 @@ def select_paper_runs(data: Mapping[str, Any], where: str, *, data_root: str | P
     root = Path(data_root).expanduser() if data_root is not None else None
     if root is None:
         return [PaperRun(t, dataset or tracks[t], None, _fill(data, t, dataset, None)) for t in chosen], []
-    if not root.is_dir():
+    if not root.is_dir() and not without_data:
         raise ConfigError(f"--data-root {root} is not a folder")
     if dataset is not None:  # a dataset named outright reads DIR as it is
         return [PaperRun(t, dataset, root, _fill(data, t, dataset, root)) for t in chosen], []
     runs, missing = [], []
     for name in chosen:
-        folder = data_folder(tracks[name], root)
+        folder = data_folder(tracks[name], root) if root.is_dir() else None
         if folder is None:
             missing.append(f"{name}: no {tracks[name]} in {root} ({download_hint(tracks[name], root)})")
         else:
             runs.append(PaperRun(name, tracks[name], folder, _fill(data, name, None, folder)))
+    if not runs and without_data:  # nothing there yet: list every track, reading where the download would put it
+        folders = {name: download_folder(tracks[name], root) for name in chosen}
+        return [PaperRun(name, tracks[name], folders[name], _fill(data, name, None, folders[name]))
+                for name in chosen], []
     if not runs:
         raise ConfigError(f"{where}: none of the paper's datasets is in {root}; " + "; ".join(missing))
     return runs, missing
@@ -135,5 +154,24 @@ def describe_setting(grid) -> str:
     data = base.get("dataset") or ", ".join(dict.fromkeys(named)) or "the preset's"
     if base.get("data_root"):
         data += f" from {base['data_root']}"
+    splits = describe_splits(base, list(dict.fromkeys(named)))
     return (f"{weights}{base.get('backbone', 'auto')} at {base.get('resolution')} px, {base.get('rounds')} rounds x "
-            f"{steps} of batch {base.get('batch_size')}, {base.get('optimizer', 'sgd')} lr {base.get('lr')}; data: {data}")
+            f"{steps} of batch {base.get('batch_size')}, {base.get('optimizer', 'sgd')} lr {base.get('lr')}; data: {data}"
+            f"; splits: {splits}")
+
+
+def describe_splits(base: Mapping[str, Any], named: list[str]) -> str:
+    """Which split the runs use: a benchmark's official lists (found where), the seeded rule, or a Hub dataset's."""
+    from fedstyle.data.folder import BENCHMARKS
+    from fedstyle.data.split_lists import describe_split_source
+
+    dataset = base.get("dataset") or (named[0] if len(named) == 1 else None)
+    official = base.get("official_splits", True)
+    if dataset is None:
+        return "as each run's dataset gives them"
+    if dataset.startswith("hf:"):
+        return ("the dataset's own train/validation/test splits where it has several, else the seeded per-class "
+                "split (--val-fraction)" if official else "seeded per-class split (--val-fraction)")
+    root = Path(base["data_root"]) if base.get("data_root") else None
+    domains = list(BENCHMARKS.get(dataset).domains or ()) if dataset in BENCHMARKS else None
+    return describe_split_source(dataset, root, domains, official)

@@ -31,6 +31,9 @@ from fedstyle.experiments.checkpoint import CHECKPOINT, load_checkpoint, save_ch
 from fedstyle.experiments.config import TRACKER_SETTINGS, RunConfig
 from fedstyle.experiments.tracking import TENSORBOARD_DIR, TRACKING_FILE, Trackers, probe_trackers, resolve_locations
 from fedstyle.experiments.tracking_resume import close_logged_runs, log_finished_run, tracker_changes_on_resume
+from fedstyle.environment import describe as describe_environment
+from fedstyle.environment import differences as environment_differences
+from fedstyle.environment import probe as probe_environment
 from fedstyle.experiments.summary import Selector, evaluate_round, make_summary, mean, setup_record
 from fedstyle.experiments.rundir import (
     CONFIG,
@@ -47,7 +50,7 @@ from fedstyle.experiments.rundir import (
     refuse_deployment,
     RESUME_OPTIONS,
 )
-from fedstyle.federation.rounds import mean_metrics
+from fedstyle.federation.rounds import mean_metrics, merge_release_counts, releases_in_rows
 from fedstyle.federation.states import STATES_DIR
 from fedstyle.io import DirectoryLock, append_line, atomic_write_json, atomic_write_text, json_text
 from fedstyle.federation.topology import save_graph_png
@@ -104,7 +107,12 @@ def run_experiment(config: RunConfig, out: str | Path, *, quiet: bool = False) -
         exp = start_run_dir(config, out, quiet=quiet)
         return _train_on_backend(exp, out, quiet=quiet, checkpoint=None)
     except KeyboardInterrupt:
-        raise  # interrupted: resumable (from scratch when no checkpoint was written yet)
+        # Interrupted (Ctrl-C, SIGTERM) before the first checkpoint: nothing to resume, and what was written
+        # (config.json, partition.json, an empty metrics.jsonl) would block the same command; after it,
+        # the run is resumable.
+        if not (out / CHECKPOINT).exists():
+            remove_new_run(out, created)
+        raise
     except Exception:
         # Failed before its first checkpoint (a style backend's missing weights in the setup phase,
         # say): nothing to resume, so leave no half-written run directory behind to block a rerun.
@@ -145,6 +153,9 @@ def start_run_dir(config: RunConfig, out: Path, *, quiet: bool = False) -> Exper
     write_partition_json(exp.client_specs, exp.dataset, out / "partition.json")
     if exp.graph is not None:
         save_graph_png(exp.graph, out / "graph.png")
+    note = exp.config.batchnorm_fix_note()
+    if note:
+        print(f"fedstyle: note: {note}", file=sys.stderr)
     if not quiet:
         print(f"{exp.label}: {len(exp.client_specs)} clients, sources {', '.join(exp.split.sources)}; "
               f"held out {', '.join(exp.split.targets)}", file=sys.stderr)
@@ -221,6 +232,8 @@ def train_experiment(exp: Experiment, out: Path, *, quiet: bool, checkpoint,
         sim.client_states.clear()  # from round 0: what an attempt killed before its first checkpoint wrote goes
     setup_info = sim.setup()
     notes: list[str] = []
+    environment = probe_environment(exp.device)  # where this part of the run runs; the first part's is kept
+    started_on = environment
     if checkpoint is not None:
         tensors, meta = checkpoint
         check_checkpoint_fits(sim.state_tensors(), tensors, out)
@@ -230,6 +243,12 @@ def train_experiment(exp: Experiment, out: Path, *, quiet: bool, checkpoint,
         selector = Selector(**meta["selector"])
         records, note = _rows_at_checkpoint(out, meta)
         notes += [note] if note else []
+        started_on = meta.get("environment", environment)  # checkpoints before issue 53 recorded none
+        moved = environment_differences(started_on, environment)
+        if moved:
+            print(f"fedstyle: warning: resuming {out} in another environment than it started in "
+                  f"({describe_environment(moved)}); its numbers may differ from an uninterrupted run's",
+                  file=sys.stderr)
     else:
         records = []
     if setup_info and not setup_record(records):
@@ -249,10 +268,12 @@ def train_experiment(exp: Experiment, out: Path, *, quiet: bool, checkpoint,
     try:
         last_loss = float("nan")
         since_eval: list[dict[str, float]] = []
+        released = releases_in_rows(records)  # per-client style releases so far (a resumed run continues them)
         with open(out / METRICS, "a") as metrics_file:
             for r in range(start_round, config.rounds):
                 result = sim.run_round(r)
                 since_eval.append(result.metrics)
+                released = merge_release_counts(released, result.releases)
                 for event in result.events:  # Flower runs: dropouts and rejoins
                     append_line(metrics_file, json_text(event) + "\n")
                     records.append(event)
@@ -261,7 +282,8 @@ def train_experiment(exp: Experiment, out: Path, *, quiet: bool, checkpoint,
                 postfix = {"loss": f"{last_loss:.3f}"}
                 if done_rounds % config.eval_every == 0 or done_rounds == config.rounds:
                     seconds = elapsed + time.perf_counter() - tick
-                    record = evaluate_round(exp, done_rounds, last_loss, seconds, mean_metrics(since_eval))
+                    record = evaluate_round(exp, done_rounds, last_loss, seconds, mean_metrics(since_eval),
+                                            releases=released)
                     since_eval = []
                     selector.update(record)
                     append_line(metrics_file, json_text(record) + "\n")
@@ -269,7 +291,7 @@ def train_experiment(exp: Experiment, out: Path, *, quiet: bool, checkpoint,
                     trackers.log_row(record)
                     save_checkpoint(out, sim.state_tensors(), {
                         "round": done_rounds, "seconds": seconds, "simulator": sim.meta(), "selector": selector.state(),
-                        "metrics": records,
+                        "metrics": records, "environment": started_on,
                     })
                     sim.checkpoint_saved()  # the checkpoint is in place: drop client-state files it does not list
                     if on_checkpoint is not None:
@@ -280,7 +302,11 @@ def train_experiment(exp: Experiment, out: Path, *, quiet: bool, checkpoint,
     except KeyboardInterrupt:
         reporter.close()
         trackers.finish("KILLED")
-        print(f"\ninterrupted; continue with: fedstyle run --resume {out}", file=sys.stderr)
+        if (out / CHECKPOINT).exists():
+            print(f"\ninterrupted; continue with: fedstyle run --resume {out}", file=sys.stderr)
+        else:
+            print("\ninterrupted before the first checkpoint: nothing to resume; give the same command again",
+                  file=sys.stderr)
         raise
     except BaseException:
         trackers.finish("FAILED")
@@ -288,6 +314,9 @@ def train_experiment(exp: Experiment, out: Path, *, quiet: bool, checkpoint,
     finally:
         reporter.close()
     summary = make_summary(exp, records, selector)
+    summary["environment"] = started_on
+    if environment_differences(started_on, environment):
+        summary["environment_resumed"] = environment  # where it was finished
     for warning in summary.get("warnings", []):
         print(f"fedstyle: warning: {warning}", file=sys.stderr)
     atomic_write_json(out / SUMMARY, summary)

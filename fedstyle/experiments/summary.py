@@ -14,7 +14,9 @@ from typing import Any
 
 from fedstyle.errors import FedstyleError
 from fedstyle.experiments.build import Experiment
+from fedstyle.algorithms.style_exchange import style_privacy
 from fedstyle.federation.evaluate import evaluate
+from fedstyle.federation.rounds import RELEASES_ROW_KEY, releases_in_rows
 
 SELECTION_LABELS = {
     "source_val": "source_val (best mean source-validation accuracy)",
@@ -61,7 +63,10 @@ def mean(values) -> float:
 
 
 def evaluate_round(exp: Experiment, completed_rounds: int, train_loss: float, seconds: float,
-                   train_metrics: dict[str, float] | None = None) -> dict[str, Any]:
+                   train_metrics: dict[str, float] | None = None, releases: dict[int, int] | None = None
+                   ) -> dict[str, Any]:
+    """One metrics.jsonl row. ``releases``: each client's defended style releases so far, logged in every row
+    (``dp_releases_per_client``) so that eps can be counted from any row, whatever ``--eval-every``."""
     sim = exp.simulator
     weights = sim.eval_weights()
     record: dict[str, Any] = {
@@ -83,6 +88,8 @@ def evaluate_round(exp: Experiment, completed_rounds: int, train_loss: float, se
         record["consensus_distance"] = sim.consensus()
     if train_metrics:  # the method's loss terms and timings (ctx.log / ctx.timed), see fedstyle.algorithms.context
         record["train_metrics"] = train_metrics
+    if releases:
+        record[RELEASES_ROW_KEY] = {str(cid): int(n) for cid, n in sorted(releases.items())}
     t = sim.traffic
     record.update({"bytes_up": t.up, "bytes_down": t.down, "bytes_model_up": t.model_up,
                    "bytes_model_down": t.model_down, "bytes_payload_up": t.payload_up,
@@ -140,6 +147,21 @@ def _lazy_stylize_rate(records: list[dict[str, Any]]) -> dict[str, float]:
     return {"training_stylized_images_per_s": images / seconds} if images and seconds > 0 else {}
 
 
+def released_epsilon(hp: dict[str, Any], records: list[dict[str, Any]]) -> dict[str, Any]:
+    """summary.json's ``style_privacy``: the defence's settings and the eps as released: ``epsilon_total`` over
+    every release of the client that made the most (``releases_max``; a receiver sees all of one sender's
+    releases, and the run's guarantee is its worst sender's: the audit's rule, fedstyle.audit.accounting), with
+    ``releases_per_client`` from the last row's counts. None without noise or releases."""
+    privacy = style_privacy(hp)
+    released = releases_in_rows(records)
+    most = max(released.values(), default=0)
+    return {"dp_clip": hp["dp_clip"], "dp_noise": hp["dp_noise"], "dp_delta": hp["dp_delta"],
+            "noise_source": hp.get("dp_noise_source"),
+            "epsilon_total": privacy.total_epsilon(most) if privacy.noise > 0 and most else None,
+            "epsilon_per_release": privacy.epsilon() if privacy.noise > 0 else None,
+            "releases_max": most, "releases_per_client": {str(c): n for c, n in released.items()}}
+
+
 def make_summary(exp: Experiment, records: list[dict[str, Any]], selector: Selector) -> dict[str, Any]:
     setup = setup_record(records)
     records = [r for r in records if "round" in r and "event" not in r]
@@ -182,11 +204,7 @@ def make_summary(exp: Experiment, records: list[dict[str, Any]], selector: Selec
         summary["consensus_distance_last"] = last["consensus_distance"]
     hp = exp.algorithm.hp
     if hp.get("dp_clip", 0) or hp.get("dp_noise", 0):  # the style defence: what was promised and how the noise was made
-        summary["style_privacy"] = {
-            "dp_clip": hp["dp_clip"], "dp_noise": hp["dp_noise"], "dp_delta": hp["dp_delta"],
-            "noise_source": hp.get("dp_noise_source"),
-            "epsilon_total_last_round": last.get("train_metrics", {}).get("dp_epsilon_total"),
-        }
+        summary["style_privacy"] = released_epsilon(hp, records)
     warnings = divergence_warnings(records, exp.dataset.num_classes, config.lr)
     if warnings:
         summary["warnings"] = warnings

@@ -255,17 +255,25 @@ def probe_trackers(config) -> None:
 
 
 def probe_mlflow_server(uri: str) -> None:
-    """A tracking server (http/https) must answer within PROBE_SECONDS, with any HTTP status (one that
-    needs credentials is the MLflow client's to handle); TLS settings as MLflow reads them."""
+    """A tracking server (http/https) must answer ``/health`` within PROBE_SECONDS with a 2xx status.
+
+    Any other answer is a server that cannot take the run: a 503 from a server that is starting or
+    overloaded would otherwise pass, and MLflow's client then retries it for minutes with nothing printed
+    (260 s measured). Credentials and TLS settings are sent as MLflow's client sends them, so a server
+    behind basic auth or a token answers 2xx when they are right and 401/403, named as such, when not."""
     import requests
 
     if not uri.startswith(("http://", "https://")):
         return  # a file store or a database: opened in place, nothing to wait for
     insecure = os.environ.get("MLFLOW_TRACKING_INSECURE_TLS", "").lower() == "true"
+    user, password = os.environ.get("MLFLOW_TRACKING_USERNAME"), os.environ.get("MLFLOW_TRACKING_PASSWORD")
+    token = os.environ.get("MLFLOW_TRACKING_TOKEN")
     try:
-        requests.get(uri.rstrip("/") + "/health", timeout=PROBE_SECONDS,
-                     verify=False if insecure else os.environ.get("MLFLOW_TRACKING_SERVER_CERT_PATH") or True,
-                     cert=os.environ.get("MLFLOW_TRACKING_CLIENT_CERT_PATH"))
+        answer = requests.get(uri.rstrip("/") + "/health", timeout=PROBE_SECONDS,
+                              verify=False if insecure else os.environ.get("MLFLOW_TRACKING_SERVER_CERT_PATH") or True,
+                              cert=os.environ.get("MLFLOW_TRACKING_CLIENT_CERT_PATH"),
+                              auth=(user, password) if user and password else None,
+                              headers={"Authorization": f"Bearer {token}"} if token else None)
     except requests.RequestException as err:
         if isinstance(err, requests.Timeout):
             reason = f"no answer in {PROBE_SECONDS:g} s"
@@ -274,6 +282,28 @@ def probe_mlflow_server(uri: str) -> None:
             reason = (found.group(1) or found.group(2)).strip() if found else type(err).__name__
         raise TrackerError(f"--tracker mlflow: no MLflow server answers at {uri} ({reason}); start it, fix "
                            "--mlflow-uri (or $MLFLOW_TRACKING_URI), or drop --tracker mlflow") from None
+    if 200 <= answer.status_code < 300:
+        return
+    if answer.status_code in (401, 403):
+        raise TrackerError(f"--tracker mlflow: the MLflow server at {uri} refuses the credentials (HTTP "
+                           f"{answer.status_code}); set MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD "
+                           "(or MLFLOW_TRACKING_TOKEN), or drop --tracker mlflow")
+    raise TrackerError(f"--tracker mlflow: the MLflow server at {uri} is not ready (its /health answers HTTP "
+                       f"{answer.status_code}); wait for it, fix --mlflow-uri (or $MLFLOW_TRACKING_URI), or drop "
+                       "--tracker mlflow")
+
+
+#: MLflow's own HTTP retries while a run trains (its defaults, 7 retries with backoff factor 2 and a 120 s
+#: timeout, stall a run for minutes on a server that went down); a user's own settings win
+MLFLOW_HTTP_BOUNDS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+                      "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}
+
+
+def bound_mlflow_retries() -> None:
+    """Set :data:`MLFLOW_HTTP_BOUNDS` where the user has not: a server that fails mid-run costs seconds,
+    then the tracker is dropped with one warning and metrics.jsonl goes on."""
+    for name, value in MLFLOW_HTTP_BOUNDS.items():
+        os.environ.setdefault(name, value)
 
 
 @register_tracker
@@ -300,6 +330,7 @@ class MLflowTracker(Tracker):
         if not state.get("run_id") or not state.get("uri"):
             return
         probe_mlflow_server(state["uri"])
+        bound_mlflow_retries()
         if state["uri"].startswith("file:"):
             os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
         client = MlflowClient(tracking_uri=state["uri"])
@@ -309,6 +340,7 @@ class MLflowTracker(Tracker):
     def start(self, resumed: bool) -> dict[str, Any]:
         from mlflow.tracking import MlflowClient
 
+        bound_mlflow_retries()
         uri = self.state.get("uri") or resolve_locations(self.config).mlflow_uri
         if uri.startswith("file:"):
             os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")

@@ -36,6 +36,7 @@ from fedstyle.federation.rounds import (
     Traffic,
     check_finite_weights,
     mean_metrics,
+    release_counts,
 )
 from fedstyle.federation.states import ClientStates
 from fedstyle.federation.topology import consensus_distance, metropolis_hastings
@@ -178,10 +179,10 @@ class P2PSimulator:
         check_finite(mean_loss, contexts[0])
         check_finite_weights(self.stacked, round_index, lr, "the devices' mixed models")
         # a device's metrics: what its share hook logged (e.g. share_seconds) and its training hook logged
-        metrics = ({**share.logged_metrics(), **train.logged_metrics()}
-                   for share, train in zip(share_contexts, contexts))
+        metrics = [{**share.logged_metrics(), **train.logged_metrics()}
+                   for share, train in zip(share_contexts, contexts)]
         return RoundResult(round_index, mean_loss, list(range(n)), time.perf_counter() - start,
-                           metrics=mean_metrics(metrics))
+                           metrics=mean_metrics(metrics), releases=release_counts(dict(enumerate(metrics))))
 
     @torch.no_grad()
     def _mix_and_step(self, grads, new_buffers, lr: float, momentum: float, weight_decay: float) -> None:

@@ -99,6 +99,41 @@ class RoundResult:
     metrics: dict[str, float] = field(default_factory=dict)
     #: what the runtime saw happen (Flower: sites dropping out, rejoining), written to metrics.jsonl
     events: list[dict] = field(default_factory=list)
+    #: client id -> its defended style releases so far, as it reported them this round (``dp_releases``;
+    #: :func:`release_counts`): the mean in ``metrics`` hides the busiest sender, whose eps is the run's
+    releases: dict[int, int] = field(default_factory=dict)
+
+
+#: the client metric that counts a client's defended style releases so far (fedstyle.style.privacy.release_metrics)
+RELEASES_METRIC = "dp_releases"
+
+
+def release_counts(per_client: Mapping[int, Mapping[str, float]]) -> dict[int, int]:
+    """Client id -> its ``dp_releases`` (the clients that reported one): the per-client counts that
+    :func:`mean_metrics` would average away."""
+    return {int(cid): int(round(float(m[RELEASES_METRIC]))) for cid, m in per_client.items() if RELEASES_METRIC in m}
+
+
+#: metrics.jsonl: every evaluation row's per-client release counts so far ({"client id": count}), written by
+#: the runner from :attr:`RoundResult.releases`; the audit and summary.json count eps from them
+RELEASES_ROW_KEY = "dp_releases_per_client"
+
+
+def releases_in_rows(records: Iterable[Mapping]) -> dict[int, int]:
+    """The per-client release counts of the last metrics.jsonl row that carries them ({} when none does)."""
+    for record in reversed(list(records)):
+        if RELEASES_ROW_KEY in record:
+            return {int(cid): int(n) for cid, n in record[RELEASES_ROW_KEY].items()}
+    return {}
+
+
+def merge_release_counts(known: Mapping[int, int], reported: Mapping[int, int]) -> dict[int, int]:
+    """Per-client release counts over a run: each client's largest count so far (a count only grows; a client
+    not sampled this round keeps its last one)."""
+    merged = dict(known)
+    for cid, count in reported.items():
+        merged[cid] = max(merged.get(cid, 0), count)
+    return dict(sorted(merged.items()))
 
 
 def mean_metrics(per_client: Iterable[Mapping[str, float]]) -> dict[str, float]:

@@ -44,6 +44,7 @@ from fedstyle.federation.rounds import (
     Traffic,
     check_finite_weights,
     mean_metrics,
+    release_counts,
     setup_info,
 )
 from fedstyle.federation.states import ClientStates
@@ -205,7 +206,8 @@ class StarSimulator:
         loss = sum(u.train_loss * u.num_samples for u in updates) / sum(u.num_samples for u in updates)
         return RoundResult(round_index, loss, [u.client_id for u in updates], time.perf_counter() - start,
                            metrics={**mean_metrics(u.metrics for u in updates), **self.server.metrics},
-                           events=self.transport.drain_events())
+                           events=self.transport.drain_events(),
+                           releases=release_counts({u.client_id: u.metrics for u in updates}))
 
     def eval_weights(self) -> dict[str, torch.Tensor]:
         return self.server.weights
@@ -226,8 +228,16 @@ class StarSimulator:
         self.client_states.checkpoint_saved()
 
     def load_state_tensors(self, tensors: dict[str, torch.Tensor]) -> None:
+        """Restore a checkpoint; a server-state tensor goes back to the device its method keeps it on.
+
+        The runner moves every checkpoint tensor to the run's device, but a method may keep server state
+        elsewhere (FedIIR's moving average lives on the CPU, beside the CPU copies of the clients' gradients
+        it is mixed with): restored on the GPU, a resumed run on CUDA failed on mixing devices. The fresh
+        state of ``init_server_state`` (made in the constructor) says where each tensor lives."""
+        fresh = self.server.state
         self.server.weights = {k[7:]: v for k, v in tensors.items() if k.startswith("global/")}
-        self.server.state = {k[7:]: v for k, v in tensors.items() if k.startswith("server/")}
+        self.server.state = {k[7:]: v.to(fresh[k[7:]].device) if k[7:] in fresh else v
+                             for k, v in tensors.items() if k.startswith("server/")}
         self.client_states.restore(tensors)
 
     def meta(self) -> dict:

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from fedstyle.errors import ConfigError
-from fedstyle.io import atomic_write
+from fedstyle.figures import save_figure
 from fedstyle.registry import Registry
 
 MAX_CONNECTION_ATTEMPTS = 100
@@ -201,4 +201,4 @@ def save_graph_png(graph: nx.Graph, path: str | os.PathLike) -> Path:
     summary = graph_summary(graph)
     axes.set_title(f"{graph.graph.get('topology', 'graph')}: n={summary['n']}, edges={summary['edges']}")
     axes.set_axis_off()
-    return atomic_write(path, lambda tmp: figure.savefig(tmp, format="png", dpi=100, bbox_inches="tight"))
+    return save_figure(figure, path, bbox_inches="tight")

@@ -36,11 +36,11 @@ and StableFDG's Phi is computed by a network they trained. Subsampling (``style_
 sampled per round) is not used for amplification: conservative.
 
 **Where the noise comes from** (``source``). Noise only protects against a receiver who cannot predict it.
-``os``: every draw from the operating system's CSPRNG (``secrets``/``os.urandom``, Box-Muller on 53-bit
-uniforms; :class:`SystemNormal`) — nothing seeded, so the coordinator of a deployment, who knows the run's
-config and seed, cannot regenerate and subtract it. ``seeded``: a torch generator seeded by
-``derive_seed(seed, "style-privacy", ...)`` — reproducible, for simulations, where one process plays every
-party; anyone with the seed can remove this noise, so it protects nothing across a trust boundary.
+``os``: OpenDP's Gaussian mechanism (:class:`OSGaussian`: exact discrete-Gaussian sampling on a fine lattice,
+from the operating system's entropy, safe against floating-point attacks) — nothing seeded, so the coordinator of
+a deployment, who knows the run's config and seed, cannot regenerate and subtract it. ``seeded``: a torch
+generator seeded by ``derive_seed(seed, "style-privacy", ...)`` — reproducible, for simulations, where one process
+plays every party; anyone with the seed can remove this noise, so it protects nothing across a trust boundary.
 ``auto`` (the hyperparameter's default) is ``seeded`` in ``fedstyle run`` (the simulators; the run's
 config.json records the choice) and ``os`` everywhere else: ``fedstyle deploy`` writes ``os``, and a
 Flower site outside the simulation engine uses ``os`` whatever the config it receives says (the config
@@ -56,7 +56,6 @@ z / sqrt(T)) and reports the smaller.
 from __future__ import annotations
 
 import math
-import secrets
 from dataclasses import dataclass
 
 import numpy as np
@@ -72,20 +71,37 @@ _RELEASES = "style_privacy/releases"
 NOISE_SOURCES = ("auto", "os", "seeded")
 
 
-class SystemNormal:
-    """Standard normal draws from the operating system's CSPRNG: 53-bit uniforms from ``os.urandom`` (through
-    ``secrets.token_bytes``) turned into normals by Box-Muller, in float64 on the CPU. No seed, no state a
-    receiver could reproduce; a few microseconds per number, fine for style statistics (hundreds of numbers)."""
+class OSGaussian:
+    """The Gaussian mechanism of a deployment, sampled by OpenDP (``opendp``, the ``privacy`` extra, part of
+    ``flower``): ``release(sums, std)`` is ``sums`` + N(0, std^2) on every element, drawn from the operating system's
+    entropy with no seed. OpenDP rounds the input to a lattice of step 2^k, adds *discrete* Gaussian noise sampled
+    exactly (Canonne, Kamath & Steinke, NeurIPS'20) and rounds the result to the nearest float64, so the set of
+    possible outputs does not depend on the input: the floating-point attacks on textbook samplers (Box-Muller or
+    inverse-CDF on floats; Mironov, CCS'12) do not apply. Written on OpenDP rather than by hand, since exact
+    sampling is the hard part (the library's proof documents cover it)."""
 
-    def randn(self, shape: tuple[int, ...] | torch.Size) -> torch.Tensor:
-        count = math.prod(shape)
-        pairs = (count + 1) // 2
-        raw = np.frombuffer(secrets.token_bytes(16 * pairs), dtype=np.uint64).reshape(pairs, 2)
-        uniform = ((raw >> np.uint64(11)).astype(np.float64) + 0.5) / float(1 << 53)  # in (0, 1), never 0
-        radius = np.sqrt(-2.0 * np.log(uniform[:, 0]))
-        angle = 2.0 * np.pi * uniform[:, 1]
-        normals = np.concatenate([radius * np.cos(angle), radius * np.sin(angle)])[:count]
-        return torch.from_numpy(normals.copy()).reshape(tuple(shape))
+    @staticmethod
+    def mechanism(size: int, std: float):
+        """OpenDP's measurement adding N(0, std^2) to a float64 vector of ``size`` (L2 input metric)."""
+        try:
+            import opendp.prelude as dp
+        except ImportError:  # an extra: 47 MB of compiled Rust that a simulation never needs
+            raise ConfigError("the style defence's noise from the OS (dp_noise_source=os, a deployment's) is sampled "
+                              "by OpenDP, which is not installed: pip install -c constraints.txt 'fedstyle[privacy]' "
+                              "(or run a simulation, whose noise is seeded)") from None
+        dp.enable_features("contrib")
+        space = dp.vector_domain(dp.atom_domain(T=float, nan=False), size=int(size)), dp.l2_distance(T=float)
+        return space >> dp.m.then_gaussian(scale=float(std))
+
+    def release(self, sums: torch.Tensor, std: float) -> torch.Tensor:
+        """``sums`` (any shape; float64 on the CPU for OpenDP) with N(0, std^2) added to every element, on
+        ``sums``'s device."""
+        flat = sums.detach().to("cpu", torch.float64).reshape(-1)
+        if not bool(torch.isfinite(flat).all()):
+            raise ConfigError("a style statistic to release is NaN or infinite: the network produced non-finite "
+                              "features; nothing was sent")
+        noisy = self.mechanism(flat.numel(), std)(flat.tolist())
+        return torch.tensor(noisy, dtype=torch.float64).reshape(sums.shape).to(sums.device)
 
 
 def _check(noise_multiplier: float, delta: float) -> None:
@@ -229,7 +245,8 @@ class StylePrivacy:
             return "style privacy off"
         if self.noise == 0:
             return f"styles clipped at C={self.clip:g}, no noise: no (eps, delta) guarantee"
-        origin = "from the OS CSPRNG" if self.source == "os" else "seeded (reproducible: the seed removes it)"
+        origin = ("from the OS CSPRNG, by OpenDP" if self.source == "os"
+                  else "seeded (reproducible: the seed removes it)")
         text = (f"styles clipped at C={self.clip:g}, Gaussian noise z={self.noise:g} (sigma={self.std:g}, {origin}): "
                 f"eps={self.epsilon():.4g} per release at delta={self.delta:g}")
         if releases > 1:
@@ -244,23 +261,23 @@ class StylePrivacy:
             out["source"] = self.source
         return out
 
-    def generator(self, seed: int, *parts: int | str) -> torch.Generator | SystemNormal:
+    def generator(self, seed: int, *parts: int | str) -> torch.Generator | OSGaussian:
         """Where the noise is drawn from: ``seeded``, a torch generator seeded by ``derive_seed(seed,
-        "style-privacy", *parts)`` (reproducible runs); ``os``, the OS CSPRNG (:class:`SystemNormal`; seed
-        and parts unused)."""
+        "style-privacy", *parts)`` (reproducible simulations); ``os``, OpenDP's exact sampler on the OS's entropy
+        (:class:`OSGaussian`; seed and parts unused)."""
         if self.source == "os":
-            return SystemNormal()
+            return OSGaussian()
         return torch.Generator().manual_seed(derive_seed(seed, "style-privacy", *parts))
 
-    def perturb(self, sums: torch.Tensor, generator: torch.Generator | SystemNormal) -> torch.Tensor:
-        """``sums`` + N(0, sigma^2) on every element (float64, drawn on the CPU from ``generator`` so that the
-        noise does not depend on the device); unchanged without noise."""
+    def perturb(self, sums: torch.Tensor, generator: torch.Generator | OSGaussian) -> torch.Tensor:
+        """``sums`` + N(0, sigma^2) on every element, in float64: ``os``, OpenDP's mechanism on the sums
+        themselves (:class:`OSGaussian`); ``seeded``, torch's normal draws from ``generator`` on the CPU (the noise
+        does not depend on the device) added to the sums. Unchanged without noise."""
         if self.noise == 0:
             return sums
-        if isinstance(generator, SystemNormal):
-            noise = generator.randn(sums.shape)
-        else:
-            noise = torch.randn(sums.shape, generator=generator, dtype=torch.float64)
+        if isinstance(generator, OSGaussian):
+            return generator.release(sums, self.std)
+        noise = torch.randn(sums.shape, generator=generator, dtype=torch.float64)
         return sums.to(torch.float64) + (noise * self.std).to(sums.device)
 
     def metrics(self, releases: int) -> dict[str, float]:

@@ -19,6 +19,7 @@ and the manual step: which file to fetch from where, and the path to put it at.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import shlex
@@ -28,7 +29,8 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from fedstyle.data.download.layout import MARKER, BadArchive, install, is_installed
-from fedstyle.data.download.table import DOWNLOADS, Archive, DatasetDownload, with_sources
+from fedstyle.data.download.table import (DOWNLOADS, Archive, DatasetDownload, check_sha256, check_size,
+                                           json_kind, shown, with_sources)
 from fedstyle.data.download.transfer import TIMEOUT_S, Expected, SourceFailed, fetch_archive
 from fedstyle.errors import DataError
 from fedstyle.io import DirectoryLock, atomic_write_json
@@ -51,14 +53,27 @@ def _stderr(line: str) -> None:
 
 
 def read_records(data_root: Path) -> dict[str, Any]:
+    """The first-use records of ``data_root`` (file name -> sha256, size, ...), each checked for its shape."""
     path = data_root / RECORD_NAME
     if not path.is_file():
         return {}
+    fix = "restore it from a backup or delete it (its recorded checksums are then taken afresh on the next download)"
     try:
-        return json.loads(path.read_text())
+        records = json.loads(path.read_text())
     except ValueError:
-        raise DataError(f"{path} is not valid JSON; restore it from a backup or delete it (its recorded "
-                        "checksums are then taken afresh on the next download)") from None
+        raise DataError(f"{path} is not valid JSON; {fix}") from None
+    if not isinstance(records, dict):
+        raise DataError(f"{path} holds {json_kind(records)}, not an object mapping archive names to their "
+                        f"checksums; {fix}")
+    for name, record in records.items():
+        entry_fix = f"fix the entry in {path} (from a colleague's copy) or delete the entry to record it afresh"
+        if not isinstance(record, dict):
+            raise DataError(f"{path}: {name} is {shown(record)}, not an object such as "
+                            f'{{"sha256": "...", "size": N}}; {entry_fix}')
+        record["sha256"] = check_sha256(record.get("sha256"), f"{path}: {name}.sha256", entry_fix)
+        if record.get("size") is not None:
+            check_size(record["size"], f"{path}: {name}.size", entry_fix)
+    return records
 
 
 def _expected(archive: Archive, records: Mapping[str, Any], data_root: Path) -> Expected:
@@ -76,7 +91,8 @@ def manual_step(entry: DatasetDownload, archive: Archive, original: DatasetDownl
     rerun = f"fedstyle data download {entry.name} --data-root {shlex.quote(str(data_root))}"
     text = (f"could not download {archive.filename} for {entry.name} from any source ({failures}). "
             f"Manual step: download {archive.filename} ({archive.origin or 'the publisher'}: {urls}) and put it at "
-            f"{data_root / DOWNLOADS_FOLDER / archive.filename}, then run `{rerun}` again (it is verified and "
+            f"{data_root / DOWNLOADS_FOLDER / archive.filename} (making the folder if needed), then run `{rerun}` "
+            "again (it is verified and "
             "unpacked from there)")
     if kept is not None:
         text += f"; or run the same command again to resume the partial download kept in {kept}"
@@ -112,7 +128,19 @@ def download_dataset(
         raise DataError(f"{target} exists but was not made by `fedstyle data download` (it has no {MARKER}); "
                         f"read it as it is (--data-root {target}) or move it away to download afresh")
     folder = data_root / DOWNLOADS_FOLDER
-    with DirectoryLock(folder, "download folder"):
+    made = [path for path in (data_root, *data_root.parents) if not path.exists()]  # deepest first
+    try:
+        return _download(entry, original, data_root, folder, target, keep_archives, progress, timeout, say)
+    finally:  # the download folder once empty, and folders this call made and left empty, go too
+        for path in (folder, *made):
+            with contextlib.suppress(OSError):
+                path.rmdir()
+
+
+def _download(entry: DatasetDownload, original: DatasetDownload, data_root: Path, folder: Path, target: Path,
+              keep_archives: bool, progress: bool, timeout: float, say: Callable[[str], None]) -> Installed:
+    # remove=True: the lock file goes with the lock, so no run, finished or failed, leaves downloads/.lock
+    with DirectoryLock(folder, "download folder", remove=True):
         records = read_records(data_root)
         fetched = []
         for archive in entry.archives:

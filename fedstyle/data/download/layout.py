@@ -16,6 +16,10 @@ Layouts (``DatasetDownload.layout``):
 - ``terra_incognita``: DomainBed's arrangement (:mod:`fedstyle.data.download.terra`).
 - ``camelyon17``: WILDS's folder, the one holding ``metadata.csv`` and ``patches/``.
 
+An entry's ``removed`` list (DomainNet: DomainBed's ``domain_net_duplicates.txt``, 9,431 images) is then
+applied: each listed file is deleted from the result, a missing one skipped, as DomainBed's
+``download.py`` does (``download_domain_net``). The marker file records how many were deleted.
+
 Files keep the times the archive records (tar does so itself; zip members are stamped as ``unzip``
 stamps them), so a folder dataset's cache key (relative paths, sizes, file times) is the same for
 every download of one archive and for the tree it was made from.
@@ -23,6 +27,7 @@ every download of one archive and for the tree it was made from.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -34,8 +39,10 @@ from pathlib import Path
 from typing import Callable
 
 from fedstyle.data.download.table import DatasetDownload
+from fedstyle.data.split_lists import shipped_list
 from fedstyle.errors import DataError
-from fedstyle.io import atomic_write_json, make_staging_dir, remove_leftovers
+from fedstyle.io import (atomic_write_json, disk_full, free_text, human_bytes, make_staging_dir, read_only,
+                         remove_leftovers)
 
 MARKER = ".fedstyle-download.json"
 SEARCH_DEPTH = 3
@@ -174,6 +181,45 @@ LAYOUTS: dict[str, Callable[[Path, Path, DatasetDownload], None]] = {
 }
 
 
+def remove_listed(result: Path, name: str) -> int:
+    """Delete from ``result`` every file the shipped list ``name`` names; returns how many were there.
+
+    A listed path that climbs out of ``result`` is refused (the list is ours, but a path is a path)."""
+    removed = 0
+    for line in shipped_list(name):
+        relative = Path(line)
+        if relative.is_absolute() or ".." in relative.parts:
+            raise DataError(f"{name}: {line!r} is not a path inside the dataset folder")
+        path = result / relative
+        if path.is_file():
+            path.unlink()
+            removed += 1
+    return removed
+
+
+def unpacked_size(archive: Path) -> int | None:
+    """Bytes ``archive`` takes unpacked: a zip's directory says it; a compressed tar would have to be read
+    through (minutes for TerraIncognita's 6 GB), so None."""
+    if archive.name.lower().endswith(".zip"):
+        with contextlib.suppress(OSError, zipfile.BadZipFile), zipfile.ZipFile(archive) as handle:
+            return sum(member.file_size for member in handle.infolist())
+    return None
+
+
+def unpack_error(err: OSError, archive: Path, where: Path) -> DataError:
+    """One line for an unpacking that the disk refused: the folder, the room needed where known."""
+    kept = f"the archives stay in {archive.parent}; then run the same command again"
+    if disk_full(err):
+        size = unpacked_size(archive)
+        need = (f"it needs {human_bytes(size)} unpacked" if size is not None
+                else f"it needs more than its {human_bytes(archive.stat().st_size)} packed")
+        return DataError(f"no space left on device to unpack {archive.name} into {where} ({need}, "
+                         f"{free_text(where)}); free space or give another --data-root ({kept})")
+    hint = "give a --data-root you can write to" if read_only(err) else "check the folder"
+    return DataError(f"cannot unpack {archive.name} into {where} ({err.strerror or err}: "
+                     f"{err.filename or where}); {hint} ({kept})")
+
+
 def is_installed(target: Path) -> bool:
     return (target / MARKER).is_file()
 
@@ -186,11 +232,25 @@ def install(entry: DatasetDownload, archives: list[Path], target: Path, record: 
     try:
         unpacked = staging / "unpacked"
         for archive in archives:
-            unpack(archive, unpacked)
+            try:
+                unpack(archive, unpacked)
+            except OSError as err:  # a full disk or a read-only folder names where, and the room needed
+                shutil.rmtree(staging, ignore_errors=True)  # first, so the line says what is free without it
+                raise unpack_error(err, archive, target.parent) from None
         result = staging / "result"
-        LAYOUTS[entry.layout](unpacked, result, entry)
-        atomic_write_json(result / MARKER, record)
-        os.rename(result, target)
+        try:
+            LAYOUTS[entry.layout](unpacked, result, entry)
+            if entry.removed:
+                record = {**record, "removed": {"list": entry.removed, "files": remove_listed(result, entry.removed)}}
+            atomic_write_json(result / MARKER, record)
+            os.rename(result, target)
+        except OSError as err:
+            if not (disk_full(err) or read_only(err)):
+                raise
+            shutil.rmtree(staging, ignore_errors=True)
+            raise DataError(f"cannot arrange {target.name} in {target.parent} ({err.strerror or err}; "
+                            f"{free_text(target.parent)}); free space or give another --data-root (the archives "
+                            f"stay in {archives[0].parent}; then run the same command again)") from None
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return target

@@ -1,8 +1,9 @@
 """Where each benchmark's archives come from, what their bytes hash to, and where they go.
 
-The URLs are DomainBed's (``domainbed/scripts/download.py``) for PACS, VLCS, Office-Home,
-DomainNet and TerraIncognita, and WILDS's (``wilds/datasets/camelyon17_dataset.py``, v1.0) for
-Camelyon17; further sources of the same file are listed after them and tried in order.
+The URLs are DomainBed's (``domainbed/scripts/download.py`` at b93c22a, December 2024; TerraIncognita's
+as changed in June 2024 by commit 3cf2e20) for PACS, VLCS, Office-Home, DomainNet and TerraIncognita,
+and WILDS's (``wilds/datasets/camelyon17_dataset.py``, v1.0) for Camelyon17; further sources of the
+same file are listed after them and tried in order.
 
 Checksums: an archive's SHA-256 (and size) is written here only where a public source states it:
 DomainNet's six zips and its twelve split lists are hashed in TensorFlow Datasets'
@@ -24,6 +25,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
+import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
@@ -64,7 +67,9 @@ class DatasetDownload:
 
     ``layout`` names how the unpacked archives become the folder (see ``download.layout``);
     ``domains``: the domain folders the result must hold; ``dataset``: the ``--dataset`` name that
-    reads it; ``alternative``: another way to the data when every source fails.
+    reads it; ``alternative``: another way to the data when every source fails; ``removed``: a list
+    shipped in ``download/lists/`` naming files (relative to the folder) that are deleted after
+    unpacking, as the source's own recipe deletes them.
     """
 
     name: str
@@ -75,6 +80,7 @@ class DatasetDownload:
     domains: tuple[str, ...] = ()
     dataset: str = ""
     alternative: str = ""
+    removed: str = ""
 
     def archive(self, filename: str) -> Archive:
         return next(a for a in self.archives if a.filename == filename)
@@ -83,6 +89,8 @@ class DatasetDownload:
 DOWNLOADS: Registry[DatasetDownload] = Registry("downloadable dataset")
 
 DOMAINBED = "DomainBed's copy"
+#: DomainBed's list of the 9,431 DomainNet images its download.py deletes (lists/README.md says where it is from)
+DOMAINNET_DUPLICATES = "domain_net_duplicates.txt"
 DOMAINNET_BASE = "http://csr.bu.edu/ftp/visda/2019/multi-source"
 #: (path under DOMAINNET_BASE, size in bytes, SHA-256), as TensorFlow Datasets' checksums.tsv records them
 DOMAINNET_FILES = (
@@ -105,8 +113,9 @@ DOMAINNET_FILES = (
     ("domainnet/txt/sketch_train.txt", 1960222, "72f4bc6afa5702a1ccba800d0053c1427de87439dfaf246dbc9a2e71abfec54f"),
     ("domainnet/txt/sketch_test.txt", 850581, "3fb48fca18c507c4321f007c3f62b308ec232ff6928cbfe2af64e76ec366e840"),
 )
-LILA = ("https://lilablobssc.blob.core.windows.net/caltechcameratraps",  # DomainBed's
-        "https://storage.googleapis.com/public-datasets-lila/caltechcameratraps")  # LILA's Google Cloud copy
+#: DomainBed's source of the Caltech Camera Traps files since June 2024 (commit 3cf2e20); its former host,
+#: lilablobssc.blob.core.windows.net, no longer serves them (DomainBed issue #136)
+LILA = "https://storage.googleapis.com/public-datasets-lila/caltechcameratraps"
 CAMELYON_URL = "https://worksheets.codalab.org/rest/bundles/0xe45e15f39fb54e9d9e919556af67aabe/contents/blob/"
 
 for _entry in (
@@ -128,18 +137,21 @@ for _entry in (
         "or load Flower's copy from the Hugging Face Hub: --dataset hf:flwrlabs/office-home",
     ),
     DatasetDownload(
-        "domainnet", "DomainNet (Peng et al., 2019), with its official train/test lists", "domain_net",
+        "domainnet",
+        "DomainNet (Peng et al., 2019), with its official train/test lists, less DomainBed's 9,431 duplicates",
+        "domain_net",
         tuple(Archive(path.rpartition("/")[2], (f"{DOMAINNET_BASE}/{path}",), sha, size,
                       "DomainNet's authors (http://ai.bu.edu/M3SDA/)")
               for path, size, sha in DOMAINNET_FILES),
         "domain_folders", BENCHMARKS.get("domainnet").domains, "domainnet",
+        removed=DOMAINNET_DUPLICATES,
     ),
     DatasetDownload(
         "terra_incognita", "TerraIncognita (Beery et al., 2018), DomainBed's 4 locations x 10 classes",
         "terra_incognita",
-        (Archive("eccv_18_all_images_sm.tar.gz", tuple(f"{b}/eccv_18_all_images_sm.tar.gz" for b in LILA),
+        (Archive("eccv_18_all_images_sm.tar.gz", (f"{LILA}/eccv_18_all_images_sm.tar.gz",),
                  origin="LILA BC (https://lila.science/datasets/caltech-camera-traps)"),
-         Archive("caltech_camera_traps.json.zip", tuple(f"{b}/labels/caltech_camera_traps.json.zip" for b in LILA),
+         Archive("eccv_18_annotations.tar.gz", (f"{LILA}/eccv_18_annotations.tar.gz",),
                  origin="LILA BC (https://lila.science/datasets/caltech-camera-traps)")),
         "terra_incognita", ("location_100", "location_38", "location_43", "location_46"), "folder",
     ),
@@ -154,29 +166,88 @@ for _entry in (
     DOWNLOADS.add(_entry.name, _entry)
 
 
-def _override(archive: Archive, given: Mapping[str, Any], where: str) -> Archive:
+SHA256 = re.compile(r"^[0-9a-fA-F]{64}$")
+#: URL schemes urllib fetches; a mirror or source must name one (and a host, except file:)
+URL_SCHEMES = ("http", "https", "ftp", "file")
+
+
+def shown(value: Any) -> str:
+    """``value`` as JSON writes it (``null``, ``"abc"``, ``true``): the file's own spelling in a message."""
+    try:
+        return json.dumps(value)
+    except (TypeError, ValueError):
+        return repr(value)
+
+
+def json_kind(value: Any) -> str:
+    return {dict: "an object", list: "an array", str: "a string", bool: "true or false", type(None): "null",
+            int: "a number", float: "a number"}.get(type(value), type(value).__name__)
+
+
+def check_url(url: Any, where: str, fix: str = "") -> str:
+    """``url`` if it is a URL urllib can fetch, else one ConfigError line naming ``where`` and the fix."""
+    parts = urllib.parse.urlsplit(url) if isinstance(url, str) else None
+    if parts is None or parts.scheme not in URL_SCHEMES or not (parts.netloc or parts.scheme == "file"):
+        raise ConfigError(f"{where} is {shown(url)}, not a URL: give one such as https://mirror.example.org/domainbed "
+                          f"(schemes: {', '.join(URL_SCHEMES)})" + (f"; {fix}" if fix else ""))
+    return url
+
+
+def check_sha256(value: Any, where: str, fix: str) -> str:
+    """A SHA-256 as 64 hex digits, lower-cased: ``Get-FileHash`` (PowerShell) prints it in upper case."""
+    if not isinstance(value, str) or not SHA256.match(value):
+        raise ConfigError(f"{where} is {shown(value)}, not a SHA-256 (64 hex digits, as sha256sum prints it); {fix}")
+    return value.lower()
+
+
+def check_size(value: Any, where: str, fix: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ConfigError(f"{where} is {shown(value)}, not a size in bytes (a positive whole number); {fix}")
+    return value
+
+
+def _override(archive: Archive, given: Any, where: str) -> Archive:
+    fix = f"fix {where}" + (f" or unset {SOURCES_ENV}" if where != "sources" else "")
+    key = f"{where}: {archive.filename}"
+    if not isinstance(given, dict):
+        raise ConfigError(f"{key} is {shown(given)}, not an object such as "
+                          '{"urls": ["https://..."], "sha256": "...", "size": N}; ' + fix)
     unknown = set(given) - {"urls", "sha256", "size"}
     if unknown:
-        raise ConfigError(f"{where}: {archive.filename} has unknown key {sorted(unknown)[0]!r}; use urls, sha256, size")
+        raise ConfigError(f"{key} has unknown key {sorted(unknown)[0]!r}; use urls, sha256, size")
     urls = given.get("urls", archive.urls)
-    if isinstance(urls, str) or not all(isinstance(u, str) for u in urls):
-        raise ConfigError(f"{where}: {archive.filename}.urls must be a list of URLs")
-    return dataclasses.replace(archive, urls=tuple(urls), sha256=given.get("sha256", archive.sha256),
-                               size=given.get("size", archive.size))
+    if isinstance(urls, str) or not isinstance(urls, (list, tuple)) or not urls:
+        raise ConfigError(f"{key}.urls is {shown(urls)}, not a list of one or more URLs; {fix}")
+    urls = tuple(check_url(u, f"{key}.urls[{i}]", fix) for i, u in enumerate(urls))
+    sha256 = archive.sha256 if given.get("sha256") is None else check_sha256(given["sha256"], f"{key}.sha256", fix)
+    size = archive.size if given.get("size") is None else check_size(given["size"], f"{key}.size", fix)
+    return dataclasses.replace(archive, urls=urls, sha256=sha256, size=size)
+
+
+def read_sources(path: str) -> dict[str, Any]:
+    """``$FEDSTYLE_DOWNLOAD_SOURCES``'s JSON object (file name -> its sources), or one ConfigError line."""
+    try:
+        sources = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as err:
+        raise ConfigError(f"{SOURCES_ENV}={path} is no readable JSON file ({err}); fix or unset it") from None
+    if not isinstance(sources, dict):
+        raise ConfigError(f"{SOURCES_ENV}={path} holds {json_kind(sources)}, not an object mapping file "
+                          'names to their sources ({"PACS.zip": {"urls": [...], "sha256": "..."}}); fix or unset it')
+    return sources
 
 
 def with_sources(entry: DatasetDownload, sources: Mapping[str, Mapping[str, Any]] | None = None,
                  mirrors: tuple[str, ...] = ()) -> DatasetDownload:
     """``entry`` with its archives' sources replaced by ``sources`` (else ``$FEDSTYLE_DOWNLOAD_SOURCES``)
-    and every ``mirrors`` base URL (``BASE/<file name>``) tried first, in the order given."""
+    and every ``mirrors`` base URL (``BASE/<file name>``) tried first, in the order given.
+
+    Both are checked first (shapes, URLs, checksums), each fault one :class:`ConfigError` line."""
     where = "sources"
     if sources is None and os.environ.get(SOURCES_ENV):
         where = os.environ[SOURCES_ENV]
-        try:
-            sources = json.loads(Path(where).read_text())
-        except (OSError, ValueError) as err:
-            raise ConfigError(f"{SOURCES_ENV}={where} is no readable JSON file ({err}); fix or unset it") from None
+        sources = read_sources(where)
     sources = sources or {}
+    mirrors = tuple(check_url(m, "--mirror") for m in mirrors)
     archives = []
     for archive in entry.archives:
         if archive.filename in sources:

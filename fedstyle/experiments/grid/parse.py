@@ -27,7 +27,8 @@ GRID_KEYS = ("name", "title", "description", "out", "seeds", "targets", "base", 
 VARIANT_KEYS = ("name", "method", "label", "hparams", "seeds", "targets")
 SCALE_KEYS = ("description", "seeds", "targets", "base", "variants", "hparams")
 #: what the sweep writes beside the variants' folders
-RESERVED_NAMES = ("reports", "report.md", "report.csv", "accuracy.png", "training.png", "claims.json", "sweep.log")
+RESERVED_NAMES = ("reports", "report.md", "report.csv", "report.tex", "accuracy.png", "accuracy.pdf", "training.png",
+                  "training.pdf", "claims.json", "sweep.log")
 
 
 # ----------------------------------------------------------------------------- parsing

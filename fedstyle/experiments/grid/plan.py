@@ -12,7 +12,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from fedstyle.algorithms import METHODS
 from fedstyle.errors import ConfigError, FedstyleError
-from fedstyle.experiments.build import simulation_noise
+from fedstyle.experiments.build import check_source_validation, simulation_noise
 from fedstyle.experiments.config import TRACKER_SETTINGS, RunConfig
 from fedstyle.experiments.grid.spec import Grid, VariantSpec, _check_folder_name, _fail
 from fedstyle.experiments.rundir import CONFIG, DONE
@@ -40,6 +40,8 @@ class PlannedRun:
     row_label: str
     group: tuple[tuple[str, str], ...]
     status: str  # "done", "resume" (interrupted: continued from its checkpoint) or "new"
+    #: a dry run planned without the run's data: why it could not be read (empty: the data was there)
+    data_missing: str = ""
 
     @property
     def seed(self) -> int:
@@ -71,22 +73,47 @@ class Plan:
 # ----------------------------------------------------------------------------- expansion and validation
 
 
-class _Datasets:
-    """Datasets loaded once per (name, root, resolution) for "each" and for checking domain names."""
+@dataclass(frozen=True)
+class _AbsentData:
+    """A named benchmark whose images are not there, in a plan made without data: its domains are known."""
 
-    def __init__(self, progress: bool):
+    domains: tuple[str, ...]
+    reason: str
+
+
+class _Datasets:
+    """Datasets loaded once per (name, root, resolution) for "each" and for checking domain names.
+
+    ``without_data`` (a dry run): a named benchmark whose images cannot be read stands in by its known domain
+    names, so its runs are listed (marked, see :meth:`missing`) instead of refused.
+    """
+
+    def __init__(self, progress: bool, without_data: bool = False):
         self.progress = progress
+        self.without_data = without_data
         self.loaded: dict[tuple, Any] = {}
         self.checked: set[tuple] = set()
 
     def get(self, config: RunConfig):
+        from fedstyle.data.folder import BENCHMARKS
         from fedstyle.experiments.build import load_config_dataset
 
         key = (config.dataset, config.data_root, config.resolution, config.skip_bad_images, config.per_class,
                config.official_splits, config.image_column, config.domain_column, config.label_column)
         if key not in self.loaded:
-            self.loaded[key] = load_config_dataset(config, progress=self.progress)
+            try:
+                self.loaded[key] = load_config_dataset(config, progress=self.progress)
+            except FedstyleError as err:
+                known = BENCHMARKS.get(config.dataset).domains if config.dataset in BENCHMARKS else None
+                if not (self.without_data and known):
+                    raise
+                self.loaded[key] = _AbsentData(known, str(err))
         return self.loaded[key]
+
+    def missing(self, config: RunConfig) -> str:
+        """Why ``config``'s data could not be read in a plan without data; empty when it was read."""
+        dataset = self.get(config)
+        return dataset.reason if isinstance(dataset, _AbsentData) else ""
 
     def check(self, config: RunConfig) -> None:
         """The protocol's split and the partition, as the run will build them (no model, no training)."""
@@ -97,12 +124,15 @@ class _Datasets:
                config.image_column, config.domain_column, config.label_column, config.protocol,
                tuple(config.targets),
                config.val_domain, config.source, config.val_fraction, config.partition, config.clients,
-               config.alpha, config.lam, config.min_client_size, config.seed)
+               config.alpha, config.lam, config.min_client_size, config.seed, config.resolved_selection())
         if key in self.checked:
             return
         dataset = self.get(config)
+        if isinstance(dataset, _AbsentData):
+            return  # no images to split: the dry run lists the run, marked
         split = make_split(dataset, config.protocol, targets=list(config.targets), val_domain=config.val_domain,
                            source=config.source, val_fraction=config.val_fraction, seed=config.seed)
+        check_source_validation(config, split)
         make_partition(config.partition, split, dataset, num_clients=config.clients, alpha=config.alpha,
                        lam=config.lam, min_size=config.min_client_size, seed=derive_seed(config.seed, "partition"))
         self.checked.add(key)
@@ -153,17 +183,18 @@ def _describe(parts: Sequence[tuple[str, str]]) -> str:
 
 
 def plan_grid(grid: Grid, out: str | Path, *, progress: bool = False,
-              only: Sequence[tuple[str, Sequence[str]]] = ()) -> Plan:
+              only: Sequence[tuple[str, Sequence[str]]] = (), without_data: bool = False) -> Plan:
     """Expand ``grid`` into runs under ``out`` and validate every one before anything runs.
 
     Each run's RunConfig is typed and checked (``RunConfig.validate``), its method's
     hyperparameters resolved, its topology and runtime checked, its split and partition built on the
     dataset (loaded once per dataset); a run directory that already holds a run of other settings is
     an error. ``only`` keeps the values listed per key (``variant``, ``seed``, ``target`` or a
-    crossed key). Raises one ConfigError naming the first bad run.
+    crossed key). Raises one ConfigError naming the first bad run. ``without_data`` (a dry run) lists the
+    runs of a named benchmark whose images are not there, each with ``data_missing`` saying why, unchecked.
     """
     out = Path(out)
-    datasets = _Datasets(progress)
+    datasets = _Datasets(progress, without_data)
     only_values = _check_only(grid, only)
     variants = [v for v in grid.variants if "variant" not in only_values or v.name in only_values["variant"]]
     declared = {v.name: {h.name for h in METHODS.get(v.method).declared_hparams()} for v in grid.variants}
@@ -291,7 +322,8 @@ def _variant_runs(grid: Grid, variant: VariantSpec, declared: set[str], group_ax
                     group_here = group + (("dataset", config.dataset),)
                 else:
                     group_here = group
-                yield PlannedRun(out / rel, rel, config, variant.name, row, row_label, group_here, "new"), where
+                yield PlannedRun(out / rel, rel, config, variant.name, row, row_label, group_here, "new",
+                                 datasets.missing(config)), where
 
 
 def _name_groups(runs: list[PlannedRun], group_axes: set[str]) -> None:

@@ -4,8 +4,8 @@ A run directory holds ``config.json``, ``metrics.jsonl`` (one evaluation per lin
 ``summary.json`` (the selected and last-round target accuracies) and a ``done`` marker written
 last. :func:`collect` loads runs, :func:`results_table` aggregates them into one row per method
 (``summary["label"]``) and one column per held-out domain, :func:`plot_accuracy` draws target
-accuracy per round, and :func:`write_report` writes ``report.md``, ``report.csv`` and
-``accuracy.png``.
+accuracy per round, and :func:`write_report` writes ``report.md``, ``report.csv``, ``report.tex``
+(booktabs, for a paper's column) and the figures, each as PNG and PDF.
 
 Aggregation rules (stated in the table caption and footnotes):
 
@@ -30,11 +30,11 @@ imported here, so ``from fedstyle.experiments.report import ...`` covers them.
 """
 
 from fedstyle.experiments.report.plots import plot_accuracy, plot_training
-from fedstyle.experiments.report.render import to_csv, to_markdown, to_text, write_report
+from fedstyle.experiments.report.render import to_csv, to_latex, to_markdown, to_text, write_report
 from fedstyle.experiments.report.runs import NOT_SETTINGS, WHICH, RunRecord, collect, load_run
 from fedstyle.experiments.report.tabulate import (MISSING, PARTIAL_FOOTNOTE, PARTIAL_MARK, SELECTION_RULES, Cell,
                                                   Row, RowPlan, Table, plan_rows, results_table)
 
 __all__ = ["Cell", "MISSING", "NOT_SETTINGS", "PARTIAL_FOOTNOTE", "PARTIAL_MARK", "Row", "RowPlan", "RunRecord",
            "SELECTION_RULES", "Table", "WHICH", "collect", "load_run", "plan_rows", "plot_accuracy", "plot_training",
-           "results_table", "to_csv", "to_markdown", "to_text", "write_report"]
+           "results_table", "to_csv", "to_latex", "to_markdown", "to_text", "write_report"]

@@ -1,13 +1,18 @@
 """The report's figures: curves read from the runs' metrics.jsonl, drawn with matplotlib (no pyplot state).
 
+Every figure is written as PNG and PDF (:func:`fedstyle.figures.save_figure`); a row's colour is
+:func:`fedstyle.colours.colour_for` of its label, the same in every figure whatever the row order; every
+accuracy axis shows chance (100 / classes) and spans at least 10 points
+(:func:`fedstyle.figures.accuracy_axis`); a figure's grid holds exactly the panels drawn.
+
 A *run* here is anything with ``metrics`` (the metrics.jsonl rows), ``seed`` and ``summary`` (the
 report's ``RunRecord``); ``row_of(run)`` names the table row the run belongs to, so curves and
 table rows always agree. Curves are averaged over a row's runs per seed (leave-one-domain-out runs
 of one seed are merged), then drawn as the mean over seeds with a ±1 std band.
 
-- ``accuracy.png`` (:func:`plot_accuracy`): target accuracy per round, one panel per held-out
+- ``accuracy.png`` / ``.pdf`` (:func:`plot_accuracy`): target accuracy per round, one panel per held-out
   domain (up to 6) and one for their mean;
-- ``training.png`` (:func:`plot_training`): mean target accuracy per round with a marker at each
+- ``training.png`` / ``.pdf`` (:func:`plot_training`): mean target accuracy per round with a marker at each
   run's selected round and the chance line, mean source-validation accuracy, training loss, target
   accuracy against megabytes sent (up + down), and for peer-to-peer runs the devices' own models
   (mean ± std over devices).
@@ -20,8 +25,9 @@ import statistics
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from fedstyle.colours import colour_for
 from fedstyle.errors import DataError
-from fedstyle.io import atomic_open
+from fedstyle.figures import accuracy_axis, save_figure
 
 MAX_DOMAIN_PANELS = 6
 
@@ -97,26 +103,37 @@ def _draw_band(axes, x, means, stds, color, label, marker=True) -> None:
 
 
 def _figure(panels: int):
+    """A figure with exactly ``panels`` axes: up to 3 a row (4 as 2 x 2), a short last row centred, so no
+    panel is left empty. Returns the figure and the axes in reading order."""
     from matplotlib.figure import Figure  # Figure without pyplot: no global backend/state
 
-    columns = min(panels, 3)
+    columns = 2 if panels == 4 else min(panels, 3)
     rows = math.ceil(panels / columns)
     figure = Figure(figsize=(4.5 * columns, 3.4 * rows + 0.6), layout="constrained")
-    return figure, figure.subplots(rows, columns, squeeze=False)
+    grid = figure.add_gridspec(rows, 2 * columns)  # half-columns, so a short last row can sit centred
+    axes = []
+    for index in range(panels):
+        row, column = divmod(index, columns)
+        in_row = min(columns, panels - row * columns)
+        left = (columns - in_row) + 2 * column  # offset of a short row, in half-columns
+        axes.append(figure.add_subplot(grid[row, left: left + 2]))
+    return figure, axes
 
 
-def _finish(figure, axes_grid, used: int, path: Path) -> Path:
-    for axes in list(axes_grid.flat)[used:]:
-        axes.set_visible(False)
+def _finish(figure, axes_list, path: Path) -> Path:
     legend: dict[str, object] = {}  # a row may be missing from some panels (leave-one-out)
-    for axes in axes_grid.flat:
+    for axes in axes_list:
         for handle, label in zip(*axes.get_legend_handles_labels()):
             if not label.startswith("_"):
                 legend.setdefault(label, handle)
     figure.legend(list(legend.values()), list(legend), loc="outside lower center", ncols=min(len(legend), 4) or 1)
-    with atomic_open(path, "wb") as file:
-        figure.savefig(file, format="png", dpi=110)
-    return path
+    return save_figure(figure, path)
+
+
+def _chance(runs: Sequence) -> float | None:
+    """Chance accuracy in percent (100 / classes) when every run has the same number of classes."""
+    classes = {run.summary.get("num_classes") for run in runs} - {None}
+    return 100.0 / classes.pop() if len(classes) == 1 else None
 
 
 def _round_axes(axes, title: str, ylabel: str) -> None:
@@ -144,15 +161,16 @@ def plot_accuracy(runs: Sequence, path: str | Path, row_of: Callable | None = No
         panels += [(f"target: {d}", {label: {d: c[d]} for label, c in curves.items() if d in c}) for d in domains]
     if len(domains) > 1:
         panels.append(("mean over held-out domains", curves))
-    figure, axes_grid = _figure(len(panels))
-    colors = {label: f"C{index % 10}" for index, label in enumerate(curves)}
-    for axes, (title, panel_curves) in zip(axes_grid.flat, panels):
+    figure, axes_list = _figure(len(panels))
+    chance = _chance(runs)
+    for axes, (title, panel_curves) in zip(axes_list, panels):
         for label, per_domain in panel_curves.items():
             rounds, means, stds = _mean_band(_average_curve(per_domain))
             if rounds:
-                _draw_band(axes, rounds, means, stds, colors[label], label)
+                _draw_band(axes, rounds, means, stds, colour_for(label), label)
         _round_axes(axes, title, "accuracy (%)")
-    return _finish(figure, axes_grid, len(panels), Path(path))
+        accuracy_axis(axes, chance)
+    return _finish(figure, axes_list, Path(path))
 
 
 def plot_training(runs: Sequence, path: str | Path, row_of: Callable | None = None) -> Path:
@@ -161,7 +179,6 @@ def plot_training(runs: Sequence, path: str | Path, row_of: Callable | None = No
     _, target = _target_curves(runs, row_of)
     if not target:
         raise DataError("the runs' metrics.jsonl files have no per-round target_acc; nothing to plot")
-    colors = {label: f"C{index % 10}" for index, label in enumerate(target)}
     source = _run_curves(runs, row_of, lambda r: None if not r.get("source_val_acc") else
                          100.0 * statistics.fmean(r["source_val_acc"].values()))
     loss = _run_curves(runs, row_of, lambda r: r.get("train_loss") if isinstance(r.get("train_loss"), float) else None)
@@ -173,24 +190,23 @@ def plot_training(runs: Sequence, path: str | Path, row_of: Callable | None = No
                              if isinstance(r.get("device_target_acc"), dict) else None)
     panels = ["target", "source", "loss", "bytes", "devices"]
     panels = [p for p in panels if {"source": source, "loss": loss, "bytes": megabytes, "devices": devices}.get(p, 1)]
-    figure, axes_grid = _figure(len(panels))
-    axes_of = dict(zip(panels, axes_grid.flat))
+    figure, axes_list = _figure(len(panels))
+    axes_of = dict(zip(panels, axes_list))
 
-    chance = {run.summary.get("num_classes") for run in runs} - {None}
+    chance = _chance(runs)
     axes = axes_of["target"]
     for label, per_domain in target.items():
         rounds, means, stds = _mean_band(_average_curve(per_domain))
-        _draw_band(axes, rounds, means, stds, colors[label], label)
+        _draw_band(axes, rounds, means, stds, colour_for(label), label)
     for run in runs:  # each run's selected round, at that run's accuracy there (mean over its targets)
         chosen = next((r for r in _evaluations(run) if r["round"] == run.summary.get("selected_round")), None)
         if chosen and isinstance(chosen.get("target_acc"), dict):
             acc = _mean(chosen["target_acc"].values())
             if acc is not None:
                 axes.plot([chosen["round"]], [100.0 * acc], marker="*", markersize=9, linestyle="none",
-                          color=colors[row_of(run)], label="_selected")
-    if len(chance) == 1:
-        axes.axhline(100.0 / chance.pop(), color="grey", linestyle=":", linewidth=1, label="chance")
+                          color=colour_for(row_of(run)), label="_selected")
     _round_axes(axes, "target accuracy (★ each run at its selected round)", "accuracy (%)")
+    accuracy_axis(axes, chance)
 
     for name, curves, title, ylabel in (("source", source, "source-validation accuracy", "accuracy (%)"),
                                         ("loss", loss, "training loss", "loss")):
@@ -199,8 +215,10 @@ def plot_training(runs: Sequence, path: str | Path, row_of: Callable | None = No
         axes = axes_of[name]
         for label, per_run in curves.items():
             rounds, means, stds = _mean_band(_average_curve(per_run))
-            _draw_band(axes, rounds, means, stds, colors.get(label, "k"), label)
+            _draw_band(axes, rounds, means, stds, colour_for(label), label)
         _round_axes(axes, title, ylabel)
+        if name == "source":
+            accuracy_axis(axes, chance)
         if name == "loss":
             values = [v for per_run in curves.values() for s in per_run.values() for series in s.values()
                       for v in series.values()]
@@ -216,17 +234,19 @@ def plot_training(runs: Sequence, path: str | Path, row_of: Callable | None = No
             xs = [at[r] for r in rounds if r in at]
             ys = [m for r, m in zip(rounds, means) if r in at]
             if xs:
-                axes.plot(xs, ys, color=colors[label], label=label, marker="." if len(xs) < 30 else None)
+                axes.plot(xs, ys, color=colour_for(label), label=label, marker="." if len(xs) < 30 else None)
         axes.set_title("target accuracy against traffic")
         axes.set_xlabel("MB sent so far (up + down)")
         axes.set_ylabel("accuracy (%)")
         axes.grid(alpha=0.3)
+        accuracy_axis(axes, chance)
 
     if "devices" in axes_of:
         axes = axes_of["devices"]
         for label, per_run in devices.items():
             rounds, means, _ = _mean_band(_average_curve(per_run))
             _, spread, _ = _mean_band(_average_curve(device_std.get(label, {})))
-            _draw_band(axes, rounds, means, spread[: len(means)] or [0.0] * len(means), colors.get(label, "k"), label)
+            _draw_band(axes, rounds, means, spread[: len(means)] or [0.0] * len(means), colour_for(label), label)
         _round_axes(axes, "devices' own models (mean ± std over devices)", "accuracy (%)")
-    return _finish(figure, axes_grid, len(panels), Path(path))
+        accuracy_axis(axes, chance)
+    return _finish(figure, axes_list, Path(path))

@@ -1,5 +1,6 @@
-"""The report's output: the table as terminal text, markdown and CSV, and :func:`write_report`,
-which writes ``report.md``, ``report.csv`` and the plots for a set of run directories."""
+"""The report's output: the table as terminal text, markdown, CSV and LaTeX, and :func:`write_report`,
+which writes ``report.md``, ``report.csv``, ``report.tex`` and the figures (PNG and PDF) for a set of run
+directories."""
 
 from __future__ import annotations
 
@@ -11,8 +12,9 @@ from pathlib import Path
 from typing import IO, Iterator, Sequence
 
 from fedstyle.experiments.report.plots import plot_accuracy, plot_training
-from fedstyle.experiments.report.runs import RunRecord, collect
-from fedstyle.experiments.report.tabulate import Table, _setting_text, plan_rows, results_table
+from fedstyle.experiments.report.runs import RunRecord, collect, environment_note
+from fedstyle.experiments.report.tabulate import (MISSING, Cell, Table, _setting_text, plan_rows,
+                                                  results_table)
 from fedstyle.io import atomic_open
 
 
@@ -50,6 +52,67 @@ def to_markdown(table: Table) -> str:
     if table.warning:
         notes += ["", f"**Warning:** {escape(table.warning)}"]
     return "\n".join([f"**Table.** {table.caption}", "", *body, *notes]) + "\n"
+
+
+#: LaTeX's special characters and how to write them as text
+_LATEX_ESCAPES = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_",
+                  "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}", "±": r"$\pm$",
+                  MISSING: "--", "★": r"$\star$"}
+#: columns a one-column table holds at \small without scaling; wider ones are scaled to \columnwidth
+ONE_COLUMN_WIDTH = 7
+
+
+def latex_escape(text: str) -> str:
+    r"""``text`` with LaTeX's special characters escaped (``_`` -> ``\_``, ``±`` -> ``$\pm$``)."""
+    return "".join(_LATEX_ESCAPES.get(char, char) for char in str(text))
+
+
+def _latex_cell(cell: Cell, best: float | None) -> str:
+    """``mean`` with a small ``± std`` below the baseline of the text; the column's best mean in bold."""
+    if cell.mean is None:
+        return "--"
+    mean = f"{cell.mean:.1f}"
+    if best is not None and round(cell.mean, 1) == round(best, 1):
+        mean = rf"\textbf{{{mean}}}"
+    std = "" if cell.std is None else rf"{{\scriptsize\,$\pm${cell.std:.1f}}}"
+    return mean + std + (r"$^{*}$" if cell.partial else "")
+
+
+def to_latex(table: Table) -> str:
+    """A booktabs table for a paper's single column: the method, the settings that differ, one column per
+    held-out domain, Avg and the number of seeds, each column's best mean in bold. The costs (MB/run, s/run)
+    and the source-validation column stay in report.md and report.csv: a column of a paper has room for the
+    result. Needs ``\\usepackage{booktabs}`` (and ``graphicx`` when the table is scaled to the column)."""
+    columns = ["Method", *table.setting_columns, *table.domains, "Avg", "n"]
+    results = [*(lambda row, d=d: row.cells[d] for d in table.domains), lambda row: row.average]
+    best = [max((m for m in (cell(row).mean for row in table.rows) if m is not None), default=None)
+            for cell in results]
+    body = []
+    for row in table.rows:
+        label = row.display_label if table.which == "selected" else row.label
+        settings = (latex_escape(_setting_text(row.settings.get(k))) for k in table.setting_columns)
+        cells = [latex_escape(label), *settings, *(_latex_cell(cell(row), top) for cell, top in zip(results, best)),
+                 str(row.n)]
+        body.append(" & ".join(cells) + r" \\")
+    spec = "l" * (1 + len(table.setting_columns)) + "r" * (len(table.domains) + 2)
+    tabular = [rf"\begin{{tabular}}{{@{{}}{spec}@{{}}}}", r"\toprule",
+               " & ".join(latex_escape(c) for c in columns) + r" \\", r"\midrule", *body, r"\bottomrule",
+               r"\end{tabular}"]
+    if len(columns) > ONE_COLUMN_WIDTH:
+        tabular = [r"\resizebox{\columnwidth}{!}{%", *tabular, "}"]
+    notes = [latex_escape(note) for note in table.footnotes]
+    if table.warning:
+        notes.append(r"\textbf{Warning:} " + latex_escape(table.warning))
+    # the caption less its clause on the source-validation column, which this table leaves out
+    caption = "; ".join(part for part in table.caption.split("; ") if not part.startswith("Src-val"))
+    caption = latex_escape(caption) + r" Bold: the best mean of a column."
+    label = "tab:" + "".join(ch for ch in table.dataset.lower() if ch.isalnum())
+    lines = ["% fedstyle report: \\usepackage{booktabs} (and graphicx for \\resizebox)",
+             r"\begin{table}[t]", r"\centering", r"\small", r"\setlength{\tabcolsep}{4pt}",
+             rf"\caption{{{caption}}}", rf"\label{{{label}}}", *tabular]
+    if notes:
+        lines += [r"\par\smallskip", r"\parbox{\columnwidth}{\footnotesize " + r" \\ ".join(notes) + "}"]
+    return "\n".join([*lines, r"\end{table}"]) + "\n"
 
 
 @contextlib.contextmanager
@@ -107,10 +170,12 @@ def write_report(
     order: Sequence[str] | None = None,
     dataset: str | None = None,
 ) -> tuple[Table, dict[str, Path]]:
-    """Write ``report.md``, ``report.csv`` and ``accuracy.png`` into ``out_dir``.
+    """Write ``report.md``, ``report.csv``, ``report.tex`` (a booktabs table) and the figures
+    ``accuracy.png`` and ``training.png`` (each with its PDF beside it) into ``out_dir``.
 
-    Returns the table (for the CLI to print) and the written paths by kind ("markdown", "csv",
-    "plot"); the plot is left out, with a warning, when no run logged per-round target accuracy.
+    Returns the table (for the CLI to print) and the written paths by kind ("markdown", "csv", "latex",
+    "plot", "training"; the figures' PNGs); the figures are left out, with a warning, when no run logged
+    per-round target accuracy.
     """
     out_dir = Path(out_dir)
     records = collect(run_dirs, include_incomplete=include_incomplete)
@@ -119,7 +184,13 @@ def write_report(
     if table.warning:
         warnings.warn(table.warning, stacklevel=2)
     row_of = plan_rows(records).row_of
+    environments = environment_note(records)
+    if environments:
+        warnings.warn(environments, stacklevel=2)
     paths = {"csv": to_csv(table, out_dir / "report.csv")}
+    with _atomic_open(out_dir / "report.tex", "w") as file:
+        file.write(to_latex(table))
+    paths["latex"] = out_dir / "report.tex"
     if any("target_acc" in row for r in records for row in r.metrics):
         paths["plot"] = plot_accuracy(records, out_dir / "accuracy.png", lambda run: row_of[run.path])
         paths["training"] = plot_training(records, out_dir / "training.png", lambda run: row_of[run.path])
@@ -127,6 +198,8 @@ def write_report(
         warnings.warn("no run logged per-round target_acc in metrics.jsonl; accuracy.png not written", stacklevel=2)
 
     sections = [f"# Results: {table.dataset}", "", to_markdown(table)]
+    if environments:
+        sections += [f"**Note:** {environments}.", ""]
     if "plot" in paths:
         sections += ["![Target accuracy per round (mean ± std over seeds)](accuracy.png)", "",
                      "![Training: target accuracy (★ selected round, dotted: chance), source-validation accuracy, "

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Sequence
 
+from fedstyle.environment import describe, differences
 from fedstyle.errors import ConfigError, DataError
 from fedstyle.experiments.config import TRACKER_SETTINGS
 
@@ -212,4 +213,16 @@ def collect(run_dirs: Sequence[str | os.PathLike], *, include_incomplete: bool =
         )
         records = [r for r in records if r.complete]
     return records
+
+
+def environment_note(records: Sequence[RunRecord]) -> str:
+    """One line saying in which fields the runs' environments (summary.json ``environment``, and
+    ``environment_resumed`` of a run finished elsewhere) differ; empty when they agree or none recorded one."""
+    environments = [env for r in records for env in (r.summary.get("environment"), r.summary.get("environment_resumed"))
+                    if isinstance(env, dict)]
+    found = differences(*environments) if len(environments) > 1 else {}
+    if not found:
+        return ""
+    return (f"the runs come from different environments ({describe(found)}); their numbers may differ for that "
+            f"reason too (each run's summary.json says where it ran)")
 

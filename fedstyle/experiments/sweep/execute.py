@@ -145,14 +145,17 @@ def describe_plan(plan: Plan) -> str:
 
 
 def dry_run(plan: Plan, echo: Callable[[str], None] = print) -> None:
-    """The runs, one line each (status, folder, row), and how many are done."""
+    """The runs, one line each (status, folder, row, and ``data missing`` for a run whose images are not
+    there: a plan made without data), and how many are done."""
     echo(describe_plan(plan))
+    for dataset, reason in {r.config.dataset: r.data_missing for r in plan.runs if r.data_missing}.items():
+        echo(f"data missing: {dataset}: {reason}")
     width = max(len(r.rel) for r in plan.runs)
     for run in plan.runs:
         status = run.status
         if status != "done" and probe_lock(run.run_dir):
             status = "running"  # held by another process now
-        echo(f"  {status:<8} {run.rel:<{width}}  {run.row_label}")
+        echo(f"  {status:<8} {run.rel:<{width}}  {run.row_label}" + ("  (data missing)" if run.data_missing else ""))
 
 
 def run_plan(plan: Plan, launcher: LocalLauncher | RayLauncher | None = None, *, quiet: bool = False,

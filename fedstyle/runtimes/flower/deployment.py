@@ -44,6 +44,7 @@ from typing import Any
 
 from fedstyle.errors import ConfigError
 from fedstyle.io import DirectoryLock, atomic_write_json, atomic_write_text
+from fedstyle.runtimes.flower.node_config import SIMULATION_MARKER_ENV
 from fedstyle.runtimes.flower.processes import (
     MARKER_ENV,
     DeployError,
@@ -226,6 +227,7 @@ class Federation(Supervisor):
         env.setdefault("PYTHONUNBUFFERED", "1")
         env["PYTHONPATH"] = fedstyle_path(env.get("PYTHONPATH"))
         env[MARKER_ENV] = self.marker  # inherited by every process Flower starts below ours
+        env.pop(SIMULATION_MARKER_ENV, None)  # a deployment's sites are never the simulation engine's
         # Flower's SuperExec looks for tasks (a ServerApp or ClientApp process to start) every 1 s by default
         env.setdefault(POLL_ENV, str(SUPEREXEC_POLL_INTERVAL))
         if site:

@@ -46,6 +46,7 @@ from typing import Any
 
 from fedstyle.errors import ConfigError
 from fedstyle.runtimes.flower import require_ray
+from fedstyle.runtimes.flower.node_config import SIMULATION_MARKER_ENV, SIMULATION_MARKER_VALUE
 from fedstyle.runtimes.site_state import STATE_DIR_ENV
 
 #: the clients' state folder inside the run directory (as a local `fedstyle deploy` keeps it)
@@ -86,8 +87,8 @@ def join_cluster(address: str, threads: int, quiet: bool, extra_env: dict[str, s
             socket.create_connection((host, int(port)), timeout=10).close()
         except OSError as err:
             raise ConfigError(f"--ray-address {address}: cannot join a Ray cluster (nothing answers there: "
-                              f"{err.strerror or err}); start one with `ray start --head` (README: Many clients), "
-                              "or leave --ray-address out for a private Ray instance") from None
+                              f"{err.strerror or err}); start one with `ray start --head` (docs/guide/deploy.md: "
+                              "Many clients), or leave --ray-address out for a private Ray instance") from None
     pythonpath = os.pathsep.join(sys.path)
     env = {"PYTHONPATH": pythonpath, **{k: str(threads) for k in THREAD_VARIABLES}, **(extra_env or {})}
     try:
@@ -96,8 +97,8 @@ def join_cluster(address: str, threads: int, quiet: bool, extra_env: dict[str, s
     except (ConnectionError, ValueError, RuntimeError) as err:
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise ConfigError(f"--ray-address {address}: cannot join a Ray cluster ({first}); start one with "
-                          "`ray start --head` (README: Many clients), or leave --ray-address out for a private "
-                          "Ray instance") from None
+                          "`ray start --head` (docs/guide/deploy.md: Many clients), or leave --ray-address out for "
+                          "a private Ray instance") from None
     return {k: float(v) for k, v in ray.cluster_resources().items()}
 
 
@@ -137,7 +138,8 @@ def train_on_flower_sim(exp, out: Path, *, quiet: bool, checkpoint) -> dict[str,
         gpus = actor_gpus(config, exp.device.type, cpus, torch.cuda.device_count() if exp.device.type == "cuda" else 0)
         init_args = {"num_cpus": cpus, "logging_level": "ERROR", "log_to_driver": not quiet}
     else:
-        resources = join_cluster(address, threads, quiet, {STATE_DIR_ENV: state_dir})
+        resources = join_cluster(address, threads, quiet, {STATE_DIR_ENV: state_dir,
+                                                           SIMULATION_MARKER_ENV: SIMULATION_MARKER_VALUE})
         gpus = actor_gpus(config, exp.device.type, resources.get("CPU", 0.0), resources.get("GPU", 0.0))
         init_args = {}  # Ray is initialised: Flower's engine uses the cluster as it is
     backend_config = {"client_resources": {"num_cpus": config.client_cpus, "num_gpus": gpus},
@@ -149,9 +151,12 @@ def train_on_flower_sim(exp, out: Path, *, quiet: bool, checkpoint) -> dict[str,
     # A private instance's workers inherit this environment: the actors' torch threads, whatever the
     # caller's OMP_NUM_THREADS says, so results match --backend sim at that thread count (this
     # process's torch is unaffected). A cluster's workers get them from the runtime_env instead.
-    saved_env = {k: os.environ.get(k) for k in (*THREAD_VARIABLES, STATE_DIR_ENV)}
+    # and the positive marker of this simulation engine (node_config.in_simulation_engine): its sites may take
+    # the run's seeded noise, one process playing every party; removed again below
+    saved_env = {k: os.environ.get(k) for k in (*THREAD_VARIABLES, STATE_DIR_ENV, SIMULATION_MARKER_ENV)}
     os.environ.update({k: str(threads) for k in THREAD_VARIABLES})
     os.environ[STATE_DIR_ENV] = state_dir
+    os.environ[SIMULATION_MARKER_ENV] = SIMULATION_MARKER_VALUE
     try:
         run_simulation(server_app=server_app, client_app=client_app, num_supernodes=exp.simulator.num_clients,
                        backend_config=backend_config)

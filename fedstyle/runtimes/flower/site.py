@@ -21,6 +21,12 @@ it; the coordinator's session (sent along) tells the store which snapshots a res
 abandoned and which are older than its last checkpoint. So a restarted site and a resumed
 coordinator continue exactly where an uninterrupted run would be.
 
+On a deployed site (not fedstyle's flower-sim engine: :func:`.node_config.in_simulation_engine`) a style
+defence's noise comes from the OS, the operator's floor (node config ``dp-min-noise``, ``dp-max-clip``)
+raises the run's defence, and every defended release goes through the site's release ledger
+(:mod:`fedstyle.runtimes.site_privacy`): the same question gets the same release, and the budget
+(``dp-max-epsilon``) is counted there, where no resume rolls it back (docs/privacy.md).
+
 What ``setup_download`` does outside the state (augmenting the client's data, say) lives in the
 process: a fresh process redoes it from the setup broadcast kept in Flower's ``context.state``
 (the SuperNode's memory, for the run), on a scratch copy of the state — the same rule as
@@ -41,10 +47,18 @@ from flwr.app import ConfigRecord, Context, Message
 
 from fedstyle.federation.client import PHASES, run_client_phase
 from fedstyle.payload import Payload
-from fedstyle.runtimes.flower.node_config import DATA_ROOT_KEY, STATE_DIR_KEY, client_id_of, in_simulation_engine
+from fedstyle.runtimes.flower.node_config import (
+    DATA_ROOT_KEY,
+    STATE_DIR_KEY,
+    SitePrivacy,
+    client_id_of,
+    in_simulation_engine,
+    site_privacy,
+)
 from fedstyle.runtimes.flower.received import check_received, received_payload, received_weights
 from fedstyle.runtimes.flower.records import META, PAYLOAD, SETUP, WEIGHTS, build_content, meta_record, payload_names
-from fedstyle.runtimes.site_state import ClientStateStore, Session, default_state_root, same_state, step_of
+from fedstyle.runtimes.site_privacy import ReleaseLedger, SiteReleases, apply_floor, tensors_digest
+from fedstyle.runtimes.site_state import ClientStateStore, Session, default_state_root, run_key, same_state, step_of
 
 _LOG = logging.getLogger("flwr")  # Flower's logger: the SuperNode's log, timestamped at DEBUG level
 
@@ -54,20 +68,23 @@ SETUP_STORED = "fedstyle.setup"
 
 @dataclass
 class Site:
-    """A run as one process rebuilt it: the experiment (data, model, algorithm) and setup bookkeeping."""
+    """A run as one process rebuilt it: the experiment (data, model, algorithm) and setup bookkeeping;
+    ``asked``: the defence the coordinator's config asked for, before the site's floor (for the ledger)."""
 
     experiment: object
     setup_applied: set[int] = field(default_factory=set)
+    asked: dict[str, float] = field(default_factory=dict)
 
 
-_SITES: dict[tuple[str, str | None, bool], Site] = {}
+_SITES: dict[tuple[str, str | None, bool, SitePrivacy], Site] = {}
 
 
-def _site(config_json: str, data_root: str | None, deployed: bool = False) -> Site:
+def _site(config_json: str, data_root: str | None, deployed: bool = False, floor: SitePrivacy = SitePrivacy()) -> Site:
     """The run rebuilt in this process, from the site's own copy of the data when ``data_root`` is given.
-    ``deployed`` (a site outside Flower's simulation engine): a style defence's noise comes from the OS CSPRNG
-    whatever the received config says — the config comes from the coordinator the noise protects against."""
-    key = (config_json, data_root, deployed)
+    ``deployed`` (a site outside fedstyle's flower-sim engine): a style defence's noise comes from the OS CSPRNG
+    whatever the received config says — the config comes from the coordinator the noise protects against —
+    and the defence is at least the operator's ``floor`` (:func:`~fedstyle.runtimes.site_privacy.apply_floor`)."""
+    key = (config_json, data_root, deployed, floor)
     site = _SITES.get(key)
     if site is None:
         from fedstyle.experiments.build import build_experiment, deployment_noise
@@ -76,13 +93,20 @@ def _site(config_json: str, data_root: str | None, deployed: bool = False) -> Si
         config = RunConfig.from_mapping(json.loads(config_json), where="the ServerApp's run config")
         if data_root:
             config = config.updated(data_root=data_root)
+        asked: dict[str, float] = {}
         if deployed:
             if config.hparams.get("dp_noise_source") == "seeded":
                 _LOG.warning("fedstyle: the run's config asks for seeded style noise; this site is deployed and "
                              "draws it from the OS CSPRNG instead (the coordinator could regenerate seeded noise)")
             config = deployment_noise(config, refuse_seeded=False)
+            floored, asked = apply_floor(config, floor)
+            if floored is not config:
+                hp = floored.hparams
+                _LOG.warning("fedstyle: this site's floor applies: noise multiplier %g (the run asked %g), clip %g "
+                             "(the run asked %g)", hp["dp_noise"], asked["noise"], hp["dp_clip"], asked["clip"])
+            config = floored
         _SITES.clear()  # one run per process at a time; free the previous run's data
-        site = _SITES[key] = Site(build_experiment(config, progress=False))
+        site = _SITES[key] = Site(build_experiment(config, progress=False), asked=asked)
     return site
 
 
@@ -124,7 +148,9 @@ class Call:
 
     def _bind(self, config_json: str, fresh: bool = False) -> None:
         data_root = self.context.node_config.get(DATA_ROOT_KEY)
-        key = (config_json, str(data_root) if data_root else None, not in_simulation_engine(self.context))
+        self.deployed = not in_simulation_engine(self.context)
+        self.floor = site_privacy(self.context) if self.deployed else SitePrivacy()
+        key = (config_json, str(data_root) if data_root else None, self.deployed, self.floor)
         if fresh:
             _SITES.pop(key, None)
         self.site = _site(*key)
@@ -158,11 +184,24 @@ class Call:
         return received_payload(self.message.content, self.device, name)
 
     def run(self, phase: str, payload: Payload, weights=None):
-        """The simulator's client procedure for ``phase`` on this site's client."""
+        """The simulator's client procedure for ``phase`` on this site's client (on a deployed site, its
+        defended releases go through the site's ledger: :meth:`release_keeper`)."""
         purpose, fixed_round = PHASES[phase]
-        ctx = self.sim.context(self.cid, self.round if fixed_round is None else fixed_round, purpose)
-        return run_client_phase(phase, self.algo, self.model, ctx, self.weights() if weights is None else weights,
-                                payload, self.sim.local_keys, self.sim.initial_weights)
+        round_index = self.round if fixed_round is None else fixed_round
+        ctx = self.sim.context(self.cid, round_index, purpose)
+        weights = self.weights() if weights is None else weights
+        if self.deployed:
+            ctx.release_keeper = self.release_keeper(phase, round_index, weights, payload)
+        return run_client_phase(phase, self.algo, self.model, ctx, weights, payload, self.sim.local_keys,
+                                self.sim.initial_weights)
+
+    def release_keeper(self, phase: str, round_index: int, weights, payload: Payload) -> SiteReleases:
+        """The site's ledger for this message: a release is the same question again when the run, client,
+        round, phase and what the message sent (weights, payload) are."""
+        return SiteReleases(ReleaseLedger.open(state_root(self.context), self.cid), run=run_key(self.config_json),
+                            client=self.cid, round_index=round_index,
+                            inputs=lambda: phase + ":" + tensors_digest(weights, payload or {}),
+                            floor=self.floor, asked=self.site.asked, log=_LOG.info)
 
     def save_state(self) -> None:
         """Persist the client's state if this message changed it (a snapshot of this step)."""

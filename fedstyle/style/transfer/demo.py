@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from fedstyle.errors import ConfigError
-from fedstyle.io import atomic_write
+from fedstyle.figures import save_figure
 from fedstyle.seeding import derive_seed
 
 #: images per domain that its overall style is computed from in the demo
@@ -95,4 +95,4 @@ def style_demo(
             axes[i + 1, k + 1].imshow(restyled[k][i].permute(1, 2, 0).numpy(), interpolation="nearest")
     figure.suptitle(f"{data.name}: {backend} style transfer (rows: content, columns: target style)", fontsize=9)
     figure.tight_layout()
-    return atomic_write(out, lambda tmp: figure.savefig(tmp, format="png"))
+    return save_figure(figure, out, dpi=100)  # and the PDF beside it

@@ -1,0 +1,91 @@
+"""Measure what one leaderboard run costs, per table and row, for `fedstyle leaderboard run --dry-run`'s estimate.
+
+Per table: one run of every row with 1 round (digits4, the first target or source, seed 0), and one run of the
+table's reference row (its plain baseline: FedAvg, DSGD) with the whole budget. The estimate of a row's run is then
+    s/run(row) = s(row, 1 round) x s(reference, whole run) / s(reference, 1 round) x rounds / whole run's rounds,
+i.e. the reference's measured ratio of a whole run to one round, applied to every row, and scaled in proportion to
+the rounds a run has (the whole run is measured at --whole-rounds, default 8). It over-counts a method
+with a one-time setup (CCST's stylization: counted in every round), so it is an upper bound for those. fashion4's
+runs are charged digits4's (the same 32 x 32 images, about as many per domain). Seconds are the process's CPU
+seconds (torch on one thread), steadier than wall time on a shared machine; CPU hours on an idle core are about the
+same as wall hours there.
+
+    PYTHONPATH=. python benchmarks/leaderboard/measure_cost.py [--tables multi_source p2p single_source]
+        -> benchmarks/leaderboard/cost.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # this checkout's fedstyle
+
+import torch  # noqa: E402
+
+from fedstyle.experiments.grid import plan_grid  # noqa: E402
+from fedstyle.experiments.leaderboard.tables import load_table, read_meta  # noqa: E402
+from fedstyle.experiments.runner import run_experiment  # noqa: E402
+
+HERE = Path(__file__).resolve().parent
+#: the reference row of a table (its plain baseline), the first one it has
+REFERENCES = ("fedavg", "dsgd")
+
+
+def cpu_seconds(config, scratch: Path) -> float:
+    start = time.process_time()
+    run_experiment(config, scratch / f"run{time.monotonic_ns()}", quiet=True)
+    return time.process_time() - start
+
+
+def measure(key: str, scratch: Path, log, whole_rounds: int) -> dict:
+    table = load_table(key)
+    one_round = table.grid(overrides=[("rounds", 1), ("eval_every", 1), ("seeds", [0])])
+    plan = plan_grid(one_round, scratch / f"plan-{key}")
+    first: dict[str, object] = {}
+    for run in plan.runs:  # the first dataset's first target (or source) of every row
+        if run.config.dataset == "digits4":
+            first.setdefault(run.variant, run.config)
+    rows = {}
+    for variant, config in first.items():
+        rows[variant] = round(cpu_seconds(config, scratch), 2)
+        log(f"{key} {variant}: {rows[variant]} CPU s for 1 round")
+    reference = next((v for v in REFERENCES if v in first), next(iter(first)))
+    whole = plan_grid(table.grid(overrides=[("seeds", [0]), ("rounds", whole_rounds)]), scratch / f"whole-{key}",
+                      only=[("variant", [reference])])
+    config = next(r.config for r in whole.runs if r.config.dataset == "digits4")
+    full = round(cpu_seconds(config, scratch), 2)
+    log(f"{key} {reference}: {full} CPU s for the whole budget ({config.rounds} rounds)")
+    return {"rows_one_round": rows, "reference": reference, "reference_whole": full,
+            "reference_rounds": config.rounds, "reference_one_round": rows[reference]}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tables", nargs="+", default=list(read_meta()))
+    parser.add_argument("--out", type=Path, default=HERE / "cost.json")
+    parser.add_argument("--whole-rounds", type=int, default=8, help="rounds of the reference's whole run (the "
+                        "estimate scales it to a table's rounds in proportion)")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    result = {"basis": __doc__.split("\n\n")[1].replace("\n", " "), "date": time.strftime("%Y-%m-%d %H:%M UTC",
+              time.gmtime()), "machine": f"{platform.machine()}, {platform.processor() or 'cpu'}, torch "
+              f"{torch.__version__}, 1 thread", "command": " ".join(["python"] + sys.argv), "tables": {}}
+    if args.out.exists():  # measure some tables again, keep the others
+        result["tables"] = json.loads(args.out.read_text()).get("tables", {})
+    with tempfile.TemporaryDirectory() as scratch:
+        for key in args.tables:
+            result["tables"][key] = measure(key, Path(scratch), lambda s: print(s, flush=True),
+                                            args.whole_rounds)
+            args.out.write_text(json.dumps(result, indent=1) + "\n")
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,53 @@
+"""The leaderboard's CPU-hours estimate, from measured seconds (benchmarks/leaderboard/cost.json, written by
+benchmarks/leaderboard/measure_cost.py; its ``basis`` says how it was measured).
+
+A row's run costs ``s(row, 1 round) x s(reference, whole run) / s(reference, 1 round) x R / R_whole`` CPU
+seconds: its measured one-round run scaled by the table's reference row's (FedAvg, DSGD) measured ratio of a whole
+run (``R_whole`` rounds) to one round, and by the run's rounds ``R`` over ``R_whole``. A row the file lacks (a
+method registered after the measurement) is charged the table's median row and named as not measured.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+
+from fedstyle.errors import ConfigError
+
+
+class CostModel:
+    """CPU seconds per run, per table and row, from a cost.json."""
+
+    def __init__(self, data: dict, where: str = "cost.json"):
+        self.where = where
+        self.tables = data.get("tables", {})
+        self.basis = data.get("basis", "")
+        self.date = data.get("date", "")
+
+    @classmethod
+    def load(cls, path: Path) -> "CostModel":
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"{path} does not exist: measure the runs' cost first with "
+                              "`python benchmarks/leaderboard/measure_cost.py`")
+        return cls(json.loads(path.read_text()), str(path))
+
+    def seconds(self, table: str, variant: str, unmeasured: set[str] | None = None, rounds: int | None = None) -> float:
+        """A run's CPU seconds (see the module docstring); ``unmeasured`` collects the rows charged the median."""
+        entry = self.tables.get(table)
+        if not entry:
+            raise ConfigError(f"{self.where} has no measurement of table {table!r}: run "
+                              f"`python benchmarks/leaderboard/measure_cost.py --tables {table}`")
+        rows = entry["rows_one_round"]
+        scale = entry["reference_whole"] / entry["reference_one_round"]
+        if rounds is not None:
+            scale *= rounds / entry["reference_rounds"]
+        if variant not in rows:
+            if unmeasured is not None:
+                unmeasured.add(variant)
+            return statistics.median(rows.values()) * scale
+        return rows[variant] * scale
+
+    def run_seconds(self, table: str, run, unmeasured: set[str] | None = None) -> float:
+        return self.seconds(table, run.variant, unmeasured, run.config.rounds)

@@ -1,0 +1,83 @@
+"""Per-seed result files: one CSV line per (run, held-out target), kept in the repository
+(benchmarks/per_seed/NAME.csv), so a verdict by :mod:`fedstyle.experiments.verdict`'s rule and the leaderboard
+can be read again without the run folders (large, and gone with the machine they ran on).
+
+A line: ``label`` (the report's row name), ``variant`` (the sweep's row), ``dataset``, ``target``, ``seed``,
+``target_acc`` (the selected model's accuracy on the target, in percent), ``source_val`` (the same model's mean
+source-validation accuracy, in percent), ``device``, ``seconds`` (the run's wall time). The leaderboard's files
+add ``method`` and ``source`` (single-source runs' one source domain). Used by benchmarks/per_seed.py and
+``fedstyle leaderboard``.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from pathlib import Path
+from typing import Iterable, Mapping, Sequence
+
+from fedstyle.errors import ConfigError
+
+COLUMNS = ("label", "variant", "dataset", "target", "seed", "target_acc", "source_val", "device", "seconds")
+
+
+def record_rows(record, which: str = "selected", *, variant: str, label: str | None = None) -> list[dict[str, str]]:
+    """The lines of one finished run (a :class:`~fedstyle.experiments.report.runs.RunRecord`), one per held-out
+    target; ``label`` names the row instead of the run's own (``{label}`` in it stands for the run's)."""
+    source_val = record.source_val_accuracy(which)
+    name = label.replace("{label}", record.label) if label else record.label
+    return [{"label": name, "method": record.method, "variant": variant, "dataset": record.dataset,
+             "source": str(record.config.get("source") or ""), "target": target, "seed": str(record.seed),
+             "target_acc": f"{100 * acc:.2f}", "source_val": "" if source_val is None else f"{100 * source_val:.2f}",
+             "device": str(record.config.get("device", "")), "seconds": str(record.summary.get("seconds", ""))}
+            for target, acc in sorted(record.target_accuracy(which).items())]
+
+
+def sort_key(row: Mapping[str, str]) -> tuple:
+    return (row["label"], row["dataset"], row.get("source", ""), row["target"], int(row["seed"]))
+
+
+def write_rows(path: Path, rows: Iterable[Mapping[str, str]], columns: Sequence[str] = COLUMNS) -> Path:
+    """``rows`` sorted (label, dataset, source, target, seed) into the CSV ``path``, written atomically."""
+    from fedstyle.io import atomic_write_text
+
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=list(columns), lineterminator="\n", extrasaction="ignore")
+    writer.writeheader()
+    writer.writerows(sorted(rows, key=sort_key))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(path, buffer.getvalue())
+    return path
+
+
+def read_rows(path: Path) -> list[dict[str, str]]:
+    """The lines of a per-seed CSV (a ConfigError naming the files beside it when it does not exist)."""
+    path = Path(path)
+    if not path.exists():
+        have = ", ".join(sorted(p.stem for p in path.parent.glob("*.csv"))) or "none"
+        raise ConfigError(f"{path} does not exist; the tables kept here: {have}")
+    with open(path, newline="") as handle:
+        return list(csv.DictReader(handle))
+
+
+def merge_rows(kept: Iterable[Mapping[str, str]], new: Iterable[Mapping[str, str]],
+               key: Sequence[str]) -> list[dict[str, str]]:
+    """``kept`` with ``new`` added; a new line replaces a kept one with the same ``key`` columns (a run made
+    again), kept lines no new one replaces stay (runs made on another machine)."""
+    merged = {tuple(row.get(k, "") for k in key): dict(row) for row in kept}
+    merged.update({tuple(row.get(k, "") for k in key): dict(row) for row in new})
+    return list(merged.values())
+
+
+def accuracies(rows: Iterable[Mapping[str, str]], label: str, dataset: str | None = None,
+               cell=None) -> dict[tuple[str, int], float]:
+    """(cell, seed) -> target accuracy (%) of one row, the form :func:`~fedstyle.experiments.verdict.judge_paired`
+    takes; a cell is "dataset → target" unless ``cell(row)`` says otherwise."""
+    rows = list(rows)
+    name = cell or (lambda r: f"{r['dataset']} → {r['target']}")
+    out = {(name(r), int(r["seed"])): float(r["target_acc"])
+           for r in rows if r["label"] == label and dataset in (None, r["dataset"])}
+    if not out:
+        labels = ", ".join(sorted({r["label"] for r in rows}))
+        raise ConfigError(f"no row {label!r}{f' on {dataset}' if dataset else ''}; the rows: {labels}")
+    return out

@@ -1,0 +1,68 @@
+"""``fedstyle data check DIR``: counts per domain and class, image sizes and unreadable files, before training."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from fedstyle.cli.main import main
+from fedstyle.data.check import check_folder, report_lines
+
+
+def image(path, width: int, height: int) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.fromarray(np.full((height, width, 3), 90, np.uint8)).save(path)
+
+
+@pytest.fixture
+def folder(tmp_path):
+    root = tmp_path / "own"
+    for i in range(3):
+        image(root / "photo" / "cat" / f"{i}.png", 32, 32)
+    for i in range(2):
+        image(root / "photo" / "dog" / f"{i}.png", 32, 32)
+        image(root / "sketch" / "cat" / f"{i}.jpg", 48, 40)
+    image(root / "sketch" / "dog" / "0.png", 32, 32)
+    (root / "sketch" / "dog" / "broken.jpg").write_bytes(b"\xff\xd8 not a jpeg")
+    (root / "sketch" / "dog" / "readme.txt").write_text("not an image")
+    return root
+
+
+def test_counts_sizes_and_unreadable_files(folder):
+    check = check_folder(folder)
+    assert check.counts == {"photo": {"cat": 3, "dog": 2}, "sketch": {"cat": 2, "dog": 2}}  # broken.jpg counted
+    assert check.sizes == {(32, 32): 6, (48, 40): 2} and check.ignored == 1
+    assert [name for name, _ in check.unreadable] == ["sketch/dog/broken.jpg"] and not check.ok
+    assert check.resolution() == 32  # median longer side of 32, 32, 32, 32, 32, 32, 48, 48
+
+
+def test_report_lines_and_exit_status(folder, capsys):
+    lines = report_lines(check_folder(folder))
+    assert lines[0] == f"{folder}: 2 domains, 2 classes, 9 images; 1 other files ignored"
+    assert lines[1:5] == ["  class  photo  sketch", "  cat        3       2", "  dog        2       2",
+                          "  total      5       4"]
+    assert lines[5] == "image sizes: 32x32 (6), 48x40 (2)"
+    assert lines[6].startswith("unreadable: 1 file(s)") and lines[7].startswith("  sketch/dog/broken.jpg: ")
+    assert "trains at 32 px" in lines[-1]
+    assert main(["data", "check", str(folder), "--quiet"]) == 1  # a run would stop on broken.jpg
+    assert capsys.readouterr().out.splitlines() == lines
+    (folder / "sketch" / "dog" / "broken.jpg").unlink()
+    assert main(["data", "check", str(folder), "--quiet"]) == 0
+    assert "unreadable: none" in capsys.readouterr().out
+
+
+def test_a_class_missing_from_a_domain_is_named(tmp_path):
+    image(tmp_path / "a" / "cat" / "0.png", 16, 16)
+    image(tmp_path / "a" / "dog" / "0.png", 16, 16)
+    image(tmp_path / "b" / "cat" / "0.png", 16, 16)
+    check = check_folder(tmp_path)
+    assert check.missing_classes() == {"b": ["dog"]} and not check.ok
+    assert "missing: domain b has no folder for class(es) dog; every domain needs the same class folders" \
+        in report_lines(check)
+
+
+def test_a_folder_that_is_not_a_dataset_gets_the_layout_error(tmp_path, capsys):
+    image(tmp_path / "loose" / "0.png", 16, 16)  # images straight in a domain folder
+    assert main(["data", "check", str(tmp_path), "--quiet"]) == 2
+    assert "one folder per class" in capsys.readouterr().err
