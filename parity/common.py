@@ -117,7 +117,8 @@ def checkout_commit(path: Path) -> str | None:
 
 
 def require_checkout(path: Path, commit: str, allow_unpinned: bool = False) -> str:
-    """Checks that ``path`` is a checkout of the pinned ``commit``; returns the commit to record."""
+    """Checks that ``path`` is a clean checkout of the pinned ``commit`` (no local change: :func:`checkout_changes`);
+    returns the commit to record."""
     if not path.is_dir():
         raise SystemExit(f"error: {path} is not a folder; clone the authors' repository there first")
     found = checkout_commit(path)
@@ -130,7 +131,21 @@ def require_checkout(path: Path, commit: str, allow_unpinned: bool = False) -> s
         if not allow_unpinned:
             raise SystemExit(f"error: {path} is at commit {found}, the generator was written against {commit}; "
                              f"git -C {path} checkout {commit}, or pass --allow-unpinned")
+    changed = checkout_changes(path)
+    if changed:
+        # the fixture would record a commit whose code did not make it: a dirty checkout is never accepted
+        listed = ", ".join(changed[:3]) + (", ..." if len(changed) > 3 else "")
+        raise SystemExit(f"error: {path} has local changes ({listed}), so its commit does not name the code that "
+                         f"would run; git -C {path} stash -u (or git -C {path} checkout -- . && git -C {path} clean -fd)")
     return found
+
+
+def checkout_changes(path: Path) -> list[str]:
+    """The checkout's modified, staged, deleted or untracked files (``git status --porcelain``), except the bytecode
+    Python writes when a generator imports the checkout's modules (``__pycache__``, ``*.pyc``)."""
+    out = subprocess.run(["git", "-C", str(path), "status", "--porcelain"], capture_output=True, text=True, check=True)
+    changed = [line[3:] for line in out.stdout.splitlines() if line.strip()]
+    return [name for name in changed if "__pycache__" not in name and not name.endswith(".pyc")]
 
 
 @contextlib.contextmanager

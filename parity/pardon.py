@@ -219,6 +219,50 @@ class _RecordingChoice:
         return getattr(random, name)
 
 
+def run_step(client_module, cpu, state, feat_mean, feat_std, dtype: torch.dtype,
+             prefix: str) -> dict[str, torch.Tensor]:
+    """One ``contrastive_fit`` step (loss, negatives, gradients under ``prefix``) with the model and the batch in
+    ``dtype`` (float64: torch's default dtype too, so their own tensors follow)."""
+    model = load(step_model(), state, "model.").to(dtype)
+    x, xp, y = step_inputs()
+    x, xp = x.to(dtype), xp.to(dtype)
+    grads: dict[str, torch.Tensor] = {}
+    names = {id(p): n for n, p in model.named_parameters()}
+
+    class RecordingSGD(torch.optim.SGD):
+        def __init__(self, params, **config):
+            super().__init__(params, lr=0.0)
+
+        @torch.no_grad()
+        def step(self, closure=None):
+            for group in self.param_groups:
+                for p in group["params"]:
+                    grads[names[id(p)]] = p.grad.detach().clone()
+
+    client = object.__new__(client_module.DGClient)
+    client.client_id, client.device = 0, "cpu"
+    client.beta, client.total_round, client.local_epochs, client.gamma = 1.0, 1, 1, 0.5
+    client.ds_bundle = types.SimpleNamespace(loss=types.SimpleNamespace(
+        compute=lambda outputs, labels, return_dict=False: F.cross_entropy(outputs, labels, reduction="none")))
+    client.optimizer_name, client.optim_config = "RecordingSGD", {}
+    client.scheduler_name = "torch.optim.lr_scheduler.ConstantLR"
+    client.scheduler_config = {"factor": 1, "total_iters": 1}
+    client.saved_optimizer = False
+    client.dataloader = [(x.clone(), y.clone(), [])]
+    client.setup_model(_Featurizer(model), model.head)
+    client.style_stransfer_batch = lambda batch, alpha=0.5, output_size=224, style_stat=None: xp.clone()
+    client.step = recorder(client.step, lambda result, objective, *args, **kwargs: float(objective.detach()))
+    chooser = _RecordingChoice(SEED)
+    with tempfile.TemporaryDirectory() as tmp:
+        client.opt_dict_path, client.sch_dict_path = f"{tmp}/opt.pt", f"{tmp}/sch.pt"
+        with patched(client_module, RecordingSGD=RecordingSGD, random=chooser, torch=cpu):
+            client.contrastive_fit(metadata=(feat_mean, feat_std), flr=0)
+    out = {f"{prefix}loss": torch.tensor(client.step.values, dtype=torch.float64),
+           f"{prefix}negatives": torch.tensor(chooser.picks, dtype=torch.long)}
+    out.update(gradient_record(grads, prefix=f"{prefix}grad/"))
+    return out
+
+
 def run(checkout: Path) -> dict[str, torch.Tensor]:
     state = weights()
     out: dict[str, torch.Tensor] = {"image_sum": client_images().double().sum().reshape(1)}
@@ -261,43 +305,15 @@ def run(checkout: Path) -> dict[str, torch.Tensor]:
             raise SystemExit("the server's finest partition has an odd number of clusters: the lower median "
                              "is not exercised; choose other client styles")
 
-        # -- one local step (contrastive_fit) -------------------------------------------------------------
-        model = load(step_model(), state, "model.")
-        x, xp, y = step_inputs()
-        grads: dict[str, torch.Tensor] = {}
-        names = {id(p): n for n, p in model.named_parameters()}
-
-        class RecordingSGD(torch.optim.SGD):
-            def __init__(self, params, **config):
-                super().__init__(params, lr=0.0)
-
-            @torch.no_grad()
-            def step(self, closure=None):
-                for group in self.param_groups:
-                    for p in group["params"]:
-                        grads[names[id(p)]] = p.grad.detach().clone()
-
-        client = object.__new__(client_module.DGClient)
-        client.client_id, client.device = 0, "cpu"
-        client.beta, client.total_round, client.local_epochs, client.gamma = 1.0, 1, 1, 0.5
-        client.ds_bundle = types.SimpleNamespace(loss=types.SimpleNamespace(
-            compute=lambda outputs, labels, return_dict=False: F.cross_entropy(outputs, labels, reduction="none")))
-        client.optimizer_name, client.optim_config = "RecordingSGD", {}
-        client.scheduler_name = "torch.optim.lr_scheduler.ConstantLR"
-        client.scheduler_config = {"factor": 1, "total_iters": 1}
-        client.saved_optimizer = False
-        client.dataloader = [(x.clone(), y.clone(), [])]
-        client.setup_model(_Featurizer(model), model.head)
-        client.style_stransfer_batch = lambda batch, alpha=0.5, output_size=224, style_stat=None: xp.clone()
-        client.step = recorder(client.step, lambda result, objective, *args, **kwargs: float(objective.detach()))
-        chooser = _RecordingChoice(SEED)
-        with tempfile.TemporaryDirectory() as tmp:
-            client.opt_dict_path, client.sch_dict_path = f"{tmp}/opt.pt", f"{tmp}/sch.pt"
-            with patched(client_module, RecordingSGD=RecordingSGD, random=chooser, torch=cpu):
-                client.contrastive_fit(metadata=(feat_mean, feat_std), flr=0)
-        out["step/loss"] = torch.tensor(client.step.values, dtype=torch.float64)
-        out["step/negatives"] = torch.tensor(chooser.picks, dtype=torch.long)
-        out.update(gradient_record(grads, prefix="step/grad/"))
+        # -- one local step (contrastive_fit), in float32 and in float64 ----------------------------------
+        out.update(run_step(client_module, cpu, state, feat_mean, feat_std, torch.float32, "step/"))
+        before = torch.get_default_dtype()
+        torch.set_default_dtype(torch.float64)
+        try:
+            out.update(run_step(client_module, cpu, state, feat_mean.double(), feat_std.double(), torch.float64,
+                                "step64/"))
+        finally:
+            torch.set_default_dtype(before)
 
         # -- transfer features (style_transfer at alpha 0.5) ----------------------------------------------
         content = client_images()[list(TRANSFER_IMAGES)].float() / 255.0

@@ -13,7 +13,7 @@ import torch
 from parity.common import FIXTURES, ROOT, count_sketch, gradient_errors, gradient_record, read_fixture
 from parity.common import require_checkout, seeded_weights
 
-GENERATORS = sorted(p.stem for p in (ROOT / "parity").glob("*.py") if p.stem not in ("__init__", "common"))
+GENERATORS = sorted(p.stem for p in (ROOT / "parity").glob("*.py") if p.stem not in ("__init__", "common", "mutations"))
 DOC = (ROOT / "docs" / "parity.md").read_text()
 
 
@@ -48,6 +48,31 @@ def test_a_checkout_that_is_missing_or_at_another_commit_is_refused_with_the_fix
                     "--allow-empty", "-m", "x"], check=True)
     with pytest.raises(SystemExit, match="checkout 0000000"):
         require_checkout(tmp_path, "0" * 40)
+
+
+def test_a_checkout_with_local_changes_is_refused_with_the_fix(tmp_path):
+    def git(*args):
+        return subprocess.run(["git", "-C", str(tmp_path), "-c", "user.email=t@t", "-c", "user.name=t", *args],
+                              check=True, capture_output=True, text=True).stdout.strip()
+
+    git("init", "-q")
+    (tmp_path / "model.py").write_text("SCALE = 1\n")
+    git("add", "model.py")
+    git("commit", "-q", "-m", "x")
+    head = git("rev-parse", "HEAD")
+    assert require_checkout(tmp_path, head) == head  # clean
+    (tmp_path / "__pycache__").mkdir()
+    (tmp_path / "__pycache__" / "model.cpython-311.pyc").write_bytes(b"")  # what importing it writes: accepted
+    assert require_checkout(tmp_path, head) == head
+    (tmp_path / "model.py").write_text("SCALE = 2\n")  # an edit: the commit no longer names the code
+    with pytest.raises(SystemExit, match=r"local changes \(model.py\).*stash"):
+        require_checkout(tmp_path, head)
+    with pytest.raises(SystemExit, match="local changes"):
+        require_checkout(tmp_path, head, allow_unpinned=True)  # not even when any commit is allowed
+    git("checkout", "--", "model.py")
+    (tmp_path / "extra.py").write_text("")  # an untracked module could shadow one of theirs
+    with pytest.raises(SystemExit, match=r"local changes \(extra.py\)"):
+        require_checkout(tmp_path, head)
 
 
 def test_gradient_sketches_see_a_small_difference_and_not_rounding():

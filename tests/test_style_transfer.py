@@ -15,7 +15,7 @@ from torch import nn
 from fedstyle.errors import ConfigError
 from fedstyle.style.stats import adain
 from fedstyle.style.transfer import DEFAULT_BACKEND, TRANSFER_BACKENDS, FeatureAdaIN, Style, StyleMismatchError
-from fedstyle.style.transfer.feature_adain import ADAIN_EPS
+from fedstyle.style.transfer.feature_adain import ADAIN_EPS, module_fingerprint
 
 
 class PixelAdaIN(FeatureAdaIN):
@@ -33,6 +33,19 @@ class PixelAdaIN(FeatureAdaIN):
 def image(values, channels: int = 3) -> torch.Tensor:
     """One uint8 image (1, channels, 2, 2) with the same 2 x 2 values in every channel."""
     return torch.tensor(values, dtype=torch.uint8).view(1, 1, 2, 2).repeat(1, channels, 1, 1)
+
+
+def test_fingerprint_tells_apart_encoders_that_differ_only_in_a_layer_without_weights():
+    """An encoder and the same encoder with a final ReLU share every weight but not their features (PARDON's [:-1]
+    cut): their cached styles must not be shared, so their fingerprints differ (issue 49)."""
+    torch.manual_seed(0)
+    conv = nn.Conv2d(3, 4, 3)
+    cut, full = nn.Sequential(conv), nn.Sequential(conv, nn.ReLU())
+    assert cut.state_dict().keys() == full.state_dict().keys()  # the same weights ...
+    assert module_fingerprint(cut) != module_fingerprint(full)  # ... another structure
+    assert module_fingerprint(full) == module_fingerprint(nn.Sequential(conv, nn.ReLU()))  # stable for one structure
+    other = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU())
+    assert module_fingerprint(other) != module_fingerprint(full)  # other weights
 
 
 def test_transfer_matches_hand_computed_adain():

@@ -32,7 +32,7 @@ PAIR_BATCHNORM = ("originals", "joint", "frozen")
 
 def triplet_loss(z: torch.Tensor, zp: torch.Tensor, y: torch.Tensor, *, margin: float, negatives: str = "mean",
                  distance: str = "squared", normalize: bool = False, reduction: str = "mean",
-                 hinge: bool = True) -> torch.Tensor:
+                 hinge: bool = True, eps: float = 1e-6) -> torch.Tensor:
     """PARDON's triplet loss (Eq. 7): anchors z (B, d), positives zp (their transfers), negatives the
     transfers of other classes (averaged, or one drawn at random from torch's generator per anchor),
     per anchor [d(z, z^p) - d(z, N) + margin]_+ (``hinge=False``: without the [.]_+, as Eq. 7 is printed;
@@ -50,6 +50,9 @@ def triplet_loss(z: torch.Tensor, zp: torch.Tensor, y: torch.Tensor, *, margin: 
     trained model whose Euclidean L_T has a gradient while the squared one is 0. Raw features
     (``normalize=False``, Eq. 7 read literally) make it worse: feature norms ~7.5 dwarf a margin of 0.3
     (L_T = 0.000 with either distance), so PARDON normalises by default.
+
+    ``eps``: added inside the Euclidean distance's norm, ||a - b + eps|| (``F.pairwise_distance``'s 1e-6;
+    PARDON's public code builds ``TripletMarginLoss(eps=1e-7)``, src/client.py:532).
     """
     if normalize:
         z, zp = F.normalize(z, dim=1), F.normalize(zp, dim=1)
@@ -58,11 +61,11 @@ def triplet_loss(z: torch.Tensor, zp: torch.Tensor, y: torch.Tensor, *, margin: 
     if distance == "squared":
         positive = (z - zp).square().sum(1)
     else:
-        positive = F.pairwise_distance(z, zp)  # as TripletMarginLoss (eps 1e-6 inside the norm)
+        positive = F.pairwise_distance(z, zp, eps=eps)  # as TripletMarginLoss (eps inside the norm)
     if negatives == "random":
         scores = torch.rand(other.shape, device=z.device).masked_fill(~other, -1.0)
         picked = zp[scores.argmax(dim=1)]
-        negative = (z - picked).square().sum(1) if distance == "squared" else F.pairwise_distance(z, picked)
+        negative = (z - picked).square().sum(1) if distance == "squared" else F.pairwise_distance(z, picked, eps=eps)
     else:
         sq = (z.square().sum(1)[:, None] + zp.square().sum(1)[None, :] - 2.0 * z @ zp.T).clamp_min(0.0)
         dist = sq if distance == "squared" else sq.clamp_min(1e-12).sqrt()

@@ -34,6 +34,9 @@ VIEW = "pardon_sg"
 _TRANSFERS = "pardon/transfers"  # ctx.scratch: the current batch's x', from training_batches to training_loss
 SERVER_CLUSTERS = "pardon/server_clusters"  # server.state: the number of client-style clusters
 
+#: the public code's eps inside the triplet distance (``TripletMarginLoss(eps=1e-7)``, src/client.py:532; fedstyle's
+#: default is ``F.pairwise_distance``'s 1e-6): reference_code uses it
+TRIPLET_EPS_CODE = 1e-7
 #: the public code's choices (reference_code=true) for the hyperparameters not given explicitly
 REFERENCE = {"negatives": "random", "normalize": True, "distance": "euclidean", "hinge": True, "ce_views": "original",
              "batchnorm_stats": "frozen",
@@ -162,7 +165,8 @@ class PARDON(StyleBackendExchange):
         else:
             ce = F.cross_entropy(model.head(z), y)
         triplet = triplet_loss(z, zp, y, margin=hp["margin"], negatives=hp["negatives"], distance=hp["distance"],
-                               normalize=hp["normalize"], reduction=hp["reduction"], hinge=hp["hinge"])
+                               normalize=hp["normalize"], reduction=hp["reduction"], hinge=hp["hinge"],
+                               eps=TRIPLET_EPS_CODE if hp["reference_code"] else 1e-6)
         reg = feature_regularizer(z, zp, reduction=hp["reduction"], scale=hp["reg_scale"])
         ctx.log("ce", ce)
         ctx.log("triplet", triplet)

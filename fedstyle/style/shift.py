@@ -111,7 +111,7 @@ class StyleAccumulator:
     def summary(self, unbiased: bool = False, spread_eps: float = 0.0) -> StyleSummary:
         """Means and variances of the per-sample statistics; ``unbiased``: variances over the samples with
         1/(N - 1); ``spread_eps`` is added to both variances (the public StableFDG code's spread is
-        sqrt(var + 1e-6), trainer.py:714)."""
+        sqrt(var + 1e-6), trainer.py:721)."""
         if self._sums is None or self.count < (2 if unbiased else 1):
             raise ConfigError("a style summary needs samples; the client has none")
         n = float(self.count)

@@ -33,6 +33,7 @@ the upsampled images; they are only compared within one backend and encoder, who
 from __future__ import annotations
 
 import hashlib
+import re
 from typing import Iterable
 
 import torch
@@ -50,8 +51,13 @@ ADAIN_EPS = 1e-5
 
 
 def module_fingerprint(module: nn.Module) -> str:
-    """First 12 hex digits of the SHA-256 over a module's state (names, shapes and values)."""
+    """First 12 hex digits of the SHA-256 over a module's structure (its ``repr``: the layers, in order, with their
+    settings) and state (names, shapes and values). The structure counts because layers without weights change
+    the features too: an encoder with a final ReLU and the same encoder cut before it share every weight but not
+    their styles, so they must not share cached styles."""
     digest = hashlib.sha256()
+    # repr names each layer and its settings; addresses some reprs print (a function's) would change per process
+    digest.update(re.sub(r" at 0x[0-9a-fA-F]+", "", repr(module)).encode())
     for name, tensor in sorted(module.state_dict().items()):
         digest.update(name.encode())
         digest.update(str(tuple(tensor.shape)).encode())
