@@ -461,12 +461,7 @@ def test_readme_table_is_the_rendering():
     from fedstyle.experiments.leaderboard.page import README_END, README_START, readme_table
 
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    if README_START not in readme:
-        pytest.xfail("README.md has no leaderboard markers yet (the docs helper adds them)")
     inside = readme.split(README_START, 1)[1].split(README_END, 1)[0]
-    if "| Method | Rank |" not in inside:  # main's stand-in text ("its table will replace this one"): no table yet
-        pytest.xfail("README.md's leaderboard block holds no rendering yet: `fedstyle leaderboard show --readme "
-                     "README.md` puts it there (this branch does not edit README.md)")
     assert readme_table().strip() in inside, ("the README's table is not the rendering of the committed CSVs: run "
                                               "`fedstyle leaderboard show --readme README.md`")
 
@@ -541,3 +536,18 @@ def test_run_refuses_changed_settings_into_the_kept_csvs(capsys):
 
     assert main(["leaderboard", "run", "--set", "rounds=1"]) == 2
     assert "--set changes the tables' settings" in capsys.readouterr().err
+
+
+def test_the_results_index_opens_with_the_generated_claims():
+    """docs/results/index.md's claims at a glance are the rendering of the committed CSVs (issues 51 §3, 52 §3)."""
+    from fedstyle.experiments.leaderboard.claims import claim_rows
+    from fedstyle.experiments.leaderboard.page import (CLAIMS_END, CLAIMS_START, index_claims, load_boards)
+    from fedstyle.experiments.leaderboard.tables import CSV_DIR, GRID_DIR, read_datasets
+
+    index = (Path(__file__).resolve().parents[1] / "docs" / "results" / "index.md").read_text()
+    assert index.index(CLAIMS_START) < index.index("## ", index.index("## Claims at a glance") + 3)  # it opens the page
+    inside = index.split(CLAIMS_START, 1)[1].split(CLAIMS_END, 1)[0]
+    boards = load_boards()
+    classes = {name: int(d["classes"]) for name, d in read_datasets(GRID_DIR).items()}
+    assert inside.strip() == index_claims(claim_rows(boards, GRID_DIR, CSV_DIR, classes)).strip(), (
+        "docs/results/index.md's claims are not the rendering of the committed CSVs: run `fedstyle leaderboard show`")
