@@ -34,12 +34,14 @@ def test_gpu_check_runs_on_the_cpu_and_writes_json_and_markdown(tmp_path):
 
 
 def test_gpu_check_stops_itself_at_its_deadline_and_keeps_its_rows(tmp_path):
-    done = run("gpu_check.py", "--device", "cpu", "--quick", "--deadline", "4", "--out", str(tmp_path / "g.json"),
+    # 1 s: the deadline must fire while work remains whatever the machine's speed (at 4 s an idle machine skipped the
+    # rows it had no time for and finished first)
+    done = run("gpu_check.py", "--device", "cpu", "--quick", "--deadline", "1", "--out", str(tmp_path / "g.json"),
                "--markdown", str(tmp_path / "g.md"))
     assert done.returncode == -9  # killed with its process group, not waited for
     data = json.loads((tmp_path / "g.json").read_text())
-    assert data["status"] == "stopped at the 4 s deadline"
-    assert "stopped at the 4 s deadline" in (tmp_path / "g.md").read_text()
+    assert data["status"] == "stopped at the 1 s deadline"
+    assert "stopped at the 1 s deadline" in (tmp_path / "g.md").read_text()
 
 
 def test_real_scale_quick_builds_and_measures_the_pipeline(tmp_path):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -40,28 +41,31 @@ def _json_value(value: Any) -> Any:
     return list(value) if isinstance(value, tuple) else value
 
 
+def method_entry(cls) -> dict[str, Any]:
+    """One method's catalog entry, from its registered class."""
+    reason = cls.batching_support(cls.resolve({}))  # --client-batching with the default hyperparameters
+    return {
+        "label": cls.label or cls.name,
+        "family": cls.family,
+        "paper": cls.paper,
+        "cite": short_cite(cls.paper),
+        "shares": cls.shares,
+        "summary": cls.summary,
+        "topologies": list(cls.topologies),
+        "batching": reason,
+        "hparams": [{"name": h.name, "default": _json_value(h.default),
+                     "choices": None if h.choices is None else [_json_value(c) for c in h.choices],
+                     "describe": h.describe()} for h in cls.declared_hparams()],
+    }
+
+
 def build() -> dict[str, Any]:
     """The catalog from the real registries (imports torch and every method)."""
     from fedstyle.algorithms import METHODS
     from fedstyle.data import DATASETS
     from fedstyle.models.registry import BACKBONES
 
-    methods = {}
-    for name, cls in METHODS.items():
-        reason = cls.batching_support(cls.resolve({}))  # --client-batching with the default hyperparameters
-        methods[name] = {
-            "label": cls.label or name,
-            "family": cls.family,
-            "paper": cls.paper,
-            "cite": short_cite(cls.paper),
-            "shares": cls.shares,
-            "summary": cls.summary,
-            "topologies": list(cls.topologies),
-            "batching": reason,
-            "hparams": [{"name": h.name, "default": _json_value(h.default),
-                         "choices": None if h.choices is None else [_json_value(c) for c in h.choices],
-                         "describe": h.describe()} for h in cls.declared_hparams()],
-        }
+    methods = {name: method_entry(cls) for name, cls in METHODS.items()}
     datasets = {name: {"description": entry.description,
                        "domains": None if entry.domains is None else list(entry.domains)}
                 for name, entry in DATASETS.items()}
@@ -73,9 +77,21 @@ def render(catalog: dict[str, Any]) -> str:
 
 
 @lru_cache(maxsize=1)
-def load() -> dict[str, Any]:
+def stored() -> dict[str, Any]:
     """The stored catalog (no torch)."""
     return json.loads(CATALOG_FILE.read_text(encoding="utf-8"))
+
+
+def load() -> dict[str, Any]:
+    """The stored catalog, plus any method registered at run time by a program that has imported the method
+    registry already (its own method, registered in-process before it calls the command line): that costs no
+    import, and a fresh `fedstyle` process, which has not imported it, answers from the file alone."""
+    catalog = stored()
+    registry = sys.modules.get("fedstyle.algorithms.registry")
+    if registry is None:
+        return catalog
+    extra = {name: method_entry(cls) for name, cls in registry.METHODS.items() if name not in catalog["methods"]}
+    return {**catalog, "methods": {**catalog["methods"], **extra}} if extra else catalog
 
 
 def method_names() -> list[str]:
