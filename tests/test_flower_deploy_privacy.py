@@ -64,3 +64,21 @@ def test_a_resumed_deployment_gets_the_same_style_release_counted_once(two_sites
         log = (out / "flower" / f"site-{client}.log").read_text(errors="replace")
         replayed = re.findall(rf"client {client} round 1 stablefdg-phi: .*replayed release ([0-9a-f]{{12}})", log)
         assert replayed == [entries[1].sha256[:12]], log[-3000:]  # round 2 (0-based 1) answered as before
+
+    # ε as released (issue 50 §4): what summary.json reports, what the audit counts from metrics.jsonl's rows and
+    # what the sites' ledgers compose to are one number (the coordinator has no client states in a deployment)
+    import json
+
+    from fedstyle.algorithms.style_exchange import style_privacy
+    from fedstyle.audit.accounting import receiver_epsilon, releases_per_sender
+    from fedstyle.experiments.build import build_experiment
+    from fedstyle.experiments.rundir import METRICS, read_metrics_file, read_run_config
+
+    reported = json.loads((out / "summary.json").read_text())["style_privacy"]
+    exp = build_experiment(read_run_config(out), progress=False)
+    privacy = style_privacy(exp.algorithm.hp)
+    releases, _ = releases_per_sender(exp, read_metrics_file(out / METRICS))
+    audited = receiver_epsilon(privacy, releases)["epsilon"]
+    ledgers = max(ReleaseLedger.open(state, c).epsilon(privacy.delta) for c in (0, 1))
+    assert releases == {0: 2, 1: 2} and reported["releases_per_client"] in ([2, 2], {"0": 2, "1": 2})
+    assert reported["epsilon_total"] == pytest.approx(audited, rel=1e-9) == pytest.approx(ledgers, rel=1e-9)
