@@ -69,14 +69,19 @@ def make_run(
     return run
 
 
-@pytest.fixture
-def sweep(tmp_path) -> Path:
+def make_sweep(tmp_path: Path) -> Path:
+    """Every run of ACCURACY under tmp_path/runs (the report tests' and the figure tests' sweep)."""
     root = tmp_path / "runs"
     for label, seeds in ACCURACY.items():
         for seed, targets in seeds.items():
             for target, accuracy in targets.items():
                 make_run(root, label, seed, target, accuracy)
     return root
+
+
+@pytest.fixture
+def sweep(tmp_path) -> Path:
+    return make_sweep(tmp_path)
 
 
 def cells(table) -> dict[str, list[str]]:

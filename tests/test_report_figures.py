@@ -12,17 +12,12 @@ from fedstyle.colours import colour_for
 from fedstyle.experiments.report import collect, plot_accuracy, plot_training, results_table, to_latex, write_report
 from fedstyle.experiments.report import plots
 from fedstyle.figures import MIN_ACCURACY_SPAN, save_figure
-from test_report import ACCURACY, make_run
+from test_report import make_run, make_sweep
 
 
 @pytest.fixture
 def runs(tmp_path) -> Path:
-    root = tmp_path / "runs"
-    for label, seeds in ACCURACY.items():
-        for seed, targets in seeds.items():
-            for target, accuracy in targets.items():
-                make_run(root, label, seed, target, accuracy)
-    return root
+    return make_sweep(tmp_path)
 
 
 @pytest.fixture
