@@ -27,6 +27,7 @@ peak RSS and bytes are.
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
 import resource
@@ -47,6 +48,8 @@ from fedstyle.models import build_model  # noqa: E402
 
 DEFAULT_METHODS = "fedavg,ccst,stablefdg,pardon,fedccrl,gperxan,mixstyle"
 DOMAINNET_IMAGES = 586_575
+#: the round metric (``stylize_seconds``) of a one-time cost paid inside the timed rounds
+ONE_TIME_PART = "stylize"
 
 
 # -- small helpers ------------------------------------------------------------------------------
@@ -193,10 +196,13 @@ def extrapolate(report: Report, resolution: int) -> None:
 
 # -- 2. training rates ---------------------------------------------------------------------------
 def bare_rate(backbone: str, resolution: int, batch: int, device: torch.device, steps: int, warmup: int = 2,
-              channels_last: bool = True, autocast: torch.dtype | None = None, num_classes: int = 10) -> dict:
-    """Images per second of a bare forward-backward-SGD step of ``backbone`` on a fixed random batch."""
+              channels_last: bool = True, autocast: torch.dtype | None = None, num_classes: int = 10,
+              model: torch.nn.Module | None = None) -> dict:
+    """Images per second of a bare forward-backward-SGD step of ``backbone`` (or of ``model``, a method's own
+    network) on a fixed random batch."""
     torch.manual_seed(0)
-    model = build_model(backbone, num_classes, resolution)
+    if model is None:
+        model = build_model(backbone, num_classes, resolution)
     layout = torch.channels_last if channels_last else torch.contiguous_format
     model.to(device=device, memory_format=layout).train()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
@@ -233,10 +239,73 @@ def run_config(args: argparse.Namespace, data_root: str | None):
                      selection="last")  # no model selection in a speed run: no validation images needed
 
 
-def method_rate(config, token: str, warmup: int, rounds: int, wrap=None) -> dict:
-    """Training images per second of a method: its rounds (local training, aggregation; no evaluation)."""
+class PassCounter:
+    """Rows of images entering the model's first convolution, split by whether autograd records them.
+
+    Every pass through the backbone starts there, so ``grad_rows / images`` is how many forward-backward
+    passes of the network a method takes per training image (FedCCRL: the image and its 2 views, 3), and
+    ``nograd_rows`` counts its passes without gradients (a style query, a frozen teacher). Passes of
+    other networks (CCST's and PARDON's VGG style encoder) are not counted: they are the method's style work.
+    """
+
+    def __init__(self, model: torch.nn.Module):
+        self.grad_rows = self.nograd_rows = 0
+        first = next((m for m in model.modules() if isinstance(m, torch.nn.Conv2d)), None)
+        self.handle = first.register_forward_pre_hook(self._count) if first is not None else None
+
+    def _count(self, module, inputs) -> None:
+        if torch.is_grad_enabled():
+            self.grad_rows += inputs[0].shape[0]
+        else:
+            self.nograd_rows += inputs[0].shape[0]
+
+    def reset(self) -> None:
+        self.grad_rows = self.nograd_rows = 0
+
+    def close(self) -> None:
+        if self.handle is not None:
+            self.handle.remove()
+
+
+def forward_rate(model: torch.nn.Module, resolution: int, batch: int, device: torch.device, steps: int,
+                 num_classes: int = 10) -> float:
+    """Images per second of a forward pass without gradients of ``model`` (train mode, as a method's query)."""
+    x = torch.randn(batch, 3, resolution, resolution, device=device)
+    with torch.no_grad():
+        model(x)
+        sync(device)
+        start = time.perf_counter()
+        for _ in range(steps):
+            model(x)
+        sync(device)
+    return steps * batch / (time.perf_counter() - start)
+
+
+def inherent_cost(exp, counter: PassCounter, images: int, seconds: float, args: argparse.Namespace) -> dict:
+    """What the method's model passes alone cost: its counted rows at the bare rates of *its own* network
+    (gPerXAN's assembled norms, StableFDG's attention, MixStyle's layers included), measured now on a copy.
+    ``time_vs_inherent`` is the rest: style statistics, sampling, augmentation, losses, aggregation."""
+    model = copy.deepcopy(exp.model)
+    device = exp.device
+    model_rate = bare_rate(args.backbone, args.resolution, args.batch_size, device, args.bare_steps,
+                           model=model, num_classes=exp.dataset.num_classes)["img_per_s"]
+    inherent = counter.grad_rows / model_rate
+    row = {"passes_per_image": counter.grad_rows / images, "nograd_passes_per_image": counter.nograd_rows / images,
+           "model_img_per_s": model_rate}
+    if counter.nograd_rows:
+        row["model_forward_img_per_s"] = forward_rate(model.train(), args.resolution, args.batch_size, device,
+                                                      args.bare_steps)
+        inherent += counter.nograd_rows / row["model_forward_img_per_s"]
+    row.update(inherent_seconds=inherent, time_vs_inherent=seconds / inherent)
+    return row
+
+
+def method_rate(config, token: str, warmup: int, rounds: int, wrap=None, args: argparse.Namespace | None = None,
+                ) -> dict:
+    """Training images per second of a method: its rounds (local training, aggregation; no evaluation).
+    With ``args``, also its model passes per image and their inherent cost (:func:`inherent_cost`)."""
     from fedstyle.experiments.build import build_experiment
-    from method_cost import parse_method, steps_in_round
+    from method_cost import parse_method, round_parts, steps_in_round
 
     method, hp = parse_method(token)
     exp = build_experiment(config.updated(method=method, hparams=hp), progress=False)
@@ -246,8 +315,11 @@ def method_rate(config, token: str, warmup: int, rounds: int, wrap=None) -> dict
     with context():
         sim.setup()
     setup = time.perf_counter() - start
-    seconds, images = 0.0, 0
+    counter = PassCounter(exp.model)
+    seconds, images, parts = 0.0, 0, {}
     for r in range(warmup + rounds):
+        if r == warmup:
+            counter.reset()  # the warm-up rounds' passes are not timed, so not counted either
         sync(exp.device)
         start = time.perf_counter()
         with context():
@@ -256,8 +328,18 @@ def method_rate(config, token: str, warmup: int, rounds: int, wrap=None) -> dict
         if r >= warmup:
             seconds += time.perf_counter() - start
             images += steps_in_round(sim, r, result.clients) * config.batch_size
-    return {"img_per_s": images / seconds, "images": images, "seconds": seconds, "setup_seconds": setup,
-            "device": str(exp.device)}
+            for name, part in round_parts(result, sim).items():
+                parts[name] = parts.get(name, 0.0) + part
+    counter.close()
+    row = {"img_per_s": images / seconds, "images": images, "seconds": seconds, "setup_seconds": setup,
+           "device": str(exp.device), "parts": parts}
+    if args is not None and images and counter.grad_rows:
+        row.update(inherent_cost(exp, counter, images, seconds, args))
+        # CCST's and PARDON's style transfers are made once, when a batch first reads an image (stylize=lazy):
+        # a cost of the first epoch, not of every step (stylize=eager moves it to the setup)
+        once = parts.get(ONE_TIME_PART, 0.0)
+        row.update(one_time_seconds=once, steady_vs_inherent=(seconds - once) / row["inherent_seconds"])
+    return row
 
 
 class _nothing:
@@ -278,7 +360,7 @@ def measure_training(args: argparse.Namespace, report: Report, data_root: str | 
     report.add("training", f"bare {args.backbone}", bare)
     for token in args.methods.split(","):
         try:
-            row = method_rate(config, token, args.warmup_rounds, args.rounds)
+            row = method_rate(config, token, args.warmup_rounds, args.rounds, args=args)
         except Exception as err:  # one method's failure must not lose the others' rows
             row = {"error": f"{type(err).__name__}: {err}"}
         if "img_per_s" in row:
@@ -360,14 +442,24 @@ def markdown(data: dict) -> str:
                          f"{rate} | {row['disk_bytes'] / 1e9:,.2f} GB | {rss} |")
         lines.append("")
     if data.get("training"):
-        lines += ["| training | img/s | of bare | time per step vs FedAvg |", "|---|---:|---:|---:|"]
+        lines += ["| training | img/s | of bare | time per step vs FedAvg | model passes per image (no grad) "
+                  "| its model's bare img/s | time vs its passes alone | without one-time stylization "
+                  "| the method's timed parts (s) |", "|---|---:|---:|---:|---:|---:|---:|---:|---|"]
         for key, row in data["training"].items():
             if "img_per_s" not in row:
-                lines.append(f"| {key} | {row.get('error')} | | |")
+                lines.append(f"| {key} | {row.get('error')} | | | | | | | |")
                 continue
             fraction = f"{row['fraction_of_bare']:.0%}" if "fraction_of_bare" in row else ""
             ratio = f"{row['time_per_step_vs_fedavg']:.2f}x" if "time_per_step_vs_fedavg" in row else ""
-            lines.append(f"| {key} | {row['img_per_s']:,.1f} | {fraction} | {ratio} |")
+            passes = (f"{row['passes_per_image']:.2f} ({row['nograd_passes_per_image']:.2f})"
+                      if "passes_per_image" in row else "")
+            model = f"{row['model_img_per_s']:,.1f}" if "model_img_per_s" in row else ""
+            rest = f"{row['time_vs_inherent']:.2f}x" if "time_vs_inherent" in row else ""
+            steady = f"{row['steady_vs_inherent']:.2f}x" if row.get("one_time_seconds") else ""
+            timed = ", ".join(f"{name} {sec:.1f}" for name, sec in sorted(row.get("parts", {}).items(),
+                                                                          key=lambda kv: -kv[1]))
+            lines.append(f"| {key} | {row['img_per_s']:,.1f} | {fraction} | {ratio} | {passes} | {model} | {rest} "
+                         f"| {steady} | {timed} |")
         lines.append("")
     if data.get("pipeline"):
         lines += ["| input pipeline (read, crop, flip, normalise) | img/s |", "|---|---:|"]

@@ -56,3 +56,43 @@ def test_real_scale_quick_builds_and_measures_the_pipeline(tmp_path):
     domainnet = next(v for k, v in data["cache_build"].items() if k.startswith("DomainNet"))
     assert domainnet["disk_bytes"] == 586_575 * 3 * 32 * 32 and domainnet["extrapolated"]
     assert data["pipeline"]["cpu, 1 thread (per core)"]["img_per_s"] > 0
+
+
+def load_real_scale():
+    import importlib.util
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))  # real_scale imports method_cost from beside it
+    spec = importlib.util.spec_from_file_location("real_scale", ROOT / "benchmarks" / "real_scale.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_pass_counter_counts_rows_through_the_first_convolution_with_and_without_gradients():
+    import torch
+
+    real_scale = load_real_scale()
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU(), torch.nn.Conv2d(4, 2, 3))
+    counter = real_scale.PassCounter(model)
+    model(torch.zeros(3, 3, 8, 8))  # the image: counted once, though two convolutions see it
+    model(torch.zeros(6, 3, 8, 8))  # two views of 3
+    with torch.no_grad():
+        model(torch.zeros(5, 3, 8, 8))
+    assert (counter.grad_rows, counter.nograd_rows) == (9, 5)
+    counter.reset()
+    counter.close()
+    model(torch.zeros(2, 3, 8, 8))
+    assert (counter.grad_rows, counter.nograd_rows) == (0, 0)
+
+
+def test_real_scale_quick_training_reports_passes_and_their_inherent_cost(tmp_path):
+    done = run("real_scale.py", "--quick", "--skip-build", "--out", str(tmp_path / "r.json"),
+               "--markdown", str(tmp_path / "r.md"))
+    assert done.returncode == 0, done.stderr[-2000:]
+    training = json.loads((tmp_path / "r.json").read_text())["training"]
+    for method in ("fedavg", "mixstyle"):  # one forward-backward pass per training image, none without gradients
+        row = training[method]
+        assert row["passes_per_image"] == 1.0 and row["nograd_passes_per_image"] == 0.0
+        assert abs(row["inherent_seconds"] - row["images"] / row["model_img_per_s"]) < 1e-9 * row["inherent_seconds"]
+        assert abs(row["time_vs_inherent"] * row["inherent_seconds"] - row["seconds"]) < 1e-9 * row["seconds"]
+    assert "| fedavg |" in (tmp_path / "r.md").read_text()

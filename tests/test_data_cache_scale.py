@@ -188,3 +188,13 @@ def test_input_resolution_caches_the_small_side_and_trains_at_the_large_one(tmp_
     exp.model.register_forward_pre_hook(lambda module, inputs: seen.append(tuple(inputs[0].shape[-2:])))
     exp.simulator.run_round(0)
     assert seen and set(seen) == {(32, 32)}
+
+
+def test_a_small_domain_is_cut_into_enough_blocks_for_every_decode_worker():
+    """A domain of 2,500 images in 512-image blocks gave 2 workers 3 rounds for 5 blocks (1.52x, not 2x):
+    each worker now gets at least BLOCKS_PER_WORKER blocks, never below MIN_DECODE_BLOCK images."""
+    assert folder.decode_block_size(2500, 1) == folder.DECODE_BLOCK  # one process: no tail to shorten
+    size = folder.decode_block_size(2500, 2)
+    assert -(-2500 // size) >= 2 * folder.BLOCKS_PER_WORKER and size >= folder.MIN_DECODE_BLOCK
+    assert folder.decode_block_size(10**6, 2) == folder.DECODE_BLOCK  # a large domain keeps full blocks
+    assert folder.decode_block_size(40, 4) == folder.MIN_DECODE_BLOCK

@@ -48,6 +48,12 @@ IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 LAYOUT_HINT = "expected layout: ROOT/<domain>/<class>/<image>.jpg|.jpeg|.png"
 DECODE_BLOCK = 512
+#: a domain is cut so that each decode worker gets at least this many blocks: its last block leaves the
+#: other workers idle, so that tail should be a small part of the domain's time (a 2,500-image domain in
+#: 512-image blocks is 5 blocks, 3 rounds for 2 workers: 4 such domains decoded 1.52x faster on 2 cores, not 2x)
+BLOCKS_PER_WORKER = 8
+#: but never blocks smaller than this: each costs a job's round trip
+MIN_DECODE_BLOCK = 32
 #: raises PIL's decompression-bomb limit (``PIL.Image.MAX_IMAGE_PIXELS``) for images meant to be that large
 MAX_PIXELS_ENV = "FEDSTYLE_MAX_IMAGE_PIXELS"
 #: the largest default resolution of a folder of own images: the pretrained backbones' input size
@@ -380,6 +386,16 @@ def thread_decoder(executor: ThreadPoolExecutor, resolution: int) -> BlockDecode
                            for block in blocks)
 
 
+def decode_block_size(count: int, workers: int) -> int:
+    """Images per decode job for a domain of ``count`` images: :data:`DECODE_BLOCK`, or less when ``workers``
+    processes would otherwise get fewer than :data:`BLOCKS_PER_WORKER` blocks each (not below
+    :data:`MIN_DECODE_BLOCK`). The bytes written do not depend on it: each image is decoded on its own."""
+    if workers <= 1:
+        return DECODE_BLOCK
+    even_share = -(-count // (BLOCKS_PER_WORKER * workers))
+    return max(1, min(DECODE_BLOCK, max(MIN_DECODE_BLOCK, even_share)))
+
+
 def decode_domain(
     writer: ArrayWriter,
     domain_index: int,
@@ -401,7 +417,8 @@ def decode_domain(
     out = writer.image_rows(domain_index, len(paths), resolution, resolution)
     kept, bad = [], []
     limit = pixel_limit()
-    blocks = (paths[start : start + DECODE_BLOCK] for start in range(0, len(paths), DECODE_BLOCK))
+    per_block = decode_block_size(len(paths), decode_blocks.workers if isinstance(decode_blocks, ProcessDecoder) else 1)
+    blocks = (paths[start : start + per_block] for start in range(0, len(paths), per_block))
 
     def note(index: int, reason: str | None, large: tuple[int, int] | None) -> None:
         if large is not None:
@@ -420,14 +437,14 @@ def decode_domain(
             if isinstance(decode_blocks, ProcessDecoder):
                 jobs = ((partial(_decode_rows, resolution=resolution), block, len(block)) for block in blocks)
                 for number, (errors, larges) in enumerate(out.fill(jobs, decode_blocks.workers)):
-                    start, failed, big = number * DECODE_BLOCK, dict(errors), dict(larges)
-                    size = min(DECODE_BLOCK, len(paths) - start)
+                    start, failed, big = number * per_block, dict(errors), dict(larges)
+                    size = min(per_block, len(paths) - start)
                     for offset in range(size):
                         note(start + offset, failed.get(offset), big.get(offset))
                     bar.update(size)
             else:
                 for number, results in enumerate(decode_blocks(blocks)):
-                    start = number * DECODE_BLOCK
+                    start = number * per_block
                     rows = np.zeros((len(results), 3, resolution, resolution), dtype=np.uint8)  # a bad row stays 0
                     for offset, (result, large) in enumerate(results):
                         if not isinstance(result, str):
