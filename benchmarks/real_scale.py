@@ -356,6 +356,9 @@ def measure_training(args: argparse.Namespace, report: Report, data_root: str | 
     config = run_config(args, data_root)
     load_dataset(config.dataset, data_root=data_root, resolution=args.resolution, per_class=args.per_class,
                  progress=False)  # the cache first, not timed with the first method
+    # a process's first steps are slow (oneDNN's primitive cache, the allocator): the first bare reading came out
+    # 15-30 % below the one after the methods (2026-11-28, ResNet-18 and -50 at 224 px), so one untimed pass first
+    bare_rate(args.backbone, args.resolution, args.batch_size, device, max(1, args.bare_steps // 2))
     bare = bare_rate(args.backbone, args.resolution, args.batch_size, device, args.bare_steps)
     report.add("training", f"bare {args.backbone}", bare)
     for token in args.methods.split(","):
