@@ -198,3 +198,27 @@ def test_a_small_domain_is_cut_into_enough_blocks_for_every_decode_worker():
     assert -(-2500 // size) >= 2 * folder.BLOCKS_PER_WORKER and size >= folder.MIN_DECODE_BLOCK
     assert folder.decode_block_size(10**6, 2) == folder.DECODE_BLOCK  # a large domain keeps full blocks
     assert folder.decode_block_size(40, 4) == folder.MIN_DECODE_BLOCK
+
+
+def test_a_bad_image_late_in_a_domain_is_found_alike_whatever_the_block_size(tmp_path, monkeypatch):
+    """Two workers cut a domain into small blocks, one worker into one: the unreadable image is named, and the
+    kept rows and labels are the same, so the offsets of each block's results follow the block size used."""
+    solid_tree(tmp_path / "tree", per_class=7)
+    (tmp_path / "tree" / "dom_b" / "owl" / "005.png").write_bytes(b"not a png")  # row 19 of 21: block 6 of 7
+    monkeypatch.setattr(folder, "MIN_DECODE_BLOCK", 1)
+    monkeypatch.setattr(folder, "BLOCKS_PER_WORKER", 4)
+    assert folder.decode_block_size(21, 2) == 3 and folder.decode_block_size(21, 1) == folder.DECODE_BLOCK
+    loaded = {}
+    for workers in (1, 2):
+        monkeypatch.setenv("FEDSTYLE_CACHE", str(tmp_path / f"cache{workers}"))
+        monkeypatch.setenv("FEDSTYLE_DECODE_WORKERS", str(workers))
+        with pytest.warns(UserWarning, match="skipped 1 unreadable"):
+            loaded[workers] = load_dataset("folder", data_root=str(tmp_path / "tree"), resolution=8,
+                                           skip_bad_images=True, progress=False)
+    one, two = loaded[1], loaded[2]
+    assert [Path(path).name for path, _ in two.info["bad_images"]] == ["005.png"]
+    assert one.info["bad_images"] == two.info["bad_images"]
+    assert two.size("dom_b") == 20 and two.class_counts("dom_b").tolist() == [7, 7, 6]
+    for domain in one.domains:
+        assert torch.equal(one.images[domain], two.images[domain])
+        assert torch.equal(one.labels[domain], two.labels[domain])

@@ -548,3 +548,31 @@ def test_triplet_has_a_gradient_on_a_trained_model():
     assert float(triplet.detach()) > 0.005 and float(grad) > 0  # measured: 0.037 and 1.07
     squared = triplet_loss(z.detach(), zp.detach(), y, margin=0.3, distance="squared", normalize=True)
     assert float(squared) < 0.005  # measured: 0 — the margin 0.3 on the squared distance is met: no gradient
+
+
+@pytest.mark.parametrize("affine", [True, False])
+def test_transfers_normalisation_and_its_gradients_match_the_explicit_formula_in_float64(affine):
+    """The passengers' one-pass scale and shift (addcmul) against (x' - mean) / sqrt(var + eps) * w + b written out,
+    with mean and var those of x: outputs and the gradients of x, x', weight and bias, in float64."""
+    torch.manual_seed(0)
+    layer = nn.BatchNorm2d(3, affine=affine).double().train()
+    if affine:
+        with torch.no_grad():
+            layer.weight.uniform_(0.5, 2.0)
+            layer.bias.uniform_(-1.0, 1.0)
+    x = torch.randn(4, 3, 5, 5, dtype=torch.float64, requires_grad=True)
+    xp = (3.0 * torch.randn(4, 3, 5, 5, dtype=torch.float64) + 2.0).requires_grad_()
+    probe = torch.randn(8, 3, 5, 5, dtype=torch.float64)
+    with originals_batch_norm(layer, 4):
+        out = layer(torch.cat([x, xp]))
+    params = [layer.weight, layer.bias] if affine else []
+    got = torch.autograd.grad((out * probe).sum(), [x, xp, *params])
+    var, mean = torch.var_mean(x, dim=(0, 2, 3), unbiased=False, keepdim=True)
+    scale = lambda t: (t - mean) / torch.sqrt(var + layer.eps)  # noqa: E731
+    expected = torch.cat([scale(x), scale(xp)])
+    if affine:
+        expected = expected * layer.weight.view(1, -1, 1, 1) + layer.bias.view(1, -1, 1, 1)
+    torch.testing.assert_close(out, expected, rtol=1e-12, atol=1e-12)
+    want = torch.autograd.grad((expected * probe).sum(), [x, xp, *params])
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=1e-10, atol=1e-10)

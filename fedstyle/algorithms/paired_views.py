@@ -131,15 +131,15 @@ def originals_batch_norm(model: nn.Module, originals: int) -> Iterator[nn.Module
             if not layer.training or batch.shape[0] <= originals:
                 return own_forward(batch)
             # one split, not three slices: each slice's backward writes its gradient into a zero-filled tensor of
-            # the whole batch, and at 224 px those fills and sums cost a third of the step (torch.profiler)
+            # the whole batch; at 224 px on ResNet-18 those fills and copies took 0.5 s of a 3 s step
+            # (torch.profiler; docs/results/speed.md, "Real scale")
             originals_in, passengers = batch.split([originals, batch.shape[0] - originals])
             head = own_forward(originals_in)
             dims = [0] + list(range(2, batch.dim()))
             var, mean = torch.var_mean(originals_in, dim=dims, unbiased=False)
             shape = (1, -1) + (1,) * (batch.dim() - 2)
             # (x' - mean) / sqrt(var + eps) * weight + bias as one per-channel scale and shift of the C numbers,
-            # then a single fused pass over the passengers (addcmul): at 224 px the four full-size element-wise
-            # passes and their backward cost more than the layer's own BatchNorm (benchmarks/real_scale.py)
+            # then one fused pass over the passengers (addcmul) instead of four full-size element-wise ones
             scale = torch.rsqrt(var + layer.eps)
             if layer.affine:
                 scale = scale * layer.weight
