@@ -324,6 +324,19 @@ def test_ranks_friedman_and_the_critical_difference_follow_demsar(small_board):
     assert ranks.cd == pytest.approx(2.343 * math.sqrt(3 * 4 / (6 * 5)), abs=2e-3)
 
 
+def test_two_ranked_rows_get_no_friedman_test_and_no_crash(small_board):
+    """With 2 rows autorank leaves Friedman and Nemenyi for a paired test and returns no critical difference (a
+    peer-to-peer table with two complete rows crashed `leaderboard show`): ranks need 3 rows."""
+    from types import SimpleNamespace
+
+    from fedstyle.experiments.leaderboard.ranks import rank_rows
+
+    two = SimpleNamespace(rows=[r for r in small_board.rows if r.label in ("A", "B")], cells=small_board.cells)
+    assert sum(r.ranked for r in two.rows) == 2
+    result = rank_rows(two)
+    assert result.pvalue is None and result.cd is None and "ranks need 3 ranked rows" in result.text()
+
+
 def test_the_table_renders_the_same_numbers_in_markdown_csv_and_latex(small_board):
     from fedstyle.experiments.leaderboard.render import csv_table, latex_table, markdown_table
 

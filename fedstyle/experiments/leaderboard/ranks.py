@@ -18,6 +18,9 @@ from dataclasses import dataclass, field
 ALPHA = 0.05
 #: autorank's smallest number of blocks
 MIN_BLOCKS = 5
+#: Friedman and Nemenyi compare at least 3 rows; with 2, autorank switches to a paired test and gives no critical
+#: difference (the table's "vs best" column already pairs two rows by the rule)
+MIN_ROWS = 3
 
 
 @dataclass
@@ -45,8 +48,8 @@ def rank_rows(board) -> RankResult:
     """The ranks of ``board``'s ranked rows over its cells (see the module docstring)."""
     rows = [r for r in board.rows if r.ranked]
     blocks = len(board.cells)
-    if len(rows) < 2 or blocks < MIN_BLOCKS:
-        return RankResult(blocks=blocks, note=f"ranks need 2 ranked rows and {MIN_BLOCKS} cells "
+    if len(rows) < MIN_ROWS or blocks < MIN_BLOCKS:
+        return RankResult(blocks=blocks, note=f"ranks need {MIN_ROWS} ranked rows and {MIN_BLOCKS} cells "
                           f"(this table: {len(rows)} ranked rows, {blocks} cells)")
     import pandas as pd
     from autorank import autorank
