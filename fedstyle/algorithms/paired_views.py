@@ -140,12 +140,8 @@ def originals_batch_norm(model: nn.Module, originals: int) -> Iterator[nn.Module
             shape = (1, -1) + (1,) * (batch.dim() - 2)
             # (x' - mean) / sqrt(var + eps) * weight + bias as one per-channel scale and shift of the C numbers,
             # then one fused pass over the passengers (addcmul) instead of four full-size element-wise ones
-            scale = torch.rsqrt(var + layer.eps)
-            if layer.affine:
-                scale = scale * layer.weight
-            shift = -mean * scale
-            if layer.affine:
-                shift = shift + layer.bias
+            scale = torch.rsqrt(var + layer.eps) * (layer.weight if layer.affine else 1.0)
+            shift = -mean * scale + (layer.bias if layer.affine else 0.0)
             tail = torch.addcmul(shift.view(shape), passengers, scale.view(shape))
             return torch.cat([head, tail])
 

@@ -393,7 +393,7 @@ def decode_block_size(count: int, workers: int) -> int:
     if workers <= 1:
         return DECODE_BLOCK
     even_share = -(-count // (BLOCKS_PER_WORKER * workers))
-    return max(1, min(DECODE_BLOCK, max(MIN_DECODE_BLOCK, even_share)))
+    return min(DECODE_BLOCK, max(MIN_DECODE_BLOCK, even_share))
 
 
 def decode_domain(
