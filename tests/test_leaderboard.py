@@ -204,6 +204,11 @@ def test_the_estimate_scales_each_row_by_the_references_whole_run():
     assert unmeasured == {"newmethod"}
     with pytest.raises(ConfigError, match="no measurement of table 'p2p'"):
         cost.seconds("p2p", "dsgd")
+    per_dataset = CostModel({"tables": {"t": {**cost.tables["t"], "reference_whole": {"d1": 20.0, "d2": 50.0}}}})
+    assert per_dataset.seconds("t", "ccst", dataset="d1") == pytest.approx(60.0)
+    assert per_dataset.seconds("t", "ccst", rounds=16, dataset="d2") == pytest.approx(300.0)
+    with pytest.raises(ConfigError, match="no whole run of table 't' on 'd3'"):
+        per_dataset.seconds("t", "ccst", dataset="d3")
 
 
 def test_the_committed_estimate_measures_every_row():
@@ -211,6 +216,8 @@ def test_the_committed_estimate_measures_every_row():
     for table in load_tables():
         for variant, _, _ in table.rows():
             assert variant in cost.tables[table.key]["rows_one_round"], (table.key, variant)
+        # a whole run of the reference on every dataset (fashion4's evaluation costs more than digits4's)
+        assert set(cost.tables[table.key]["reference_whole"]) == set(read_datasets()), table.key
     assert set(cost.tables) == set(read_meta())
 
 # ----------------------------------------------------------------------------- rendering from made-up CSVs

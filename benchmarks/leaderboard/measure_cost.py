@@ -1,14 +1,15 @@
 """Measure what one leaderboard run costs, per table and row, for `fedstyle leaderboard run --dry-run`'s estimate.
 
 Per table: one run of every row with 1 round (digits4, the first target or source, seed 0), and one run of the
-table's reference row (its plain baseline: FedAvg, DSGD) with the whole budget. The estimate of a row's run is then
-    s/run(row) = s(row, 1 round) x s(reference, whole run) / s(reference, 1 round) x rounds / whole run's rounds,
-i.e. the reference's measured ratio of a whole run to one round, applied to every row, and scaled in proportion to
-the rounds a run has (the whole run is measured at --whole-rounds, default 8). It over-counts a method
-with a one-time setup (CCST's stylization: counted in every round), so it is an upper bound for those. fashion4's
-runs are charged digits4's (the same 32 x 32 images, about as many per domain). Seconds are the process's CPU
-seconds (torch on one thread), steadier than wall time on a shared machine; CPU hours on an idle core are about the
-same as wall hours there.
+table's reference row (its plain baseline: FedAvg, DSGD) with the whole budget on each dataset. The estimate of a
+row's run on a dataset is then
+    s/run(row, D) = s(row, 1 round) x s(reference, whole run on D) / s(reference, 1 round) x rounds / whole rounds,
+i.e. the reference's measured ratio of a whole run on D to one round on digits4, applied to every row, and scaled
+in proportion to the rounds a run has (the whole run is measured at --whole-rounds, default 8). Measuring the whole
+run per dataset matters: evaluation is most of a run, and fashion4's domains hold 17,500 images, digits4's 2,500 to
+5,000. It over-counts a method with a one-time setup (CCST's stylization: counted in every round), so it is an
+upper bound for those. Seconds are the process's CPU seconds (torch on one thread), steadier than wall time on a
+shared machine; CPU hours on an idle core are about the same as wall hours there.
 
     PYTHONPATH=. python benchmarks/leaderboard/measure_cost.py [--tables multi_source p2p single_source]
         -> benchmarks/leaderboard/cost.json
@@ -58,11 +59,15 @@ def measure(key: str, scratch: Path, log, whole_rounds: int) -> dict:
     reference = next((v for v in REFERENCES if v in first), next(iter(first)))
     whole = plan_grid(table.grid(overrides=[("seeds", [0]), ("rounds", whole_rounds)]), scratch / f"whole-{key}",
                       only=[("variant", [reference])])
-    config = next(r.config for r in whole.runs if r.config.dataset == "digits4")
-    full = round(cpu_seconds(config, scratch), 2)
-    log(f"{key} {reference}: {full} CPU s for the whole budget ({config.rounds} rounds)")
+    configs: dict[str, object] = {}
+    for run in whole.runs:  # the first target (or source) of every dataset
+        configs.setdefault(run.config.dataset, run.config)
+    full = {}
+    for dataset, config in configs.items():
+        full[dataset] = round(cpu_seconds(config, scratch), 2)
+        log(f"{key} {reference}: {full[dataset]} CPU s for the whole budget on {dataset} ({config.rounds} rounds)")
     return {"rows_one_round": rows, "reference": reference, "reference_whole": full,
-            "reference_rounds": config.rounds, "reference_one_round": rows[reference]}
+            "reference_rounds": whole_rounds, "reference_one_round": rows[reference]}
 
 
 def main() -> int:

@@ -154,6 +154,10 @@ class RunConfig:
                         "engine on Ray, star topology, for many clients; needs pip install 'fedstyle[flower-sim]'); "
                         "same run directory")
     eval_every: int = _opt(1, "evaluate every k rounds (and always after the last)")
+    target_eval: str = _opt("rounds", "when the held-out targets are measured: rounds (at every evaluation: "
+                            "per-round curves in metrics.jsonl and the report) or end (the selected model, kept in "
+                            "memory, and the last round's only: the same summary.json, and much faster where the "
+                            "targets are large; no target curves, no --selection oracle)", choices=("rounds", "end"))
     selection: str = _opt("auto", "model selection: source_val, heldout_val (ltdo), last, oracle (auto: source_val, "
                           "or heldout_val under ltdo)", choices=("auto",) + SELECTIONS)
     allow_oracle: bool = _opt(False, "permit --selection oracle (selects on the target: optimistic, labelled so)")
@@ -320,6 +324,9 @@ class RunConfig:
         if selection == "oracle" and not self.allow_oracle:
             raise ConfigError("--selection oracle picks the model on the test domain (optimistic); "
                               "add --allow-oracle to do it anyway, and it will be labelled (oracle) in every table")
+        if selection == "oracle" and self.target_eval == "end":
+            raise ConfigError("--selection oracle selects on every round's target accuracy; --target-eval end "
+                              "measures the targets only at the end: drop one of them")
         if selection == "heldout_val" and self.protocol != "ltdo":
             raise ConfigError("--selection heldout_val needs --protocol ltdo with a --val-domain")
         if selection == "source_val" and self.val_fraction == 0:

@@ -35,6 +35,7 @@ from fedstyle.environment import describe as describe_environment
 from fedstyle.environment import differences as environment_differences
 from fedstyle.environment import probe as probe_environment
 from fedstyle.experiments.summary import Selector, evaluate_round, make_summary, mean, setup_record
+from fedstyle.federation.evaluate import evaluate
 from fedstyle.experiments.rundir import (
     CONFIG,
     DONE,
@@ -55,6 +56,10 @@ from fedstyle.federation.states import STATES_DIR
 from fedstyle.io import DirectoryLock, append_line, atomic_write_json, atomic_write_text, json_text
 from fedstyle.federation.topology import save_graph_png
 from fedstyle.partition import format_partition_table, write_partition_json
+
+#: checkpoint prefix of the selected round's weights while their targets wait (--target-eval end)
+SELECTED = "selected/"
+
 
 class Reporter:
     """Progress over rounds: a tqdm bar with live loss and accuracy, silent with quiet=True."""
@@ -237,10 +242,15 @@ def train_experiment(exp: Experiment, out: Path, *, quiet: bool, checkpoint,
     if checkpoint is not None:
         tensors, meta = checkpoint
         check_checkpoint_fits(sim.state_tensors(), tensors, out)
-        sim.load_state_tensors({k: v.to(exp.device) for k, v in tensors.items()})
+        selected = {k[len(SELECTED):]: v.to(exp.device) for k, v in tensors.items() if k.startswith(SELECTED)}
+        sim.load_state_tensors({k: v.to(exp.device) for k, v in tensors.items() if not k.startswith(SELECTED)})
         sim.load_meta(meta["simulator"])
         start_round, elapsed = meta["round"], meta["seconds"]
         selector = Selector(**meta["selector"])
+        if selector.pending and not selected:
+            raise FedstyleError(f"{out / CHECKPOINT} lacks the weights of round {selector.best_round}, the model "
+                                "selected so far (--target-eval end keeps them there): restore the checkpoint, or "
+                                f"start over with `fedstyle run --resume {out} --restart`")
         records, note = _rows_at_checkpoint(out, meta)
         notes += [note] if note else []
         started_on = meta.get("environment", environment)  # checkpoints before issue 53 recorded none
@@ -250,7 +260,7 @@ def train_experiment(exp: Experiment, out: Path, *, quiet: bool, checkpoint,
                   f"({describe_environment(moved)}); its numbers may differ from an uninterrupted run's",
                   file=sys.stderr)
     else:
-        records = []
+        records, selected = [], {}
     if setup_info and not setup_record(records):
         # first line of metrics.jsonl; a resumed run keeps the original run's line (its timings)
         records.insert(0, {"event": "setup", **setup_info})
@@ -283,21 +293,25 @@ def train_experiment(exp: Experiment, out: Path, *, quiet: bool, checkpoint,
                 if done_rounds % config.eval_every == 0 or done_rounds == config.rounds:
                     seconds = elapsed + time.perf_counter() - tick
                     record = evaluate_round(exp, done_rounds, last_loss, seconds, mean_metrics(since_eval),
-                                            releases=released)
+                                            releases=released,
+                                            targets=config.target_eval == "rounds" or done_rounds == config.rounds)
                     since_eval = []
-                    selector.update(record)
+                    if selector.update(record):  # --target-eval end: keep the chosen weights, measured at the end
+                        selected = {k: v.detach().clone() for k, v in sim.eval_weights().items()} \
+                            if selector.pending else {}
                     append_line(metrics_file, json_text(record) + "\n")
                     records.append(record)
                     trackers.log_row(record)
-                    save_checkpoint(out, sim.state_tensors(), {
+                    save_checkpoint(out, {**sim.state_tensors(), **{SELECTED + k: v for k, v in selected.items()}}, {
                         "round": done_rounds, "seconds": seconds, "simulator": sim.meta(), "selector": selector.state(),
                         "metrics": records, "environment": started_on,
                     })
                     sim.checkpoint_saved()  # the checkpoint is in place: drop client-state files it does not list
                     if on_checkpoint is not None:
                         on_checkpoint(done_rounds)
-                    postfix.update(src=f"{mean(record['source_val_acc'].values()):.3f}",
-                                   tgt=f"{mean(record['target_acc'].values()):.3f}")
+                    postfix.update(src=f"{mean(record['source_val_acc'].values()):.3f}")
+                    if "target_acc" in record:
+                        postfix.update(tgt=f"{mean(record['target_acc'].values()):.3f}")
                 reporter.step(postfix)
     except KeyboardInterrupt:
         reporter.close()
@@ -313,6 +327,8 @@ def train_experiment(exp: Experiment, out: Path, *, quiet: bool, checkpoint,
         raise
     finally:
         reporter.close()
+    if selector.pending:  # --target-eval end: the selected round's weights, measured once
+        selector.resolve(evaluate(exp.model, selected, exp.targets, exp.transform, exp.device))
     summary = make_summary(exp, records, selector)
     summary["environment"] = started_on
     if environment_differences(started_on, environment):

@@ -28,12 +28,17 @@ SELECTION_LABELS = {
 
 @dataclass
 class Selector:
-    """Tracks the model chosen by the selection rule over evaluations."""
+    """Tracks the model chosen by the selection rule over evaluations.
+
+    ``pending``: the chosen row did not measure the targets (``--target-eval end``); the runner keeps that
+    round's weights and measures them at the end (:meth:`resolve`).
+    """
 
     rule: str
     best_score: float = -math.inf
     best_round: int = 0
     best_targets: dict[str, float] = field(default_factory=dict)
+    pending: bool = False
 
     def score(self, record: dict[str, Any]) -> float:
         if self.rule == "source_val":
@@ -46,14 +51,23 @@ class Selector:
             return float(record["round"])
         return sum(values) / len(values) if values else -math.inf
 
-    def update(self, record: dict[str, Any]) -> None:
+    def update(self, record: dict[str, Any]) -> bool:
+        """Take ``record``'s round if it scores better (ties keep the earlier round); True when it did."""
         score = self.score(record)
-        if score > self.best_score:  # ties keep the earlier round
-            self.best_score, self.best_round, self.best_targets = score, record["round"], dict(record["target_acc"])
+        if score <= self.best_score:
+            return False
+        self.best_score, self.best_round = score, record["round"]
+        self.best_targets = dict(record.get("target_acc", {}))
+        self.pending = "target_acc" not in record
+        return True
+
+    def resolve(self, targets: dict[str, float]) -> None:
+        """The pending round's target accuracy, measured on its kept weights."""
+        self.best_targets, self.pending = dict(targets), False
 
     def state(self) -> dict[str, Any]:
         return {"rule": self.rule, "best_score": self.best_score, "best_round": self.best_round,
-                "best_targets": self.best_targets}
+                "best_targets": self.best_targets, "pending": self.pending}
 
 
 
@@ -63,10 +77,12 @@ def mean(values) -> float:
 
 
 def evaluate_round(exp: Experiment, completed_rounds: int, train_loss: float, seconds: float,
-                   train_metrics: dict[str, float] | None = None, releases: dict[int, int] | None = None
-                   ) -> dict[str, Any]:
+                   train_metrics: dict[str, float] | None = None, releases: dict[int, int] | None = None,
+                   targets: bool = True) -> dict[str, Any]:
     """One metrics.jsonl row. ``releases``: each client's defended style releases so far, logged in every row
-    (``dp_releases_per_client``) so that eps can be counted from any row, whatever ``--eval-every``."""
+    (``dp_releases_per_client``) so that eps can be counted from any row, whatever ``--eval-every``.
+    ``targets=False`` (``--target-eval end`` before the last round) leaves out the held-out targets, and the
+    peer-to-peer devices' accuracy on them: the row has no ``target_acc``."""
     sim = exp.simulator
     weights = sim.eval_weights()
     record: dict[str, Any] = {
@@ -74,17 +90,19 @@ def evaluate_round(exp: Experiment, completed_rounds: int, train_loss: float, se
         "seconds": round(seconds, 4),
         "train_loss": train_loss,
         "source_val_acc": evaluate(exp.model, weights, exp.source_val, exp.transform, exp.device),
-        "target_acc": evaluate(exp.model, weights, exp.targets, exp.transform, exp.device),
     }
+    if targets:
+        record["target_acc"] = evaluate(exp.model, weights, exp.targets, exp.transform, exp.device)
     if exp.heldout_val:
         record["heldout_val_acc"] = evaluate(exp.model, weights, exp.heldout_val, exp.transform, exp.device)
     devices = sim.device_weights()
     if devices:  # peer-to-peer: the average model above, and every device's own model
-        per_device = [evaluate(exp.model, w, exp.targets, exp.transform, exp.device) for w in devices]
-        record["device_target_acc"] = {
-            d: {"mean": mean(acc[d] for acc in per_device),
-                "std": float(_std([acc[d] for acc in per_device]))} for d in exp.targets
-        }
+        if targets:
+            per_device = [evaluate(exp.model, w, exp.targets, exp.transform, exp.device) for w in devices]
+            record["device_target_acc"] = {
+                d: {"mean": mean(acc[d] for acc in per_device),
+                    "std": float(_std([acc[d] for acc in per_device]))} for d in exp.targets
+            }
         record["consensus_distance"] = sim.consensus()
     if train_metrics:  # the method's loss terms and timings (ctx.log / ctx.timed), see fedstyle.algorithms.context
         record["train_metrics"] = train_metrics
@@ -202,6 +220,8 @@ def make_summary(exp: Experiment, records: list[dict[str, Any]], selector: Selec
     if "device_target_acc" in last:
         summary["device_target_acc_last"] = last["device_target_acc"]
         summary["consensus_distance_last"] = last["consensus_distance"]
+    if config.target_eval != "rounds":
+        summary["target_eval"] = config.target_eval
     hp = exp.algorithm.hp
     if hp.get("dp_clip", 0) or hp.get("dp_noise", 0):  # the style defence: what was promised and how the noise was made
         summary["style_privacy"] = released_epsilon(hp, records)

@@ -1,10 +1,13 @@
 """The leaderboard's CPU-hours estimate, from measured seconds (benchmarks/leaderboard/cost.json, written by
 benchmarks/leaderboard/measure_cost.py; its ``basis`` says how it was measured).
 
-A row's run costs ``s(row, 1 round) x s(reference, whole run) / s(reference, 1 round) x R / R_whole`` CPU
-seconds: its measured one-round run scaled by the table's reference row's (FedAvg, DSGD) measured ratio of a whole
-run (``R_whole`` rounds) to one round, and by the run's rounds ``R`` over ``R_whole``. A row the file lacks (a
-method registered after the measurement) is charged the table's median row and named as not measured.
+A row's run on dataset D costs ``s(row, 1 round) x s(reference, whole run on D) / s(reference, 1 round) x R /
+R_whole`` CPU seconds: its measured one-round run (on the table's first dataset) scaled by the table's reference
+row's (FedAvg, DSGD) measured ratio of a whole run on D (``R_whole`` rounds) to one round, and by the run's rounds
+``R`` over ``R_whole``. The whole runs are measured per dataset because evaluation differs: fashion4's domains hold
+17,500 images, digits4's 2,500 to 5,000. A row the file lacks (a method registered after the measurement) is
+charged the table's median row and named as not measured. A file measured before per-dataset whole runs gives one
+number for every dataset.
 """
 
 from __future__ import annotations
@@ -33,14 +36,21 @@ class CostModel:
                               "`python benchmarks/leaderboard/measure_cost.py`")
         return cls(json.loads(path.read_text()), str(path))
 
-    def seconds(self, table: str, variant: str, unmeasured: set[str] | None = None, rounds: int | None = None) -> float:
+    def seconds(self, table: str, variant: str, unmeasured: set[str] | None = None, rounds: int | None = None,
+                dataset: str | None = None) -> float:
         """A run's CPU seconds (see the module docstring); ``unmeasured`` collects the rows charged the median."""
         entry = self.tables.get(table)
         if not entry:
             raise ConfigError(f"{self.where} has no measurement of table {table!r}: run "
                               f"`python benchmarks/leaderboard/measure_cost.py --tables {table}`")
         rows = entry["rows_one_round"]
-        scale = entry["reference_whole"] / entry["reference_one_round"]
+        whole = entry["reference_whole"]
+        if isinstance(whole, dict):  # per dataset
+            if dataset not in whole:
+                raise ConfigError(f"{self.where} has no whole run of table {table!r} on {dataset!r}: run "
+                                  f"`python benchmarks/leaderboard/measure_cost.py --tables {table}`")
+            whole = whole[dataset]
+        scale = whole / entry["reference_one_round"]
         if rounds is not None:
             scale *= rounds / entry["reference_rounds"]
         if variant not in rows:
@@ -50,4 +60,4 @@ class CostModel:
         return rows[variant] * scale
 
     def run_seconds(self, table: str, run, unmeasured: set[str] | None = None) -> float:
-        return self.seconds(table, run.variant, unmeasured, run.config.rounds)
+        return self.seconds(table, run.variant, unmeasured, run.config.rounds, run.config.dataset)

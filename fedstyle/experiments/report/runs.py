@@ -23,7 +23,7 @@ WHICH = {"selected": "model chosen by the run's selection rule", "last": "last r
 #: name, what the table shows as columns or rows anyway)
 NOT_SETTINGS = frozenset({"seed", "targets", "device", "client_batching", "backend", "label", "data_root", "skip_bad_images",
                           "allow_oracle", "selection", "method", "ray_address", "client_cpus", "client_gpus",
-                          "state_budget", *TRACKER_SETTINGS})
+                          "state_budget", "target_eval", *TRACKER_SETTINGS})
 
 
 def _plain(value: object) -> object:

@@ -372,8 +372,10 @@ class Federation(Supervisor):
                     if done_rounds > shown:
                         bar.update(done_rounds - shown)
                         shown = done_rounds
-                        acc = evals[-1]["target_acc"]
-                        bar.set_postfix(tgt=f"{sum(acc.values()) / max(1, len(acc)):.3f}", refresh=True)
+                        name, acc = next(((n, evals[-1][k]) for n, k in (("tgt", "target_acc"),
+                                                                           ("src", "source_val_acc"))
+                                          if k in evals[-1]), ("tgt", {}))  # --target-eval end: targets at the end
+                        bar.set_postfix({name: f"{sum(acc.values()) / max(1, len(acc)):.3f}"}, refresh=True)
                 if finished:
                     break
                 if server_ended is not None and time.monotonic() - server_ended >= SERVERAPP_GRACE:
