@@ -160,16 +160,18 @@ def test_merging_replaces_a_run_made_again_and_keeps_the_others():
     assert sorted((m["seed"], m["target_acc"]) for m in merged) == [("0", "55.00"), ("1", "60.00"), ("2", "70.00")]
 
 
-def _finished_run(root: Path, target: str, seed: int, acc: float, variant: str = "dsgd") -> Path:
+def _finished_run(root: Path, target: str, seed: int, acc: float, variant: str = "dsgd",
+                  environment: dict | None = None) -> Path:
     run = root / variant / "dataset=digits4" / f"seed{seed}" / target
     run.mkdir(parents=True)
     (run / "config.json").write_text(json.dumps({"method": "dsgd", "dataset": "digits4", "seed": seed, "rounds": 16,
-                                                 "targets": [target], "device": "cpu", "source": None}))
+                                                 "targets": [target], "device": "auto", "source": None}))
     (run / "metrics.jsonl").write_text(json.dumps({"round": 1, "source_val_acc": {"syn": 0.8, "optdigits": 0.6},
                                                    "target_acc": {target: acc}}) + "\n")
     (run / "summary.json").write_text(json.dumps({
         "method": "dsgd", "label": "DSGD", "dataset": "digits4", "seed": seed, "selection": "source_val",
-        "selected_round": 1, "targets": {target: {"selected": acc, "last": acc}}, "seconds": 2.5}))
+        "selected_round": 1, "targets": {target: {"selected": acc, "last": acc}}, "seconds": 2.5,
+        **(environment or {})}))
     (run / "done").touch()
     return run
 
@@ -179,15 +181,21 @@ def test_export_merges_a_sweeps_finished_runs_into_the_tables_csv(tmp_path):
     csv_dir = tmp_path / "csv"
     write_rows(csv_path(table, csv_dir), [_line(variant="dsgd", seed=5, acc="10.00", label="DSGD")], COLUMNS)
     root = tmp_path / "runs"
-    _finished_run(root, "mnist", 0, 0.625)
+    _finished_run(root, "mnist", 0, 0.625, environment={"environment": {"device": "cpu"}})
+    _finished_run(root, "syn", 0, 0.75, environment={"environment": {"device": "cuda"},
+                                                      "environment_resumed": {"device": "cpu"}})
+    _finished_run(root, "optdigits", 0, 0.25)  # from before summaries recorded their environment
     _finished_run(root, "mnist", 0, 0.5, variant="not-a-row")
     (root / "dsgd" / "dataset=digits4" / "seed1" / "mnist").mkdir(parents=True)  # unfinished: no summary
     said = []
     path, added = export_runs(table, root, csv_dir, echo=said.append)
-    assert added == 1 and said == [f"p2p: left out the runs of not-a-row below {root}: no row of the table"]
+    assert added == 3 and said == [f"p2p: left out the runs of not-a-row below {root}: no row of the table"]
     lines = read_rows(path)
-    assert [(l["seed"], l["target_acc"], l["source_val"], l["variant"], l["rounds"]) for l in lines] == \
-        [("0", "62.50", "70.00", "dsgd", "16"), ("5", "10.00", "80.00", "dsgd", "16")]
+    assert [(l["seed"], l["target"], l["target_acc"], l["source_val"], l["variant"], l["rounds"], l["device"])
+            for l in lines] == [("0", "mnist", "62.50", "70.00", "dsgd", "16", "cpu"),
+                                ("5", "mnist", "10.00", "80.00", "dsgd", "16", "cpu"),
+                                ("0", "optdigits", "25.00", "70.00", "dsgd", "16", "auto"),
+                                ("0", "syn", "75.00", "70.00", "dsgd", "16", "cuda+cpu")]
     assert list(lines[0]) == list(COLUMNS)
     with pytest.raises(ConfigError, match="no folder of runs"):
         export_runs(table, tmp_path / "nothing", csv_dir)

@@ -29,8 +29,18 @@ def record_rows(record, which: str = "selected", *, variant: str, label: str | N
     return [{"label": name, "method": record.method, "variant": variant, "dataset": record.dataset,
              "source": str(record.config.get("source") or ""), "target": target, "seed": str(record.seed),
              "target_acc": f"{100 * acc:.2f}", "source_val": "" if source_val is None else f"{100 * source_val:.2f}",
-             "device": str(record.config.get("device", "")), "seconds": str(record.summary.get("seconds", ""))}
+             "device": ran_on(record), "seconds": str(record.summary.get("seconds", ""))}
             for target, acc in sorted(record.target_accuracy(which).items())]
+
+
+def ran_on(record) -> str:
+    """Where the run ran: summary.json's environment (``cpu``, ``cuda``; ``cuda+cpu`` for a run resumed on another
+    device), else the configured ``--device`` (a run from before environments were recorded: maybe ``auto``)."""
+    started = (record.summary.get("environment") or {}).get("device")
+    if not started:
+        return str(record.config.get("device", ""))
+    finished = (record.summary.get("environment_resumed") or {}).get("device", started)
+    return started if finished == started else f"{started}+{finished}"
 
 
 def sort_key(row: Mapping[str, str]) -> tuple:
