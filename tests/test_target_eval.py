@@ -12,6 +12,7 @@ from fedstyle.errors import ConfigError
 from fedstyle.experiments.checkpoint import load_checkpoint
 from fedstyle.experiments.runner import SELECTED, resume_experiment, run_experiment
 from fedstyle.experiments.summary import Selector
+from test_rundir import interrupted_run
 
 ROUNDS = 4
 
@@ -21,9 +22,13 @@ def _rows(out):
             if "round" in json.loads(line) and "event" not in json.loads(line)]
 
 
+#: what may differ between two runs of one config whatever --target-eval (time, where) and the option itself
+NOT_RESULTS = ("seconds", "environment", "environment_resumed", "setup", "target_eval")
+
+
 def _outcome(summary: dict) -> dict:
-    keep = ("selected_round", "targets", "target_avg", "device_target_acc_last", "consensus_distance_last")
-    return {k: summary.get(k) for k in keep}
+    """Everything summary.json says of the run's results."""
+    return {k: v for k, v in summary.items() if k not in NOT_RESULTS}
 
 
 @pytest.fixture
@@ -33,17 +38,22 @@ def earliest_round_selected(monkeypatch):
     monkeypatch.setattr(Selector, "score", lambda self, record: -float(record["round"]))
 
 
-@pytest.mark.parametrize("topology,method", [("star", "fedavg"), ("complete", "dsgd")])
+@pytest.mark.parametrize("topology,method,protocol", [("star", "fedavg", "lodo"), ("complete", "dsgd", "lodo"),
+                                                       ("star", "fedavg", "ltdo")])
 def test_end_writes_the_summary_of_rounds_and_measures_targets_once(tiny_config, tmp_path, earliest_round_selected,
-                                                                    topology, method):
+                                                                    topology, method, protocol):
     config = tiny_config.updated(rounds=ROUNDS, topology=topology, method=method, local_steps=12)
+    if protocol == "ltdo":  # selected on a held-out validation domain, measured every other round
+        config = config.updated(protocol="ltdo", val_domain="red", eval_every=2)
     every = run_experiment(config, tmp_path / "rounds", quiet=True)
     end = run_experiment(config.updated(target_eval="end"), tmp_path / "end", quiet=True)
-    assert every["selected_round"] == 1 and every["target_avg"]["selected"] != every["target_avg"]["last"]
+    assert every["selected_round"] == config.eval_every
+    assert every["target_avg"]["selected"] != every["target_avg"]["last"]
     assert _outcome(end) == _outcome(every)
     assert end["target_eval"] == "end" and "target_eval" not in every
     rows = _rows(tmp_path / "end")
-    assert [("target_acc" in r) for r in rows] == [False] * (ROUNDS - 1) + [True]
+    evaluations = ROUNDS // config.eval_every
+    assert [("target_acc" in r) for r in rows] == [False] * (evaluations - 1) + [True]
     assert [r["source_val_acc"] for r in rows] == [r["source_val_acc"] for r in _rows(tmp_path / "rounds")]
     if topology == "complete":  # the devices' own models: measured on the last row only, consensus on every row
         assert [("device_target_acc" in r) for r in rows] == [False] * (ROUNDS - 1) + [True]
@@ -52,8 +62,6 @@ def test_end_writes_the_summary_of_rounds_and_measures_targets_once(tiny_config,
 
 def test_end_resumes_to_the_same_summary_with_the_selected_weights_in_the_checkpoint(
         tiny_config, tmp_path, monkeypatch, earliest_round_selected):
-    from test_rundir import interrupted_run
-
     config = tiny_config.updated(rounds=ROUNDS, target_eval="end")
     whole = run_experiment(config, tmp_path / "whole", quiet=True)
     out = tmp_path / "cut"
@@ -72,6 +80,43 @@ def test_the_last_round_selected_keeps_no_weights(tiny_config, tmp_path, monkeyp
     assert summary["selected_round"] == 2 and not meta["selector"]["pending"]
     assert not any(k.startswith(SELECTED) for k in tensors)
     assert summary["target_avg"]["selected"] == summary["target_avg"]["last"]
+
+
+def test_selection_last_keeps_no_weights_on_the_way(tiny_config, tmp_path, monkeypatch):
+    """Every row is the best so far under --selection last, and the last row measures the targets anyway."""
+    config = tiny_config.updated(rounds=3, selection="last")
+    every = run_experiment(config, tmp_path / "rounds", quiet=True)
+    out = tmp_path / "end"
+    interrupted_run(config.updated(target_eval="end"), out, monkeypatch, after_round=2)
+    tensors, meta = load_checkpoint(out)
+    assert meta["selector"]["pending"] and not any(k.startswith(SELECTED) for k in tensors)
+    assert _outcome(resume_experiment(out, quiet=True)) == _outcome(every)
+
+
+def test_a_nan_score_is_never_selected():
+    selector = Selector("source_val")
+    assert selector.update({"round": 1, "source_val_acc": {"a": 0.5}, "target_acc": {"t": 0.4}})
+    assert not selector.update({"round": 2, "source_val_acc": {"a": float("nan")}})
+    assert (selector.best_round, selector.best_targets, selector.pending) == (1, {"t": 0.4}, False)
+
+
+@pytest.mark.parametrize("switch", [("rounds", "end"), ("end", "rounds")])
+def test_resume_may_switch_target_eval(tiny_config, tmp_path, monkeypatch, earliest_round_selected, switch):
+    config = tiny_config.updated(rounds=ROUNDS, local_steps=12)
+    every = run_experiment(config, tmp_path / "whole", quiet=True)
+    out = tmp_path / "cut"
+    interrupted_run(config.updated(target_eval=switch[0]), out, monkeypatch, after_round=2)
+    assert _outcome(resume_experiment(out, quiet=True, target_eval=switch[1])) == _outcome(every)
+
+
+def test_the_report_leaves_runs_without_curves_out_of_the_figures(tiny_config, tmp_path):
+    from fedstyle.experiments.report import write_report
+
+    run_experiment(tiny_config, tmp_path / "runs" / "rounds", quiet=True)
+    run_experiment(tiny_config.updated(target_eval="end", seed=1), tmp_path / "runs" / "end", quiet=True)
+    with pytest.warns(UserWarning, match="1 of 2 runs measured their targets at the end only"):
+        _, paths = write_report([tmp_path / "runs"], tmp_path / "report")
+    assert paths["plot"].exists()
 
 
 def test_oracle_selection_needs_every_rounds_targets(tiny_config):

@@ -156,8 +156,8 @@ class RunConfig:
     eval_every: int = _opt(1, "evaluate every k rounds (and always after the last)")
     target_eval: str = _opt("rounds", "when the held-out targets are measured: rounds (at every evaluation: "
                             "per-round curves in metrics.jsonl and the report) or end (the selected model, kept in "
-                            "memory, and the last round's only: the same summary.json, and much faster where the "
-                            "targets are large; no target curves, no --selection oracle)", choices=("rounds", "end"))
+                            "memory and in the checkpoint, and the last round's only: the same results in summary.json, much "
+                            "faster where the targets are large; no target curves, no --selection oracle)", choices=("rounds", "end"))
     selection: str = _opt("auto", "model selection: source_val, heldout_val (ltdo), last, oracle (auto: source_val, "
                           "or heldout_val under ltdo)", choices=("auto",) + SELECTIONS)
     allow_oracle: bool = _opt(False, "permit --selection oracle (selects on the target: optimistic, labelled so)")

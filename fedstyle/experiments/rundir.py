@@ -34,7 +34,7 @@ DEPLOYMENT = "flower/deploy.json"
 #: --device, --client-cpus sets the actors' thread count, which can change floating-point rounding;
 #: --tracker and its settings only log the run elsewhere)
 RESUME_OPTIONS = ("device", "data_root", "quiet", "state_budget", "ray_address", "client_cpus", "client_gpus",
-                  *TRACKER_SETTINGS)
+                  "target_eval", *TRACKER_SETTINGS)
 
 
 def check_new_run_dir(out: Path) -> None:

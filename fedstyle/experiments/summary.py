@@ -54,7 +54,7 @@ class Selector:
     def update(self, record: dict[str, Any]) -> bool:
         """Take ``record``'s round if it scores better (ties keep the earlier round); True when it did."""
         score = self.score(record)
-        if score <= self.best_score:
+        if not score > self.best_score:  # also a NaN score: never selected
             return False
         self.best_score, self.best_round = score, record["round"]
         self.best_targets = dict(record.get("target_acc", {}))
@@ -138,12 +138,13 @@ def divergence_warnings(records: list[dict[str, Any]], num_classes: int, lr: flo
     """Warnings for a run that stayed finite but blew up: a loss far above a uniform guess's, or one
     that grew while accuracy sits at chance."""
     rows = [r for r in records if "round" in r and "event" not in r and isinstance(r.get("train_loss"), float)]
-    if not rows:
+    measured = [r for r in rows if isinstance(r.get("target_acc"), dict)]  # --target-eval end: the last row only
+    if not measured:
         return []
     uniform = math.log(max(2, num_classes))
     first, last = rows[0]["train_loss"], rows[-1]["train_loss"]
     chance = 1.0 / max(1, num_classes)
-    accuracy = mean(rows[-1]["target_acc"].values())
+    accuracy = mean(measured[-1]["target_acc"].values())
     out = []
     if last > 100 * uniform:
         out.append(f"the training loss reached {last:.3g}, far above a uniform guess's {uniform:.2f}: training "

@@ -20,7 +20,7 @@ from fedstyle.experiments.tracks import merge_settings
 
 #: settings that never change a run's result beyond float rounding (device, client batching): a finished run made
 #: with other values is reused. target_eval changes only which rows of metrics.jsonl carry the targets' accuracy,
-#: never summary.json's (tests/test_target_eval.py)
+#: never the results summary.json reports (tests/test_target_eval.py)
 RESULT_NEUTRAL = frozenset({"device", "client_batching", "data_root", "backend", "ray_address", "client_cpus", "client_gpus",
                             "state_budget", "target_eval", *TRACKER_SETTINGS})
 OTHERS = "others"

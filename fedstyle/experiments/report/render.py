@@ -191,10 +191,18 @@ def write_report(
     with _atomic_open(out_dir / "report.tex", "w") as file:
         file.write(to_latex(table))
     paths["latex"] = out_dir / "report.tex"
-    if any("target_acc" in row for r in records for row in r.metrics):
-        paths["plot"] = plot_accuracy(records, out_dir / "accuracy.png", lambda run: row_of[run.path])
-        paths["training"] = plot_training(records, out_dir / "training.png", lambda run: row_of[run.path])
-    else:
+    # a run made with --target-eval end measured its targets at the end only: no curve, and a band over the
+    # others' seeds would jump where it joined them at the last round
+    curve_runs = [r for r in records if all("target_acc" in row for row in r.metrics
+                                            if "round" in row and "event" not in row)]
+    if len(curve_runs) < len(records):
+        left = len(records) - len(curve_runs)
+        warnings.warn(f"{left} of {len(records)} runs measured their targets at the end only (--target-eval end): "
+                      f"{'the figures leave them out' if curve_runs else 'accuracy.png not written'}", stacklevel=2)
+    if any("target_acc" in row for r in curve_runs for row in r.metrics):
+        paths["plot"] = plot_accuracy(curve_runs, out_dir / "accuracy.png", lambda run: row_of[run.path])
+        paths["training"] = plot_training(curve_runs, out_dir / "training.png", lambda run: row_of[run.path])
+    elif curve_runs:
         warnings.warn("no run logged per-round target_acc in metrics.jsonl; accuracy.png not written", stacklevel=2)
 
     sections = [f"# Results: {table.dataset}", "", to_markdown(table)]
