@@ -13,6 +13,7 @@ from typing import IO, Iterator, Sequence
 
 from fedstyle.experiments.report.plots import plot_accuracy, plot_training
 from fedstyle.experiments.report.runs import RunRecord, collect, environment_note
+from fedstyle.experiments.rundir import evaluation_rows
 from fedstyle.experiments.report.tabulate import (MISSING, Cell, Table, _setting_text, plan_rows,
                                                   results_table)
 from fedstyle.io import atomic_open
@@ -193,8 +194,7 @@ def write_report(
     paths["latex"] = out_dir / "report.tex"
     # a run made with --target-eval end measured its targets at the end only: no curve, and a band over the
     # others' seeds would jump where it joined them at the last round
-    curve_runs = [r for r in records if all("target_acc" in row for row in r.metrics
-                                            if "round" in row and "event" not in row)]
+    curve_runs = [r for r in records if all("target_acc" in row for row in evaluation_rows(r.metrics))]
     if len(curve_runs) < len(records):
         left = len(records) - len(curve_runs)
         warnings.warn(f"{left} of {len(records)} runs measured their targets at the end only (--target-eval end): "

@@ -372,9 +372,9 @@ class Federation(Supervisor):
                     if done_rounds > shown:
                         bar.update(done_rounds - shown)
                         shown = done_rounds
-                        name, acc = next(((n, evals[-1][k]) for n, k in (("tgt", "target_acc"),
-                                                                           ("src", "source_val_acc"))
-                                          if k in evals[-1]), ("tgt", {}))  # --target-eval end: targets at the end
+                        # --target-eval end: the targets only at the end, source validation before
+                        key, name = ("target_acc", "tgt") if "target_acc" in evals[-1] else ("source_val_acc", "src")
+                        acc = evals[-1].get(key, {})
                         bar.set_postfix({name: f"{sum(acc.values()) / max(1, len(acc)):.3f}"}, refresh=True)
                 if finished:
                     break
