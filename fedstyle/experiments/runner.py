@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from fedstyle.allocator import keep_freed_memory
 from fedstyle.errors import ConfigError, FedstyleError
 from fedstyle.experiments.backends import Backend, get_backend, refuse_peer_to_peer, register_backend, train_on
 from fedstyle.experiments.build import Experiment, build_experiment
@@ -225,6 +226,7 @@ def train_experiment(exp: Experiment, out: Path, *, quiet: bool, checkpoint,
                      on_checkpoint: Callable[[int], None] | None = None) -> dict[str, Any]:
     """The round loop into ``out`` on ``exp.simulator`` (the Flower runtimes give it their own transport)."""
     config, sim = exp.config, exp.simulator
+    keep_freed_memory()  # a step's activations reused, not re-faulted from the kernel (fedstyle/allocator.py)
     selector = Selector(config.selection)
     start_round, elapsed = 0, 0.0
     # The setup exchange always runs (it is deterministic), also on resume: what it leaves outside

@@ -14,6 +14,7 @@ import time
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 
+from fedstyle.allocator import keep_freed_memory
 from fedstyle.runtimes.flower import quiet_flower_noise
 from fedstyle.runtimes.flower.node_config import client_id_of
 from fedstyle.runtimes.flower.processes import die_with_owner
@@ -22,6 +23,7 @@ _META = "fedstyle"  # = records.META (records imports torch)
 
 quiet_flower_noise()  # also in Ray's actors, which import this module to run the ClientApp
 die_with_owner()  # a local site's ClientApp process stops with `fedstyle deploy` (it writes the site's state)
+keep_freed_memory()  # the site's training reuses its freed activations (fedstyle/allocator.py)
 app = ClientApp()
 
 
