@@ -579,3 +579,48 @@ def test_the_results_index_opens_with_the_generated_claims():
     classes = {name: int(d["classes"]) for name, d in read_datasets(GRID_DIR).items()}
     assert inside.strip() == index_claims(claim_rows(boards, GRID_DIR, CSV_DIR, classes)).strip(), (
         "docs/results/index.md's claims are not the rendering of the committed CSVs: run `fedstyle leaderboard show`")
+
+
+def test_a_method_card_block_lists_its_rows_and_the_claims_on_them(small_board):
+    """docs/methods/<method>.md's generated block: its rows (place among ranked rows, averages, standing) and
+    every leaderboard link of a claim that names one of them, once, with each paper it comes from."""
+    from fedstyle.experiments.leaderboard.cards import card_block
+    from fedstyle.experiments.leaderboard.claims import ClaimRow, Judgement, Link
+
+    boards = {"multi_source": small_board}
+    b, c = _row(small_board, "b"), _row(small_board, "c")
+    verdict = judge_paired(b.values, c.values)
+    link = Link("b", "c", verdict.status, verdict)
+    empty = Judgement("", note="not judged (none)")
+    claims = [ClaimRow("P1", "b > c", "", Judgement("b > c", [link]), empty, empty, table="multi_source"),
+              ClaimRow("P2", "b > c", "", Judgement("b > c", [link]), empty, empty, table="multi_source"),
+              ClaimRow("P3", "a > c", "", Judgement("a > c", [Link("a", "c", "holds", verdict)]), empty, empty,
+                       table="multi_source")]
+    block = card_block("mixstyle", boards, claims)  # the method of row b
+    rows = [line for line in block.splitlines() if line.startswith("| Small |")]
+    assert len(rows) == 1
+    cells = [x.strip() for x in rows[0].strip("|").split("|")]
+    assert cells[:3] == ["Small", "B", "2 of 3"]  # A, B, C ranked; Dull did not learn, Short misses cells
+    assert cells[3:5] == [f"{b.dataset_average['d1']:.1f}", f"{b.dataset_average['d2']:.1f}"]
+    assert cells[5] == f"{b.average:.1f}" and cells[-2] == "15 of 15" and cells[-1].startswith("tied: ")
+    assert f"- `b > c` (P1 and P2): {verdict.status} (" in block
+    assert "a > c" not in block  # a claim that names none of its rows
+    best = card_block("fedavg", boards, claims)
+    assert f"**{_row(small_board, 'a').average:.1f}**" in best and "| best |" in best
+    short = card_block("ccst", boards, [])
+    assert "| — | " in short and "cells missing: not ranked" in short and "- none" in short
+    assert "None: no leaderboard table" in card_block("styleddg", boards, claims)
+
+
+@pytest.mark.parametrize("name", METHODS.names())
+def test_every_method_card_shows_its_leaderboard_rows_as_rendered(committed, name):
+    from fedstyle.experiments.leaderboard.cards import CARD_END, CARD_START, card_block
+
+    boards, claims = committed
+    card = (Path(__file__).resolve().parents[1] / "docs" / "methods" / f"{name}.md").read_text()
+    assert CARD_START in card and CARD_END in card, (
+        f"docs/methods/{name}.md has no {CARD_START} ... {CARD_END} markers: add them under '## Expected results'")
+    inside = card.split(CARD_START, 1)[1].split(CARD_END, 1)[0]
+    assert inside.strip() == card_block(name, boards, claims).strip(), (
+        f"docs/methods/{name}.md's leaderboard rows are not the rendering of the committed CSVs: run "
+        "`fedstyle leaderboard show`")

@@ -172,7 +172,9 @@ def add_leaderboard_command(sub: argparse._SubParsersAction) -> None:
                                 description="Render the leaderboard from the kept per-seed CSVs only (no training, no "
                                 "data): DIR/leaderboard.md (tables, ranks, missing cells, the papers' claims at a "
                                 "glance), and per table DIR/leaderboard-<table>.csv and .tex and the "
-                                "critical-difference diagram DIR/leaderboard-cd-<table>.png and .pdf.")
+                                "critical-difference diagram DIR/leaderboard-cd-<table>.png and .pdf; beside DIR, the claims at a glance "
+                                "in index.md and each method card's rows (../methods/<method>.md), between their "
+                                "markers.")
     show.add_argument("--out", type=Path, default=DEFAULT_OUT, help="the folder written (default: %(default)s)")
     show.add_argument("--grid-dir", type=Path, default=GRID_DIR, help="the tables' sweep files (default: %(default)s)")
     show.add_argument("--csv-dir", type=Path, default=CSV_DIR, help="the per-seed CSVs (default: %(default)s)")

@@ -62,6 +62,8 @@ class ClaimRow:
     leaderboard: Judgement
     pretrained: Judgement
     preset_runs: Judgement
+    #: the leaderboard table the claim is judged on (its links name that table's variants)
+    table: str = ""
 
     def evidence(self) -> str:
         files = self.leaderboard.sources + self.pretrained.sources + self.preset_runs.sources
@@ -161,7 +163,8 @@ def claim_rows(boards: Mapping[str, Any], grid_dir: Path, csv_dir: Path, classes
             lines = [line for name in entry["csv"] for line in read_rows(Path(csv_dir) / f"{name}.csv")]
             judged.append(judge(entry["says"], csv_lookup(lines), classes,
                                 [f"benchmarks/per_seed/{name}.csv" for name in entry["csv"]]))
-        rows.append(ClaimRow(paper["name"], claim["says"], str(claim.get("source", "")), leaderboard, *judged))
+        rows.append(ClaimRow(paper["name"], claim["says"], str(claim.get("source", "")), leaderboard, *judged,
+                             table=lb["table"]))
     return rows
 
 

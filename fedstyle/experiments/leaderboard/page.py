@@ -1,6 +1,8 @@
 """``fedstyle leaderboard show``: every table, its ranks and critical-difference diagram, the missing cells and the
 papers' claims at a glance, rendered from the kept CSVs only (no training, no data): docs/results/leaderboard.md,
-and per table a CSV, a LaTeX tabular and the diagram as PNG and PDF. :func:`readme_table` is the README's table.
+and per table a CSV, a LaTeX tabular and the diagram as PNG and PDF; the claims at a glance in the results index
+and each method card's rows (docs/methods/<method>.md), between their markers. :func:`readme_table` is the
+README's table.
 """
 
 from __future__ import annotations
@@ -253,4 +255,22 @@ def write_show(out_dir: Path = DEFAULT_OUT, grid_dir: Path = GRID_DIR, csv_dir: 
     index = out_dir / INDEX
     if index.exists() and update_between(index, CLAIMS_START, CLAIMS_END, index_claims(claims)):
         written.append(index)
+    written += update_cards(out_dir.parent / METHODS_DIR, boards, claims)
     return [page] + written
+
+
+#: the method cards (docs/methods/<method>.md), beside the results folder
+METHODS_DIR = "methods"
+
+
+def update_cards(methods_dir: Path, boards: dict[str, Board], claims) -> list[Path]:
+    """Each card's leaderboard rows (:func:`~fedstyle.experiments.leaderboard.cards.card_block`), in every card of
+    ``methods_dir`` that has the markers; returns the cards changed."""
+    from fedstyle.experiments.leaderboard.cards import CARD_END, CARD_START, card_block
+
+    changed = []
+    for card in sorted(Path(methods_dir).glob("*.md")):
+        if CARD_START in card.read_text(encoding="utf-8") and update_between(
+                card, CARD_START, CARD_END, card_block(card.stem, boards, claims)):
+            changed.append(card)
+    return changed
