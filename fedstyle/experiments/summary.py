@@ -61,6 +61,12 @@ class Selector:
         self.pending = "target_acc" not in record
         return True
 
+    @property
+    def keeps_weights(self) -> bool:
+        """The chosen round's weights must be kept, to measure its targets at the end: a pending choice, except
+        under ``last``, whose choice is the last round (its row measures the targets)."""
+        return self.pending and self.rule != "last"
+
     def resolve(self, targets: dict[str, float]) -> None:
         """The pending round's target accuracy, measured on its kept weights."""
         self.best_targets, self.pending = dict(targets), False
