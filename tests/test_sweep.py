@@ -503,3 +503,64 @@ def test_a_finished_run_of_a_method_with_a_style_defence_is_reused(tmp_path):
     (run_dir / "config.json").write_text(json.dumps(other))
     with pytest.raises(ConfigError, match="hparams.dp_noise_source"):
         run_status(run_dir, planned)
+
+
+@pytest.mark.parametrize("ignore_sigint", [False, True], ids=["foreground", "nohup"])
+def test_a_sigterm_to_the_sweep_stops_its_runs_within_seconds(tiny_config, tmp_path, ignore_sigint):
+    """`kill PID` of a sweep (SIGTERM, which the CLI turns into Ctrl-C) stops the runs under way at once, resumable,
+    instead of waiting for them to end: the workers get no signal of their own. Also when the sweep was started
+    with nohup or `&`, whose processes ignore SIGINT."""
+    import signal
+    import subprocess
+    import sys
+    import contextlib
+    import os
+    import time
+
+    from fedstyle.experiments.checkpoint import CHECKPOINT
+
+    script = tmp_path / "sweep.py"
+    script.write_text(textwrap.dedent(f"""
+        from fedstyle.cli.flags import stop_on_sigterm
+        from fedstyle.experiments.config import RunConfig
+        from fedstyle.experiments.sweep import Variant, plan_jobs, run_sweep
+        if __name__ == "__main__":  # the workers are spawned: they import this file
+            stop_on_sigterm()
+            base = RunConfig.from_mapping({tiny_config.updated(rounds=100000, eval_every=1).to_dict()!r})
+            jobs = plan_jobs(base, [Variant("fedavg", "fedavg")], [0, 1], ["grey"], {str(tmp_path / "runs")!r})
+            try:
+                run_sweep(jobs, workers=2, log=lambda _: None, quiet=True)
+            except KeyboardInterrupt:
+                raise SystemExit(130)
+    """))
+    ignore = (lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if ignore_sigint else None
+    parent = subprocess.Popen([sys.executable, str(script)], preexec_fn=ignore)
+    runs = [tmp_path / "runs" / "fedavg" / f"seed{s}" / "grey" for s in (0, 1)]
+    workers: list[int] = []
+    try:
+        deadline = time.monotonic() + 120
+        while not all((r / CHECKPOINT).exists() for r in runs):  # both runs have a round behind them
+            assert parent.poll() is None and time.monotonic() < deadline, "the sweep did not start its runs"
+            time.sleep(0.5)
+        workers = _workers_of(parent.pid)
+        assert len(workers) == 2
+        parent.send_signal(signal.SIGTERM)
+        start = time.monotonic()
+        try:
+            code = parent.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            pytest.fail("the sweep waited for its runs to end after SIGTERM")
+        assert code == 130 and time.monotonic() - start < 30
+        deadline = time.monotonic() + 10
+        while any(_alive(pid) for pid in workers):
+            assert time.monotonic() < deadline, "a worker outlived its sweep"
+            time.sleep(0.2)
+    finally:  # never leave a 100,000-round sweep behind
+        if parent.poll() is None:
+            parent.kill()
+        parent.wait()
+        for pid in workers:
+            if _alive(pid):
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
+    assert not any((r / "done").exists() for r in runs) and all((r / CHECKPOINT).exists() for r in runs)

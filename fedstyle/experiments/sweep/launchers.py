@@ -47,23 +47,56 @@ def _watch_parent(parent: int, poll: float = 1.0, grace: float = 10.0) -> None:
     threading.Thread(target=watch, name="fedstyle-parent-watch", daemon=True).start()
 
 
+#: a worker's run: whether one is under way, and whether it has been interrupted (see _stop_run_on_signal)
+_RUN = {"running": False, "interrupted": False}
+
+
+def _stop_run_on_signal(signum, frame) -> None:
+    """A worker's SIGINT and SIGTERM: the run under way stops as on Ctrl-C (KeyboardInterrupt: it unwinds,
+    its checkpoint kept and its lock released), once; a second signal while it unwinds, or one between runs,
+    is ignored, so that Ctrl-C (the terminal's SIGINT) and the sweep's SIGTERM together stop it once."""
+    if _RUN["running"] and not _RUN["interrupted"]:
+        _RUN["interrupted"] = True
+        raise KeyboardInterrupt
+
+
 def _attempt_in_worker(job: Job, marker: str | None, sweep_pid: int) -> RunResult:
     """``attempt`` in a worker; interrupted because its sweep process is gone, the worker exits once
     the run has unwound (checkpoint kept, lock released) rather than wait for jobs no one will send."""
+    _RUN.update(running=True, interrupted=False)
     try:
         return attempt(job, 0, marker)
     except KeyboardInterrupt:
         if os.getppid() != sweep_pid:
             os._exit(130)
         raise
+    finally:
+        _RUN["running"] = False
+
+
+def _interrupt_workers() -> None:
+    """SIGTERM to this process's pool workers: each stops its run (see :func:`_stop_run_on_signal`). The sweep
+    calls it when it is interrupted itself: its workers get no signal of their own from ``kill PID`` or
+    a scheduler, and the pool's shutdown would otherwise wait for every run under way to end."""
+    import signal
+
+    for child in multiprocessing.active_children():
+        with contextlib.suppress(OSError):
+            os.kill(child.pid, signal.SIGTERM)
 
 
 def _init_worker(threads: int, counter) -> None:
     """A spawned worker: its share of the CPU threads, and with several GPUs one of them in turn; it
     stops when the sweep process goes away."""
+    import signal
+
     import torch
 
     _watch_parent(os.getppid())
+    # installed whatever the worker inherited: a sweep started with nohup or `&` ignores SIGINT, and so would
+    # its workers, leaving _watch_parent's interrupt to its grace and _interrupt_workers' to nothing
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, _stop_run_on_signal)
 
     torch.set_num_threads(threads)
     with counter.get_lock():
@@ -117,6 +150,11 @@ class LocalLauncher:
                     yield RunResult(job.run_dir, job.title, "failed",
                                     f"its worker process died ({type(err).__name__}; out of memory?)")
             finished = True
+        except (KeyboardInterrupt, GeneratorExit):
+            # Ctrl-C or SIGTERM (stop_on_sigterm) here, or in the caller's loop, which then drops this generator
+            # (GeneratorExit): the runs under way stop too, resumable
+            _interrupt_workers()
+            raise
         finally:
             pool.shutdown(wait=True, cancel_futures=not finished)
 
