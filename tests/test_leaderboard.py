@@ -624,3 +624,42 @@ def test_every_method_card_shows_its_leaderboard_rows_as_rendered(committed, nam
     assert inside.strip() == card_block(name, boards, claims).strip(), (
         f"docs/methods/{name}.md's leaderboard rows are not the rendering of the committed CSVs: run "
         "`fedstyle leaderboard show`")
+
+
+def test_a_familys_leading_line_names_its_best_ranked_row_and_reads_it_against_the_reference(small_board):
+    from fedstyle.experiments.leaderboard.leading import leading_line
+
+    a, b, c = (_row(small_board, v) for v in "abc")
+    # the family of B and C (mixstyle, dsu): B leads; against A (the reference) the rule reads B - A
+    line = leading_line(small_board, {"mixstyle", "dsu"}, "a")
+    v = judge_paired(b.values, a.values)
+    assert line.startswith(f"Leading here on the leaderboard (small): B, average {b.average:.1f}.")
+    assert f"Its gain over A: {v.status}, {v.mean:+.1f} points, CI [{v.low:+.1f}, {v.high:+.1f}], 15 pairs." in line
+    # the reference leads its own family: no comparison; a family without a ranked row says so
+    assert leading_line(small_board, {"fedavg", "dsu"}, "a") == f"Leading here on the leaderboard (small): A, " \
+                                                                 f"average {a.average:.1f}."
+    assert "No row of this family is ranked" in leading_line(small_board, {"fedprox", "ccst"}, "a")  # Dull, Short
+
+
+def test_a_family_names_one_table():
+    from fedstyle.experiments.leaderboard.leading import family_tables
+
+    assert family_tables({"t1": {"families": ["x"]}, "t2": {"families": ["y"]}}) == {"x": "t1", "y": "t2"}
+    with pytest.raises(ConfigError, match="family 'x' is in both"):
+        family_tables({"t1": {"families": ["x"]}, "t2": {"families": ["x"]}})
+
+
+def test_the_readmes_leading_lines_are_the_rendering_for_every_family(committed):
+    """README.md's "leading here" line under each method family is the rendering of the committed CSVs, and every
+    family of the registry has its line (a table in tables.toml and markers in the README)."""
+    from fedstyle.experiments.leaderboard.leading import family_tables, markers, readme_lines
+
+    boards, _ = committed
+    family_of = {name: METHODS.get(name).family for name in METHODS.names()}
+    assert set(family_tables(read_meta())) == set(family_of.values()), "give every family a table in tables.toml"
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    for family, line in readme_lines(boards, read_meta(), family_of).items():
+        start, end = markers(family)
+        assert start in readme and end in readme, f"README.md lacks {start} ... {end} under its family's heading"
+        assert readme.split(start, 1)[1].split(end, 1)[0].strip() == line, (
+            f"README.md's {family} line is not the rendering: run `fedstyle leaderboard show --readme README.md`")

@@ -106,6 +106,15 @@ def _cmd_show(args: argparse.Namespace) -> int:
 
         changed = update_readme(args.readme, readme_table(args.grid_dir, args.csv_dir))
         print(f"{'wrote' if changed else 'unchanged:'} the multi-source table in {args.readme}")
+        from fedstyle.cli import catalog
+        from fedstyle.experiments.leaderboard.leading import readme_lines
+        from fedstyle.experiments.leaderboard.page import load_boards, update_readme_leading
+        from fedstyle.experiments.leaderboard.tables import read_meta
+
+        family_of = {name: entry["family"] for name, entry in catalog.load()["methods"].items()}
+        lines = readme_lines(load_boards(args.grid_dir, args.csv_dir), read_meta(args.grid_dir), family_of)
+        for family in update_readme_leading(args.readme, lines):
+            print(f"wrote the {family} family's leading line in {args.readme}")
     print(f"rendered from the CSVs in {time.perf_counter() - start:.1f} s")
     return 0
 
@@ -180,7 +189,8 @@ def add_leaderboard_command(sub: argparse._SubParsersAction) -> None:
     show.add_argument("--csv-dir", type=Path, default=CSV_DIR, help="the per-seed CSVs (default: %(default)s)")
     show.add_argument("--no-figures", action="store_true", help="no diagrams (the page only)")
     show.add_argument("--readme", type=Path, metavar="README.md", help="also put the multi-source table between the "
-                      "file's <!-- leaderboard:start --> and <!-- leaderboard:end --> markers")
+                      "file's <!-- leaderboard:start --> and <!-- leaderboard:end --> markers, and each method "
+                      "family's leading row between its <!-- leading:FAMILY:start --> and :end --> markers")
     show.set_defaults(func=_cmd_show)
 
     grid = board_sub.add_parser("grid", help="the tables' rows; --write puts the registry's rows into the sweep files")

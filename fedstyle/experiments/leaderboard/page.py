@@ -79,6 +79,20 @@ def update_readme(path: Path, table: str) -> bool:
     return update_between(path, README_START, README_END, table)
 
 
+def update_readme_leading(path: Path, lines: dict[str, str]) -> list[str]:
+    """Put each family's "leading here" line (:func:`~fedstyle.experiments.leaderboard.leading.readme_lines`)
+    between its markers in ``path``, for the families whose markers it has; returns the families changed."""
+    from fedstyle.experiments.leaderboard.leading import markers
+
+    text = Path(path).read_text()
+    changed = []
+    for family, line in lines.items():
+        start, end = markers(family)
+        if start in text and update_between(path, start, end, line):
+            changed.append(family)
+    return changed
+
+
 #: the results index (docs/results/index.md) opens with the claims at a glance between these markers
 INDEX, CLAIMS_START, CLAIMS_END = "index.md", "<!-- claims:start -->", "<!-- claims:end -->"
 
