@@ -486,12 +486,25 @@ def test_the_claims_table_agrees_with_the_csvs(committed):
 
 
 def test_readme_table_is_the_rendering():
-    from fedstyle.experiments.leaderboard.page import README_END, README_START, readme_table
+    from fedstyle.experiments.leaderboard.page import README_END, README_START, readme_block
 
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     inside = readme.split(README_START, 1)[1].split(README_END, 1)[0]
-    assert readme_table().strip() in inside, ("the README's table is not the rendering of the committed CSVs: run "
-                                              "`fedstyle leaderboard show --readme README.md`")
+    assert readme_block().strip() == inside.strip(), ("the README's table is not the rendering of the committed "
+                                                      "CSVs: run `fedstyle leaderboard show --readme README.md`")
+
+
+def test_the_readme_summary_counts_runs_and_places_rows_by_the_rule(small_board):
+    from fedstyle.experiments.leaderboard.page import readme_summary
+
+    small_board.csv = "small"
+    text = readme_summary(small_board)
+    done = small_board.runs_expected() - small_board.runs_missing()
+    assert text.startswith(f"{done} of the table's {small_board.runs_expected()} runs are in "
+                           "`benchmarks/per_seed/small.csv`")
+    assert "--dry-run" in text  # Short misses cells
+    # A is best; B is tied with it, C below (test_a_board_averages_cells_over_seeds_and_finds_the_best)
+    assert "On 15 pairs, the rule ties 1 row with A (B) and puts 1 below it." in text
 
 
 def test_show_renders_without_torch(tmp_path):

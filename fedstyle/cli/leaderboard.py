@@ -102,9 +102,9 @@ def _cmd_show(args: argparse.Namespace) -> int:
     for path in written:
         print(f"wrote {path}")
     if args.readme:
-        from fedstyle.experiments.leaderboard.page import readme_table, update_readme
+        from fedstyle.experiments.leaderboard.page import readme_block, update_readme
 
-        changed = update_readme(args.readme, readme_table(args.grid_dir, args.csv_dir))
+        changed = update_readme(args.readme, readme_block(args.grid_dir, args.csv_dir))
         print(f"{'wrote' if changed else 'unchanged:'} the multi-source table in {args.readme}")
         from fedstyle.cli import catalog
         from fedstyle.experiments.leaderboard.leading import readme_lines

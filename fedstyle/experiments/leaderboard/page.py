@@ -1,8 +1,8 @@
 """``fedstyle leaderboard show``: every table, its ranks and critical-difference diagram, the missing cells and the
 papers' claims at a glance, rendered from the kept CSVs only (no training, no data): docs/results/leaderboard.md,
 and per table a CSV, a LaTeX tabular and the diagram as PNG and PDF; the claims at a glance in the results index
-and each method card's rows (docs/methods/<method>.md), between their markers. :func:`readme_table` is the
-README's table.
+and each method card's rows (docs/methods/<method>.md), between their markers. :func:`readme_block` is the
+README's table and its summary.
 """
 
 from __future__ import annotations
@@ -50,11 +50,33 @@ def page_budget(boards: dict[str, Board], grid_dir: Path = GRID_DIR, csv_dir: Pa
     return budget_text(rule, lines, next(iter(boards.values())).rounds)
 
 
-def readme_table(grid_dir: Path = GRID_DIR, csv_dir: Path = CSV_DIR) -> str:
-    """The multi-source table as Markdown: what README.md shows between its leaderboard markers."""
+def readme_block(grid_dir: Path = GRID_DIR, csv_dir: Path = CSV_DIR) -> str:
+    """What README.md shows between its leaderboard markers: the multi-source table as Markdown (the averages) and
+    :func:`readme_summary`'s lines."""
     from fedstyle.experiments.leaderboard.render import markdown_table
 
-    return markdown_table(load_boards(grid_dir, csv_dir)[README_TABLE], compact=True)
+    board = load_boards(grid_dir, csv_dir)[README_TABLE]
+    return markdown_table(board, compact=True) + "\n" + readme_summary(board)
+
+
+def readme_summary(board: Board) -> str:
+    """How many of the table's runs are in, and how the rule places the other ranked rows against the best."""
+    done, expected = board.runs_expected() - board.runs_missing(), board.runs_expected()
+    lines = [f"{done} of the table's {expected} runs are in `benchmarks/per_seed/{board.csv}.csv`; the Seeds column "
+             "counts each row's runs per cell."]
+    if done < expected:
+        lines.append("`fedstyle leaderboard run --dry-run` lists the runs still missing.")
+    others = [r for r in board.rows if r.ranked and r is not board.best and r.versus_best is not None]
+    if board.best is not None and others:
+        pairs = sorted(r.versus_best.n for r in others)
+        span = f"{pairs[0]}" if pairs[0] == pairs[-1] else f"{pairs[0]} to {pairs[-1]}"
+        tied = [r for r in others if r.tied]
+        if tied:
+            lines.append(f"On {span} pairs, the rule ties {len(tied)} row{'s' * (len(tied) != 1)} with {board.best.label} "
+                         f"({', '.join(r.label for r in tied)}) and puts {len(others) - len(tied)} below it.")
+        else:
+            lines.append(f"On {span} pairs, the rule puts every other ranked row below {board.best.label}.")
+    return "\n".join(lines) + "\n"
 
 
 def update_between(path: Path, start: str, end: str, block: str) -> bool:
@@ -74,9 +96,10 @@ def update_between(path: Path, start: str, end: str, block: str) -> bool:
     return new != text
 
 
-def update_readme(path: Path, table: str) -> bool:
-    """Put ``table`` between README's leaderboard markers (what its test checks); returns whether it changed."""
-    return update_between(path, README_START, README_END, table)
+def update_readme(path: Path, block: str) -> bool:
+    """Put ``block`` (:func:`readme_block`) between README's leaderboard markers (what its test checks); returns
+    whether it changed."""
+    return update_between(path, README_START, README_END, block)
 
 
 def update_readme_leading(path: Path, lines: dict[str, str]) -> list[str]:
