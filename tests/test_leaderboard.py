@@ -676,3 +676,39 @@ def test_the_readmes_leading_lines_are_the_rendering_for_every_family(committed)
         assert start in readme and end in readme, f"README.md lacks {start} ... {end} under its family's heading"
         assert readme.split(start, 1)[1].split(end, 1)[0].strip() == line, (
             f"README.md's {family} line is not the rendering: run `fedstyle leaderboard show --readme README.md`")
+
+
+def test_the_readme_claims_read_the_leaderboard_where_it_judges_else_the_preset(small_board):
+    from fedstyle.experiments.leaderboard.claims import ClaimRow, Judgement, Link
+    from fedstyle.experiments.leaderboard.page import readme_claims
+
+    b, c = _row(small_board, "b"), _row(small_board, "c")
+    v = judge_paired(b.values, c.values)
+    judged = Judgement("b > c", [Link("b", "c", v.status, v)])
+    unjudged = Judgement("b > c", [Link("b", "c", "not judged (no leaderboard run yet of b)")])
+    preset = Judgement("B (preset) > C (preset)", [Link("B (preset)", "C (preset)", "holds", v)])
+    none = Judgement("", note="not judged (no per-seed values)")
+    claims = [ClaimRow("P1", "b > c", "", judged, none, preset, table="multi_source"),
+              ClaimRow("P2", "b > c", "", unjudged, none, preset, table="multi_source"),
+              ClaimRow("P3", "b > c", "", unjudged, none, none, table="multi_source")]
+    lines = readme_claims({"multi_source": small_board}, claims).splitlines()[2:]
+    assert lines[0] == f"| P1 | B > C | {_reading(v)} | leaderboard, small |"  # labels, not variant names
+    assert lines[1] == f"| P2 | B (preset) > C (preset) | **holds** ({v.mean:+.1f} [{v.low:+.1f}, {v.high:+.1f}], " \
+                       f"{v.n} pairs) | the paper's preset, from scratch |"
+    assert lines[2] == "| P3 | B > C | not judged (no leaderboard run yet of b) | — |"
+
+
+def _reading(v) -> str:
+    word = f"**{v.status}**" if v.status in ("holds", "fails") else v.status
+    return f"{word} ({v.mean:+.1f} [{v.low:+.1f}, {v.high:+.1f}], {v.n} pairs)"
+
+
+def test_the_readmes_claims_are_the_rendering(committed):
+    from fedstyle.experiments.leaderboard.page import README_CLAIMS_END, README_CLAIMS_START, readme_claims
+
+    boards, claims = committed
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    inside = readme.split(README_CLAIMS_START, 1)[1].split(README_CLAIMS_END, 1)[0]
+    assert inside.strip() == readme_claims(boards, claims).strip(), (
+        "README.md's claims are not the rendering of the committed CSVs: run `fedstyle leaderboard show --readme "
+        "README.md`")

@@ -115,6 +115,10 @@ def _cmd_show(args: argparse.Namespace) -> int:
         lines = readme_lines(load_boards(args.grid_dir, args.csv_dir), read_meta(args.grid_dir), family_of)
         for family in update_readme_leading(args.readme, lines):
             print(f"wrote the {family} family's leading line in {args.readme}")
+        from fedstyle.experiments.leaderboard.page import update_readme_claims
+
+        if update_readme_claims(args.readme, args.grid_dir, args.csv_dir):
+            print(f"wrote the papers' claims in {args.readme}")
     print(f"rendered from the CSVs in {time.perf_counter() - start:.1f} s")
     return 0
 

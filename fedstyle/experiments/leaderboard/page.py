@@ -116,6 +116,57 @@ def update_readme_leading(path: Path, lines: dict[str, str]) -> list[str]:
     return changed
 
 
+#: README.md's claims table lies between these markers
+README_CLAIMS_START, README_CLAIMS_END = "<!-- readme-claims:start -->", "<!-- readme-claims:end -->"
+
+
+def _judged(judgement) -> bool:
+    return bool(judgement.links) and all(not l.status.startswith("not judged") for l in judgement.links)
+
+
+def readme_claims(boards: dict[str, Board], claims) -> str:
+    """README's claims table: one line per paper, its headline claim read on the leaderboard's cells where every
+    link of it is judged there, else on the paper's preset runs where one is, else why it is not judged."""
+    lines = ["| Paper | Claim | Reading by the rule | Where |", "|:--|:--|:--|:--|"]
+    for claim in claims:
+        board = boards.get(claim.table)
+        label = {r.variant: r.label for r in board.rows} if board is not None else {}
+        if _judged(claim.leaderboard):
+            judgement, where = claim.leaderboard, f"leaderboard, {board.title.lower()}"
+        elif any(not l.status.startswith("not judged") for l in claim.preset_runs.links):
+            judgement, where = claim.preset_runs, "the paper's preset, from scratch"
+        else:
+            judgement, where = claim.leaderboard, "—"
+        names = [label.get(n, n) for n in judgement.says.split(" > ")] if judgement is claim.leaderboard \
+            else judgement.says.split(" > ")
+        if len(judgement.links) == 1:
+            reading = judgement.links[0].text()
+        else:
+            reading = "; ".join(f"{label.get(l.better, l.better)} > {label.get(l.worse, l.worse)}: {l.text()}"
+                                for l in judgement.links) or judgement.text()
+        lines.append(f"| {claim.paper} | {' > '.join(names)} | {_bold_verdict(reading)} | {where} |")
+    return "\n".join(lines) + "\n"
+
+
+def update_readme_claims(path: Path, grid_dir: Path = GRID_DIR, csv_dir: Path = CSV_DIR) -> bool:
+    """:func:`readme_claims` between README's claims markers, when it has them; returns whether it changed."""
+    from fedstyle.experiments.leaderboard.claims import claim_rows
+
+    if README_CLAIMS_START not in Path(path).read_text():
+        return False
+    boards = load_boards(grid_dir, csv_dir)
+    classes = {name: int(d["classes"]) for name, d in read_datasets(grid_dir).items()}
+    return update_between(path, README_CLAIMS_START, README_CLAIMS_END,
+                          readme_claims(boards, claim_rows(boards, grid_dir, csv_dir, classes)))
+
+
+def _bold_verdict(text: str) -> str:
+    """A reading with its verdicts that decide (holds, fails) in bold, as the results pages write them."""
+    for word in ("holds", "fails"):
+        text = text.replace(f"{word} (", f"**{word}** (")
+    return text
+
+
 #: the results index (docs/results/index.md) opens with the claims at a glance between these markers
 INDEX, CLAIMS_START, CLAIMS_END = "index.md", "<!-- claims:start -->", "<!-- claims:end -->"
 
