@@ -20,39 +20,51 @@ ClientApp.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import os
 import platform
 
 #: glibc's ``mallopt`` parameters (malloc.h)
 M_TRIM_THRESHOLD = -1
 M_MMAP_THRESHOLD = -3
+M_MMAP_MAX = -4
 
-#: the largest value ``mallopt`` takes (an ``int``): blocks below 2 GiB come from the heap; larger ones (a
-#: dataset's cache, say) are still mapped, and unmapped when freed
+#: the largest value ``mallopt`` takes (an ``int``). Blocks below it that the main thread allocates come from the
+#: heap; larger ones (a dataset's cache, say) are still mapped, and unmapped when freed. A block another thread
+#: allocates above its arena's 64 MiB is mapped whatever the threshold (torch allocates in the calling thread).
 THRESHOLD = 2**31 - 1
 
-#: ``FEDSTYLE_MALLOC=system`` leaves glibc's defaults
+#: ``FEDSTYLE_MALLOC=system`` leaves glibc's defaults (any other value, or none, tunes)
 ENV = "FEDSTYLE_MALLOC"
 
-_state: dict[str, bool] = {}
+#: what the first call decided (None: not called yet)
+_tuned: bool | None = None
+
+
+def _mallopt():
+    libc = ctypes.CDLL(None)  # the process's own symbols: glibc's malloc, whichever file it came from
+    mallopt = libc.mallopt
+    mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
+    return mallopt
 
 
 def keep_freed_memory() -> bool:
     """Raise glibc's mmap and trim thresholds to :data:`THRESHOLD` in this process, once.
 
-    True when they are raised (now or by an earlier call); False under ``FEDSTYLE_MALLOC=system``, outside
-    glibc, or when ``mallopt`` refuses. Never raises: a slower process is no reason to stop a run."""
-    if "tuned" in _state:
-        return _state["tuned"]
-    mode = os.environ.get(ENV, "").strip().lower()
-    if mode == "system" or platform.libc_ver()[0] != "glibc":
-        _state["tuned"] = False
+    A glibc older than about 2.26 refuses an mmap threshold above 32 MiB: there, mmap is turned off instead
+    (``M_MMAP_MAX`` = 0), which keeps every block in the heap. True when the process keeps its freed blocks (now
+    or by an earlier call); False under ``FEDSTYLE_MALLOC=system``, outside glibc, or when ``mallopt`` refuses.
+    Never raises: a slower process is no reason to stop a run."""
+    global _tuned
+    if _tuned is not None:
+        return _tuned
+    _tuned = False
+    if os.environ.get(ENV, "").strip().lower() == "system" or platform.libc_ver()[0] != "glibc":
         return False
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        tuned = bool(libc.mallopt(M_MMAP_THRESHOLD, THRESHOLD)) and bool(libc.mallopt(M_TRIM_THRESHOLD, THRESHOLD))
-    except (OSError, AttributeError):
-        tuned = False
-    _state["tuned"] = tuned
-    return tuned
+        mallopt = _mallopt()
+        mapped_kept = bool(mallopt(M_MMAP_THRESHOLD, THRESHOLD)) or bool(mallopt(M_MMAP_MAX, 0))
+        trimmed_kept = bool(mallopt(M_TRIM_THRESHOLD, THRESHOLD))
+    except (OSError, AttributeError, ctypes.ArgumentError):
+        return False
+    _tuned = mapped_kept and trimmed_kept
+    return _tuned

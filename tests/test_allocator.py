@@ -56,7 +56,7 @@ def test_the_environment_variable_keeps_glibcs_defaults():
 
 
 def test_it_is_called_once_and_answers_the_same_after(monkeypatch):
-    monkeypatch.setattr(allocator, "_state", {})
+    monkeypatch.setattr(allocator, "_tuned", None)
     first = allocator.keep_freed_memory()
     monkeypatch.setenv(allocator.ENV, "system")  # read once: a later call answers what the first did
     assert allocator.keep_freed_memory() is first

@@ -494,10 +494,10 @@ def test_readme_table_is_the_rendering():
                                                       "CSVs: run `fedstyle leaderboard show --readme README.md`")
 
 
-def test_the_readme_summary_counts_runs_and_places_rows_by_the_rule(small_board):
+def test_the_readme_summary_counts_runs_and_places_rows_by_the_rule(small_board, monkeypatch):
     from fedstyle.experiments.leaderboard.page import readme_summary
 
-    small_board.csv = "small"
+    monkeypatch.setattr(small_board, "csv", "small")
     text = readme_summary(small_board)
     done = small_board.runs_expected() - small_board.runs_missing()
     assert text.startswith(f"{done} of the table's {small_board.runs_expected()} runs are in "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import textwrap
 from pathlib import Path
@@ -505,16 +506,14 @@ def test_a_finished_run_of_a_method_with_a_style_defence_is_reused(tmp_path):
         run_status(run_dir, planned)
 
 
-@pytest.mark.parametrize("ignore_sigint", [False, True], ids=["foreground", "nohup"])
-def test_a_sigterm_to_the_sweep_stops_its_runs_within_seconds(tiny_config, tmp_path, ignore_sigint):
+def test_a_sigterm_to_the_sweep_stops_its_runs_within_seconds(tiny_config, tmp_path):
     """`kill PID` of a sweep (SIGTERM, which the CLI turns into Ctrl-C) stops the runs under way at once, resumable,
-    instead of waiting for them to end: the workers get no signal of their own. Also when the sweep was started
-    with nohup or `&`, whose processes ignore SIGINT."""
+    instead of waiting for them to end: the workers get no signal of their own. The runs the pool has queued do not
+    start. The sweep is started as nohup or `&` start it, ignoring SIGINT."""
     import signal
     import subprocess
     import sys
     import contextlib
-    import os
     import time
 
     from fedstyle.experiments.checkpoint import CHECKPOINT
@@ -527,15 +526,16 @@ def test_a_sigterm_to_the_sweep_stops_its_runs_within_seconds(tiny_config, tmp_p
         if __name__ == "__main__":  # the workers are spawned: they import this file
             stop_on_sigterm()
             base = RunConfig.from_mapping({tiny_config.updated(rounds=100000, eval_every=1).to_dict()!r})
-            jobs = plan_jobs(base, [Variant("fedavg", "fedavg")], [0, 1], ["grey"], {str(tmp_path / "runs")!r})
+            jobs = plan_jobs(base, [Variant("fedavg", "fedavg")], [0, 1, 2, 3], ["grey"], {str(tmp_path / "runs")!r})
             try:
                 run_sweep(jobs, workers=2, log=lambda _: None, quiet=True)
             except KeyboardInterrupt:
                 raise SystemExit(130)
     """))
-    ignore = (lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if ignore_sigint else None
-    parent = subprocess.Popen([sys.executable, str(script)], preexec_fn=ignore)
-    runs = [tmp_path / "runs" / "fedavg" / f"seed{s}" / "grey" for s in (0, 1)]
+    parent = subprocess.Popen([sys.executable, str(script)],
+                              preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    runs = [tmp_path / "runs" / "fedavg" / f"seed{s}" / "grey" for s in (0, 1)]  # the first two jobs
+    queued = [tmp_path / "runs" / "fedavg" / f"seed{s}" / "grey" for s in (2, 3)]
     workers: list[int] = []
     try:
         deadline = time.monotonic() + 120
@@ -551,6 +551,7 @@ def test_a_sigterm_to_the_sweep_stops_its_runs_within_seconds(tiny_config, tmp_p
         except subprocess.TimeoutExpired:
             pytest.fail("the sweep waited for its runs to end after SIGTERM")
         assert code == 130 and time.monotonic() - start < 30
+        assert not any(r.exists() for r in queued), "a queued run started after the interrupt"
         deadline = time.monotonic() + 10
         while any(_alive(pid) for pid in workers):
             assert time.monotonic() < deadline, "a worker outlived its sweep"
@@ -564,3 +565,32 @@ def test_a_sigterm_to_the_sweep_stops_its_runs_within_seconds(tiny_config, tmp_p
                 with contextlib.suppress(OSError):
                     os.kill(pid, signal.SIGKILL)
     assert not any((r / "done").exists() for r in runs) and all((r / CHECKPOINT).exists() for r in runs)
+
+
+def test_a_workers_first_signal_stops_its_run_and_every_later_job(monkeypatch):
+    """The worker's handler: the first SIGINT or SIGTERM interrupts the run under way, a second one is ignored (Ctrl-C
+    and the sweep's SIGTERM together), and a job handed over afterwards does not start."""
+    from fedstyle.experiments.sweep import launchers
+
+    monkeypatch.setattr(launchers, "_WORKER", {"running": False, "stopping": False})
+    started = []
+    monkeypatch.setattr(launchers, "attempt", lambda job, threads, marker: started.append(job) or "done")
+    assert launchers._attempt_in_worker("a", None, os.getppid()) == "done"
+    launchers._WORKER["running"] = True
+    with pytest.raises(KeyboardInterrupt):
+        launchers._stop_run_on_signal(15, None)
+    launchers._stop_run_on_signal(2, None)  # the second signal: no second interrupt while the run unwinds
+    launchers._WORKER["running"] = False
+    with pytest.raises(KeyboardInterrupt):
+        launchers._attempt_in_worker("b", None, os.getppid())
+    assert started == ["a"]
+
+
+def test_an_idle_workers_signal_stops_the_next_job(monkeypatch):
+    from fedstyle.experiments.sweep import launchers
+
+    monkeypatch.setattr(launchers, "_WORKER", {"running": False, "stopping": False})
+    monkeypatch.setattr(launchers, "attempt", lambda job, threads, marker: "done")
+    launchers._stop_run_on_signal(15, None)  # between runs: nothing to interrupt, no exception
+    with pytest.raises(KeyboardInterrupt):
+        launchers._attempt_in_worker("a", None, os.getppid())

@@ -135,13 +135,13 @@ def test_a_grid_reuses_a_finished_run_whatever_its_target_eval(tiny_config, tmp_
 
 
 @pytest.mark.parametrize("rule, kept", [("source_val", True), ("heldout_val", True), ("last", False)])
-def test_a_pending_choice_keeps_its_weights_except_under_last(rule, kept):
+def test_a_pending_choice_must_keep_its_weights_except_under_last(rule, kept):
     """--target-eval end: the chosen round's weights are kept to measure its targets at the end; under --selection
     last the choice is the last round, whose row measures them, so nothing is kept."""
     selector = Selector(rule)
-    assert not selector.keeps_weights  # nothing chosen yet
+    assert not selector.must_keep_weights  # nothing chosen yet
     record = {"round": 1, "source_val_acc": {"a": 0.5}, "heldout_val_acc": {"h": 0.5}}  # no target_acc: pending
     assert selector.update(record) and selector.pending
-    assert selector.keeps_weights is kept
+    assert selector.must_keep_weights is kept
     selector.resolve({"t": 0.4})
-    assert not selector.keeps_weights
+    assert not selector.must_keep_weights

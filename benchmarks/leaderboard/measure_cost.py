@@ -8,10 +8,10 @@ i.e. the reference's measured ratio of a whole run on D to one round on digits4,
 in proportion to the rounds a run has (the whole run is measured at --whole-rounds, default 8). Measuring the whole
 run per dataset matters: evaluation is most of a run, and fashion4's domains hold 17,500 images, digits4's 2,500 to
 5,000. It over-counts a method with a one-time setup (CCST's stylization: counted in every round), so it is an
-upper bound for those: each row runs with its method's derived copies made afresh (an empty cache for
+upper bound for those: each run makes its method's derived copies afresh (a cache of its own without
 CCST's and PARDON's transfers, client styles and FedDG-FFT's copies; the decoded datasets are shared), as a
-grid run of a new seed makes them. Seconds are the process's CPU seconds (torch on one thread), steadier than wall time on a
-shared machine; CPU hours on an idle core are about the same as wall hours there.
+grid run of a new seed makes them. Seconds are the process's CPU seconds (torch on one thread), steadier than
+wall time on a shared machine; CPU hours on an idle core are about the same as wall hours there.
 
     PYTHONPATH=. python benchmarks/leaderboard/measure_cost.py [--tables multi_source p2p single_source]
         -> benchmarks/leaderboard/cost.json
@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # this checkout's 
 
 import torch  # noqa: E402
 
-from fedstyle.data.cache import CACHE_ENV, cache_dir  # noqa: E402
+from fedstyle.data.cache import CACHE_ENV, DERIVED_KINDS, cache_dir  # noqa: E402
 from fedstyle.experiments.grid import plan_grid  # noqa: E402
 from fedstyle.experiments.leaderboard.tables import load_table, read_meta  # noqa: E402
 from fedstyle.experiments.runner import run_experiment  # noqa: E402
@@ -40,18 +40,20 @@ from fedstyle.experiments.runner import run_experiment  # noqa: E402
 HERE = Path(__file__).resolve().parent
 #: the reference row of a table (its plain baseline), the first one it has
 REFERENCES = ("fedavg", "dsgd")
+#: the cache the runs share their decoded datasets with (read before any run points CACHE_ENV elsewhere)
+USER_CACHE = cache_dir()
 
 
-#: the cache's folders of per-run derived copies (fedstyle.data.cache.DERIVED_KINDS less the weights a run only reads)
-PER_RUN_COPIES = ("ccst", "pardon", "client_styles", "feddg_fft")
+#: the weights among the cache's derived folders: a run reads them, never makes them
+READ_ONLY_KINDS = ("style", "adain")
+#: the cache's folders of per-run derived copies (CCST's, PARDON's, FedDG-FFT's, the client styles)
+PER_RUN_COPIES = tuple(kind for kind in DERIVED_KINDS if kind not in READ_ONLY_KINDS)
 
 
-def cold_copies_cache(scratch: Path) -> Path:
-    """A cache root that shares the decoded datasets and weights of the user's cache (symbolic links) but holds no
-    derived copies, so a row's measured round includes making them."""
-    root = scratch / "cache"
-    root.mkdir()
-    source = cache_dir()
+def cold_copies_cache(root: Path, source: Path) -> Path:
+    """A cache root at ``root`` that shares the decoded datasets and weights of the cache ``source`` (symbolic
+    links) but holds no derived copies, so a measured round includes making them."""
+    root.mkdir(parents=True)
     if source.is_dir():
         for entry in source.iterdir():
             if entry.name not in PER_RUN_COPIES:
@@ -60,8 +62,11 @@ def cold_copies_cache(scratch: Path) -> Path:
 
 
 def cpu_seconds(config, scratch: Path) -> float:
+    """One run's CPU seconds, with a cache of its own that lacks every derived copy (no run reads another's)."""
+    name = f"run{time.monotonic_ns()}"
+    os.environ[CACHE_ENV] = str(cold_copies_cache(scratch / f"cache-{name}", USER_CACHE))
     start = time.process_time()
-    run_experiment(config, scratch / f"run{time.monotonic_ns()}", quiet=True)
+    run_experiment(config, scratch / name, quiet=True)
     return time.process_time() - start
 
 
@@ -105,7 +110,6 @@ def main() -> int:
     if args.out.exists():  # measure some tables again, keep the others
         result["tables"] = json.loads(args.out.read_text()).get("tables", {})
     with tempfile.TemporaryDirectory() as scratch:
-        os.environ[CACHE_ENV] = str(cold_copies_cache(Path(scratch)))
         for key in args.tables:
             result["tables"][key] = measure(key, Path(scratch), lambda s: print(s, flush=True),
                                             args.whole_rounds)

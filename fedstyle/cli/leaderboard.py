@@ -105,7 +105,7 @@ def _cmd_show(args: argparse.Namespace) -> int:
         from fedstyle.experiments.leaderboard.page import readme_block, update_readme
 
         changed = update_readme(args.readme, readme_block(args.grid_dir, args.csv_dir))
-        print(f"{'wrote' if changed else 'unchanged:'} the multi-source table in {args.readme}")
+        print(f"{'wrote' if changed else 'unchanged:'} the multi-source table and its summary in {args.readme}")
         from fedstyle.cli import catalog
         from fedstyle.experiments.leaderboard.leading import readme_lines
         from fedstyle.experiments.leaderboard.page import load_boards, update_readme_leading
@@ -185,16 +185,17 @@ def add_leaderboard_command(sub: argparse._SubParsersAction) -> None:
                                 description="Render the leaderboard from the kept per-seed CSVs only (no training, no "
                                 "data): DIR/leaderboard.md (tables, ranks, missing cells, the papers' claims at a "
                                 "glance), and per table DIR/leaderboard-<table>.csv and .tex and the "
-                                "critical-difference diagram DIR/leaderboard-cd-<table>.png and .pdf; beside DIR, the claims at a glance "
-                                "in index.md and each method card's rows (../methods/<method>.md), between their "
-                                "markers.")
+                                "critical-difference diagram DIR/leaderboard-cd-<table>.png and .pdf; between their "
+                                "markers, the claims at a glance in DIR/index.md and each method card's rows in "
+                                "DIR/../methods/<method>.md.")
     show.add_argument("--out", type=Path, default=DEFAULT_OUT, help="the folder written (default: %(default)s)")
     show.add_argument("--grid-dir", type=Path, default=GRID_DIR, help="the tables' sweep files (default: %(default)s)")
     show.add_argument("--csv-dir", type=Path, default=CSV_DIR, help="the per-seed CSVs (default: %(default)s)")
     show.add_argument("--no-figures", action="store_true", help="no diagrams (the page only)")
-    show.add_argument("--readme", type=Path, metavar="README.md", help="also put the multi-source table between the "
-                      "file's <!-- leaderboard:start --> and <!-- leaderboard:end --> markers, and each method "
-                      "family's leading row between its <!-- leading:FAMILY:start --> and :end --> markers")
+    show.add_argument("--readme", type=Path, metavar="README.md", help="also write, between the file's markers: the "
+                      "multi-source table and its summary (<!-- leaderboard:start --> ... :end -->), each method "
+                      "family's leading row (<!-- leading:FAMILY:start --> ... :end -->) and the papers' claims "
+                      "(<!-- readme-claims:start --> ... :end -->)")
     show.set_defaults(func=_cmd_show)
 
     grid = board_sub.add_parser("grid", help="the tables' rows; --write puts the registry's rows into the sweep files")

@@ -249,7 +249,7 @@ def train_experiment(exp: Experiment, out: Path, *, quiet: bool, checkpoint,
         sim.load_meta(meta["simulator"])
         start_round, elapsed = meta["round"], meta["seconds"]
         selector = Selector(**meta["selector"])
-        if selector.keeps_weights and not selected:
+        if selector.must_keep_weights and not selected:
             raise FedstyleError(f"{out / CHECKPOINT} lacks the weights of round {selector.best_round}, the model "
                                 "selected so far (--target-eval end keeps them there): restore the checkpoint, or "
                                 f"start over with `fedstyle run --resume {out} --restart`")
@@ -300,7 +300,7 @@ def train_experiment(exp: Experiment, out: Path, *, quiet: bool, checkpoint,
                     since_eval = []
                     if selector.update(record):  # --target-eval end: keep the chosen weights, measured at the end
                         selected = {k: v.detach().clone() for k, v in sim.eval_weights().items()} \
-                            if selector.keeps_weights else {}
+                            if selector.must_keep_weights else {}
                     append_line(metrics_file, json_text(record) + "\n")
                     records.append(record)
                     trackers.log_row(record)

@@ -62,7 +62,7 @@ class Selector:
         return True
 
     @property
-    def keeps_weights(self) -> bool:
+    def must_keep_weights(self) -> bool:
         """The chosen round's weights must be kept, to measure its targets at the end: a pending choice, except
         under ``last``, whose choice is the last round (its row measures the targets)."""
         return self.pending and self.rule != "last"

@@ -58,4 +58,3 @@ def card_block(method: str, boards: Mapping[str, Board], claims: Sequence[ClaimR
     out += [f"- `{better} > {worse}` ({' and '.join(papers)}): {text}"
             for (_, better, worse), (papers, text) in links.items()] or ["- none"]
     return "\n".join(out) + "\n"
-

@@ -72,7 +72,8 @@ def readme_summary(board: Board) -> str:
         span = f"{pairs[0]}" if pairs[0] == pairs[-1] else f"{pairs[0]} to {pairs[-1]}"
         tied = [r for r in others if r.tied]
         if tied:
-            lines.append(f"On {span} pairs, the rule ties {len(tied)} row{'s' * (len(tied) != 1)} with {board.best.label} "
+            rows = f"{len(tied)} row{'s' * (len(tied) != 1)}"
+            lines.append(f"On {span} pairs, the rule ties {rows} with {board.best.label} "
                          f"({', '.join(r.label for r in tied)}) and puts {len(others) - len(tied)} below it.")
         else:
             lines.append(f"On {span} pairs, the rule puts every other ranked row below {board.best.label}.")
@@ -120,7 +121,7 @@ def update_readme_leading(path: Path, lines: dict[str, str]) -> list[str]:
 README_CLAIMS_START, README_CLAIMS_END = "<!-- readme-claims:start -->", "<!-- readme-claims:end -->"
 
 
-def _judged(judgement) -> bool:
+def _fully_judged(judgement) -> bool:
     return bool(judgement.links) and all(not l.status.startswith("not judged") for l in judgement.links)
 
 
@@ -131,7 +132,7 @@ def readme_claims(boards: dict[str, Board], claims) -> str:
     for claim in claims:
         board = boards.get(claim.table)
         label = {r.variant: r.label for r in board.rows} if board is not None else {}
-        if _judged(claim.leaderboard):
+        if board is not None and _fully_judged(claim.leaderboard):
             judgement, where = claim.leaderboard, f"leaderboard, {board.title.lower()}"
         elif any(not l.status.startswith("not judged") for l in claim.preset_runs.links):
             judgement, where = claim.preset_runs, "the paper's preset, from scratch"

@@ -47,42 +47,52 @@ def _watch_parent(parent: int, poll: float = 1.0, grace: float = 10.0) -> None:
     threading.Thread(target=watch, name="fedstyle-parent-watch", daemon=True).start()
 
 
-#: a worker's run: whether one is under way, and whether it has been interrupted (see _stop_run_on_signal)
-_RUN = {"running": False, "interrupted": False}
+#: a worker's state: whether a run is under way, and whether a signal has told the worker to stop
+_WORKER = {"running": False, "stopping": False}
 
 
 def _stop_run_on_signal(signum, frame) -> None:
-    """A worker's SIGINT and SIGTERM: the run under way stops as on Ctrl-C (KeyboardInterrupt: it unwinds,
-    its checkpoint kept and its lock released), once; a second signal while it unwinds, or one between runs,
-    is ignored, so that Ctrl-C (the terminal's SIGINT) and the sweep's SIGTERM together stop it once."""
-    if _RUN["running"] and not _RUN["interrupted"]:
-        _RUN["interrupted"] = True
+    """A worker's SIGINT and SIGTERM. The first one stops the run under way as Ctrl-C would (KeyboardInterrupt:
+    it unwinds, its checkpoint kept and its lock released), and every run handed to the worker after it: the pool
+    may have queued one already. Later signals are ignored, so that Ctrl-C (the terminal's SIGINT) and the
+    sweep's SIGTERM together interrupt a run once."""
+    first = not _WORKER["stopping"]
+    _WORKER["stopping"] = True
+    if first and _WORKER["running"]:
         raise KeyboardInterrupt
 
 
 def _attempt_in_worker(job: Job, marker: str | None, sweep_pid: int) -> RunResult:
     """``attempt`` in a worker; interrupted because its sweep process is gone, the worker exits once
-    the run has unwound (checkpoint kept, lock released) rather than wait for jobs no one will send."""
-    _RUN.update(running=True, interrupted=False)
+    the run has unwound (checkpoint kept, lock released) rather than wait for jobs no one will send.
+    A worker told to stop starts no run."""
+    _WORKER["running"] = True  # before the check: a signal from here on interrupts this job
     try:
+        if _WORKER["stopping"]:
+            raise KeyboardInterrupt
         return attempt(job, 0, marker)
     except KeyboardInterrupt:
         if os.getppid() != sweep_pid:
             os._exit(130)
         raise
     finally:
-        _RUN["running"] = False
+        _WORKER["running"] = False
 
 
-def _interrupt_workers() -> None:
-    """SIGTERM to this process's pool workers: each stops its run (see :func:`_stop_run_on_signal`). The sweep
-    calls it when it is interrupted itself: its workers get no signal of their own from ``kill PID`` or
-    a scheduler, and the pool's shutdown would otherwise wait for every run under way to end."""
+def _interrupt_workers(pool: futures.ProcessPoolExecutor) -> None:
+    """SIGTERM to the pool's worker processes: each stops its run and starts no other (see
+    :func:`_stop_run_on_signal`). The sweep calls it when it is interrupted itself: its workers get no signal
+    of their own from ``kill PID`` or a scheduler, and the pool's shutdown would otherwise wait for every run
+    under way or queued to end."""
     import signal
 
-    for child in multiprocessing.active_children():
+    # the executor keeps its processes by pid in a private mapping (stable since Python 3.2); without it, this
+    # process's multiprocessing children, which in a sweep process are the pool's
+    processes = getattr(pool, "_processes", None)
+    pids = list(processes) if processes else [child.pid for child in multiprocessing.active_children()]
+    for pid in pids:
         with contextlib.suppress(OSError):
-            os.kill(child.pid, signal.SIGTERM)
+            os.kill(pid, signal.SIGTERM)
 
 
 def _init_worker(threads: int, counter) -> None:
@@ -93,8 +103,8 @@ def _init_worker(threads: int, counter) -> None:
     import torch
 
     _watch_parent(os.getppid())
-    # installed whatever the worker inherited: a sweep started with nohup or `&` ignores SIGINT, and so would
-    # its workers, leaving _watch_parent's interrupt to its grace and _interrupt_workers' to nothing
+    # installed whatever the worker inherited: under nohup or `&` it would ignore SIGINT (_watch_parent's interrupt
+    # would wait out its grace), and SIGTERM's default would end a run without unwinding it
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, _stop_run_on_signal)
 
@@ -153,7 +163,7 @@ class LocalLauncher:
         except (KeyboardInterrupt, GeneratorExit):
             # Ctrl-C or SIGTERM (stop_on_sigterm) here, or in the caller's loop, which then drops this generator
             # (GeneratorExit): the runs under way stop too, resumable
-            _interrupt_workers()
+            _interrupt_workers(pool)
             raise
         finally:
             pool.shutdown(wait=True, cancel_futures=not finished)
