@@ -712,3 +712,14 @@ def test_the_readmes_claims_are_the_rendering(committed):
     assert inside.strip() == readme_claims(boards, claims).strip(), (
         "README.md's claims are not the rendering of the committed CSVs: run `fedstyle leaderboard show --readme "
         "README.md`")
+
+
+def test_the_progress_line_adds_up_every_tables_runs_and_time(small_board):
+    from fedstyle.experiments.leaderboard.page import progress_text
+
+    done = small_board.runs_expected() - small_board.runs_missing()
+    (runs, seconds), = small_board.run_time.values()
+    text = progress_text({"one": small_board, "two": small_board})
+    assert text.startswith(f"**Progress.** {2 * done} of the grid's {2 * small_board.runs_expected()} runs are in "
+                           f"(small {done} of {small_board.runs_expected()}; small {done} of ")
+    assert f"{int(2 * runs)} runs on " in text and f"{2 * seconds / 3600:.1f} h" in text

@@ -266,6 +266,22 @@ def leaders_text(board: Board) -> str:
     return "**Per benchmark.** " + ". ".join(parts) + "." + spent
 
 
+def progress_text(boards: dict[str, Board]) -> str:
+    """The whole grid: runs in the CSVs of all runs, per table, and their summed run time per device."""
+    done = {key: b.runs_expected() - b.runs_missing() for key, b in boards.items()}
+    expected = sum(b.runs_expected() for b in boards.values())
+    per_table = "; ".join(f"{b.title.lower()} {done[key]} of {b.runs_expected()}" for key, b in boards.items())
+    spent: dict[str, list[float]] = {}
+    for board in boards.values():
+        for device, (runs, seconds) in board.run_time.items():
+            total = spent.setdefault(device, [0, 0.0])
+            total[0] += runs
+            total[1] += seconds
+    time = "; ".join(f"{int(n)} runs on {device}, {sec / 3600:.1f} h" for device, (n, sec) in sorted(spent.items()))
+    return (f"**Progress.** {sum(done.values())} of the grid's {expected} runs are in ({per_table}). Summed run "
+            f"time (each run's own wall time; runs side by side overlap): {time or 'none yet'}.")
+
+
 def board_section(board: Board) -> list[str]:
     from fedstyle.experiments.leaderboard.render import STANDING_HELP, markdown_table
 
@@ -303,6 +319,7 @@ def render_page(boards: dict[str, Board], claim_rows, budget: str = "") -> str:
            f"**The rule.** {RULE} A row whose mean source validation on a dataset lies within "
            f"{NOT_LEARNED_MARGIN:g} points of chance did not learn: it is marked and not ranked.", "",
            *((budget, "") if budget else ()),
+           progress_text(boards), "",
            "## The papers' claims at a glance", "",
            "One headline claim per paper, judged by the rule on the leaderboard's cells, on the pretrained "
            "track and on the paper's preset run from scratch (benchmarks/leaderboard/claims.toml names the rows "
