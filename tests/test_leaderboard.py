@@ -723,3 +723,12 @@ def test_the_progress_line_adds_up_every_tables_runs_and_time(small_board):
     assert text.startswith(f"**Progress.** {2 * done} of the grid's {2 * small_board.runs_expected()} runs are in "
                            f"(small {done} of {small_board.runs_expected()}; small {done} of ")
     assert f"{int(2 * runs)} runs on " in text and f"{2 * seconds / 3600:.1f} h" in text
+
+
+def test_a_lone_ranked_row_is_called_the_only_one_not_the_leader():
+    from fedstyle.experiments.leaderboard.page import leaders_text
+
+    lines = [line for line in _small_lines() if line["variant"] in ("a", "short")]  # Short misses cells
+    board = build_board("multi_source", "Small", "target", SMALL_TABLE, lines, SMALL_DATASETS)
+    text = leaders_text(board)
+    assert "d1: A is the only ranked row so far (" in text and "leads" not in text

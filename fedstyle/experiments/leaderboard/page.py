@@ -257,6 +257,10 @@ def leaders_text(board: Board) -> str:
         if best is None:
             parts.append(f"{dataset}: no ranked row yet")
             continue
+        if sum(r.ranked and r.dataset_average.get(dataset) is not None for r in board.rows) == 1:
+            parts.append(f"{dataset}: {best.label} is the only ranked row so far "
+                         f"({best.dataset_average[dataset]:.1f})")
+            continue
         ties = ", ".join(f"{r.label} ({r.dataset_average[dataset]:.1f})" for r in tied) or "none"
         parts.append(f"{dataset}: **{best.label}** leads ({best.dataset_average[dataset]:.1f}); tied with it by the "
                      f"rule: {ties}")
