@@ -102,23 +102,12 @@ def _cmd_show(args: argparse.Namespace) -> int:
     for path in written:
         print(f"wrote {path}")
     if args.readme:
-        from fedstyle.experiments.leaderboard.page import readme_block, update_readme
-
-        changed = update_readme(args.readme, readme_block(args.grid_dir, args.csv_dir))
-        print(f"{'wrote' if changed else 'unchanged:'} the multi-source table and its summary in {args.readme}")
         from fedstyle.cli import catalog
-        from fedstyle.experiments.leaderboard.leading import readme_lines
-        from fedstyle.experiments.leaderboard.page import load_boards, update_readme_leading
-        from fedstyle.experiments.leaderboard.tables import read_meta
+        from fedstyle.experiments.leaderboard.page import write_readme
 
         family_of = {name: entry["family"] for name, entry in catalog.load()["methods"].items()}
-        lines = readme_lines(load_boards(args.grid_dir, args.csv_dir), read_meta(args.grid_dir), family_of)
-        for family in update_readme_leading(args.readme, lines):
-            print(f"wrote the {family} family's leading line in {args.readme}")
-        from fedstyle.experiments.leaderboard.page import update_readme_claims
-
-        if update_readme_claims(args.readme, args.grid_dir, args.csv_dir):
-            print(f"wrote the papers' claims in {args.readme}")
+        changed = write_readme(args.readme, family_of, args.grid_dir, args.csv_dir)
+        print(f"wrote in {args.readme}: {', '.join(changed)}" if changed else f"unchanged: {args.readme}")
     print(f"rendered from the CSVs in {time.perf_counter() - start:.1f} s")
     return 0
 

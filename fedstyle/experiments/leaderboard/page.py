@@ -50,13 +50,41 @@ def page_budget(boards: dict[str, Board], grid_dir: Path = GRID_DIR, csv_dir: Pa
     return budget_text(rule, lines, next(iter(boards.values())).rounds)
 
 
-def readme_block(grid_dir: Path = GRID_DIR, csv_dir: Path = CSV_DIR) -> str:
+def readme_block(grid_dir: Path = GRID_DIR, csv_dir: Path = CSV_DIR,
+                 boards: dict[str, Board] | None = None) -> str:
     """What README.md shows between its leaderboard markers: the multi-source table as Markdown (the averages) and
-    :func:`readme_summary`'s lines."""
+    :func:`readme_summary`'s lines (``boards``: :func:`load_boards`'s, when the caller has them)."""
     from fedstyle.experiments.leaderboard.render import markdown_table
 
-    board = load_boards(grid_dir, csv_dir)[README_TABLE]
+    board = (boards or load_boards(grid_dir, csv_dir))[README_TABLE]
     return markdown_table(board, compact=True) + "\n" + readme_summary(board)
+
+
+def load_claims(boards: dict[str, Board], grid_dir: Path = GRID_DIR, csv_dir: Path = CSV_DIR) -> list:
+    """The papers' claims at a glance, judged on ``boards`` and the per-seed CSVs."""
+    from fedstyle.experiments.leaderboard.claims import claim_rows
+
+    classes = {name: int(d["classes"]) for name, d in read_datasets(grid_dir).items()}
+    return claim_rows(boards, grid_dir, csv_dir, classes)
+
+
+def write_readme(path: Path, family_of: dict[str, str], grid_dir: Path = GRID_DIR, csv_dir: Path = CSV_DIR
+                 ) -> list[str]:
+    """Everything ``leaderboard show --readme`` puts between the markers of ``path``: the multi-source table and its
+    summary, each family's leading line (``family_of``: method -> family), the papers' claims; the boards are
+    loaded once. Returns what changed, one phrase each."""
+    from fedstyle.experiments.leaderboard.leading import readme_lines
+    from fedstyle.experiments.leaderboard.tables import read_meta
+
+    boards = load_boards(grid_dir, csv_dir)
+    changed = []
+    if update_readme(path, readme_block(boards=boards)):
+        changed.append("the multi-source table and its summary")
+    lines = readme_lines(boards, read_meta(grid_dir), family_of)
+    changed += [f"the {family} family's leading line" for family in update_readme_leading(path, lines)]
+    if update_readme_claims(path, boards, load_claims(boards, grid_dir, csv_dir)):
+        changed.append("the papers' claims")
+    return changed
 
 
 def readme_summary(board: Board) -> str:
@@ -149,16 +177,11 @@ def readme_claims(boards: dict[str, Board], claims) -> str:
     return "\n".join(lines) + "\n"
 
 
-def update_readme_claims(path: Path, grid_dir: Path = GRID_DIR, csv_dir: Path = CSV_DIR) -> bool:
+def update_readme_claims(path: Path, boards: dict[str, Board], claims) -> bool:
     """:func:`readme_claims` between README's claims markers, when it has them; returns whether it changed."""
-    from fedstyle.experiments.leaderboard.claims import claim_rows
-
     if README_CLAIMS_START not in Path(path).read_text():
         return False
-    boards = load_boards(grid_dir, csv_dir)
-    classes = {name: int(d["classes"]) for name, d in read_datasets(grid_dir).items()}
-    return update_between(path, README_CLAIMS_START, README_CLAIMS_END,
-                          readme_claims(boards, claim_rows(boards, grid_dir, csv_dir, classes)))
+    return update_between(path, README_CLAIMS_START, README_CLAIMS_END, readme_claims(boards, claims))
 
 
 def _bold_verdict(text: str) -> str:
@@ -264,10 +287,14 @@ def leaders_text(board: Board) -> str:
         ties = ", ".join(f"{r.label} ({r.dataset_average[dataset]:.1f})" for r in tied) or "none"
         parts.append(f"{dataset}: **{best.label}** leads ({best.dataset_average[dataset]:.1f}); tied with it by the "
                      f"rule: {ties}")
-    time = "; ".join(f"{int(n)} runs on {device}, {sec / 3600:.1f} h"
-                     for device, (n, sec) in sorted(board.run_time.items()))
+    time = run_time_text(board.run_time)
     spent = f" Summed run time of its runs (each run's own wall time; parallel runs overlap): {time}." if time else ""
     return "**Per benchmark.** " + ". ".join(parts) + "." + spent
+
+
+def run_time_text(run_time: dict[str, list[float]]) -> str:
+    """device -> (runs, seconds) as "N runs on DEVICE, H h; ..." ("" when none)."""
+    return "; ".join(f"{int(n)} runs on {device}, {sec / 3600:.1f} h" for device, (n, sec) in sorted(run_time.items()))
 
 
 def progress_text(boards: dict[str, Board]) -> str:
@@ -281,7 +308,7 @@ def progress_text(boards: dict[str, Board]) -> str:
             total = spent.setdefault(device, [0, 0.0])
             total[0] += runs
             total[1] += seconds
-    time = "; ".join(f"{int(n)} runs on {device}, {sec / 3600:.1f} h" for device, (n, sec) in sorted(spent.items()))
+    time = run_time_text(spent)
     return (f"**Progress.** {sum(done.values())} of the grid's {expected} runs are in ({per_table}). Summed run "
             f"time (each run's own wall time; runs side by side overlap): {time or 'none yet'}.")
 
@@ -341,15 +368,13 @@ def write_show(out_dir: Path = DEFAULT_OUT, grid_dir: Path = GRID_DIR, csv_dir: 
                figures: bool = True) -> list[Path]:
     """Everything ``fedstyle leaderboard show`` writes; returns the paths."""
     from fedstyle.experiments.leaderboard.cdplot import draw_cd
-    from fedstyle.experiments.leaderboard.claims import claim_rows
     from fedstyle.experiments.leaderboard.render import csv_table, latex_table
     from fedstyle.io import atomic_write_text
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     boards = load_boards(grid_dir, csv_dir)
-    classes = {name: int(d["classes"]) for name, d in read_datasets(grid_dir).items()}
-    claims = claim_rows(boards, grid_dir, csv_dir, classes)
+    claims = load_claims(boards, grid_dir, csv_dir)
     written = []
     for board in boards.values():
         for suffix, text in (("csv", csv_table(board)), ("tex", latex_table(board))):
