@@ -22,6 +22,7 @@ from __future__ import annotations
 import ctypes
 import os
 import platform
+import warnings
 
 #: glibc's ``mallopt`` parameters (malloc.h)
 M_TRIM_THRESHOLD = -1
@@ -33,8 +34,9 @@ M_MMAP_MAX = -4
 #: allocates above its arena's 64 MiB is mapped whatever the threshold (torch allocates in the calling thread).
 THRESHOLD = 2**31 - 1
 
-#: ``FEDSTYLE_MALLOC=system`` leaves glibc's defaults (any other value, or none, tunes)
+#: ``FEDSTYLE_MALLOC=system`` leaves glibc's defaults; ``tuned`` or unset tunes (another value: a warning, tuned)
 ENV = "FEDSTYLE_MALLOC"
+MODES = ("", "tuned", "system")
 
 #: what the first call decided (None: not called yet)
 _tuned: bool | None = None
@@ -58,7 +60,11 @@ def keep_freed_memory() -> bool:
     if _tuned is not None:
         return _tuned
     _tuned = False
-    if os.environ.get(ENV, "").strip().lower() == "system" or platform.libc_ver()[0] != "glibc":
+    mode = os.environ.get(ENV, "").strip().lower()
+    if mode not in MODES:
+        warnings.warn(f"{ENV}={os.environ[ENV]!r} is none of {', '.join(m for m in MODES if m)}: glibc's malloc is "
+                      f"tuned; set {ENV}=system to keep its defaults", stacklevel=2)
+    if mode == "system" or platform.libc_ver()[0] != "glibc":
         return False
     try:
         mallopt = _mallopt()

@@ -61,3 +61,10 @@ def test_it_is_called_once_and_answers_the_same_after(monkeypatch):
     monkeypatch.setenv(allocator.ENV, "system")  # read once: a later call answers what the first did
     assert allocator.keep_freed_memory() is first
     assert first is (platform.libc_ver()[0] == "glibc")
+
+
+def test_an_unknown_value_warns_and_names_the_fix(monkeypatch):
+    monkeypatch.setattr(allocator, "_tuned", None)
+    monkeypatch.setenv(allocator.ENV, "off")
+    with pytest.warns(UserWarning, match="FEDSTYLE_MALLOC='off' is none of tuned, system.*FEDSTYLE_MALLOC=system"):
+        allocator.keep_freed_memory()
