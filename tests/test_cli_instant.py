@@ -129,3 +129,31 @@ def test_run_help_shows_examples_first(capsys):
     out = capsys.readouterr().out
     assert out.index("examples:") < out.index("--config FILE.toml  ")
     assert out.index("examples:") < 20 * 80  # within the first screen
+
+
+def _tour_commands() -> list[tuple[str, str]]:
+    """(where, command line) of every command in the two tours: `fedstyle --help`'s and docs/cli.md's."""
+    from pathlib import Path
+
+    from fedstyle.cli.main import MAIN_EPILOG
+
+    page = (Path(__file__).resolve().parents[1] / "docs" / "cli.md").read_text()
+    tour = page.split("## A tour", 1)[1].split("```text", 1)[1].split("```", 1)[0]
+    lines = [("fedstyle --help", line) for line in MAIN_EPILOG.splitlines()]
+    lines += [("docs/cli.md", line) for line in tour.splitlines()]
+    # a command ends where its explanation starts: two spaces or more
+    return [(where, line.strip().split("   ")[0].split("  ")[0]) for where, line in lines
+            if line.strip().startswith("fedstyle ")]
+
+
+@pytest.mark.parametrize("where, command", _tour_commands())
+def test_every_command_of_the_tours_parses(where, command, capsys):
+    """A tour names only commands and options the parser takes (a renamed command would leave the tour lying)."""
+    import shlex
+
+    from fedstyle.cli.main import build_parser
+
+    try:
+        build_parser().parse_args(shlex.split(command)[1:])
+    except SystemExit as exit:  # --help and --version exit 0; a refusal exits 2
+        assert exit.code == 0, f"{where}'s tour: `{command}` is refused: {capsys.readouterr().err}"

@@ -714,6 +714,55 @@ def test_the_readmes_claims_are_the_rendering(committed):
         "README.md`")
 
 
+def test_a_results_pages_claim_line_reads_each_link_on_the_leaderboard(small_board, tmp_path):
+    """docs/results/<topic>.md's generated line: the claim in the table's row labels, each link's reading with the
+    deciding verdicts in bold, or why it is not judged; written between that paper's markers only."""
+    from fedstyle.experiments.leaderboard.claims import ClaimRow, Judgement, Link
+    from fedstyle.experiments.leaderboard.page import update_results_pages
+    from fedstyle.experiments.leaderboard.results_pages import claim_line, markers
+
+    a, b, c = (_row(small_board, v) for v in "abc")
+    ab, bc = judge_paired(a.values, b.values), judge_paired(b.values, c.values)
+    none = Judgement("", note="not judged (none)")
+    chain = ClaimRow("P1", "a > b > c", "", Judgement("a > b > c", [Link("a", "b", ab.status, ab),
+                                                                    Link("b", "c", bc.status, bc)]),
+                     none, none, table="multi_source")
+    unjudged = ClaimRow("P2", "b > c", "", Judgement("b > c", note="not judged (no leaderboard run yet of b)"),
+                        none, none, table="multi_source")
+    boards = {"multi_source": small_board}
+    line = claim_line(chain, boards)
+    assert line.startswith("On the [leaderboard](leaderboard.md) (small), P1's claim: ")
+    assert f"A > B: {_reading(ab)}; B > C: {_reading(bc)} ([every paper's]" in line  # labels, not variant names
+    assert "B > C: not judged (no leaderboard run yet of b) (" in claim_line(unjudged, boards)
+
+    page = tmp_path / "topic.md"
+    start, end = markers("P1")
+    page.write_text(f"# Topic\n\nOwn runs.\n{start}\nstale\n{end}\nrest\n")
+    (tmp_path / "other.md").write_text("no markers\n")
+    assert update_results_pages(tmp_path, boards, [chain, unjudged]) == [page]
+    assert page.read_text() == f"# Topic\n\nOwn runs.\n{start}\n{line}\n{end}\nrest\n"
+    assert update_results_pages(tmp_path, boards, [chain, unjudged]) == []  # already the rendering
+    page.write_text(f"{start}\nno end marker\n")
+    with pytest.raises(ConfigError, match="has no <!-- leaderboard-claim:P1:start -->"):
+        update_results_pages(tmp_path, boards, [chain])
+
+
+def test_every_papers_results_page_quotes_its_leaderboard_reading_as_rendered(committed):
+    """Each paper of claims.toml has its line on one results page (docs/results/), and it is the rendering of the
+    committed CSVs, so no page quotes a reading the grid has moved past."""
+    from fedstyle.experiments.leaderboard.results_pages import claim_line, markers
+
+    boards, claims = committed
+    pages = {p.name: p.read_text() for p in (Path(__file__).resolve().parents[1] / "docs" / "results").glob("*.md")}
+    for claim in claims:
+        start, end = markers(claim.paper)
+        holders = [name for name, text in pages.items() if start in text]
+        assert len(holders) == 1, f"put {start} ... {end} on {claim.paper}'s results page (found on {holders})"
+        inside = pages[holders[0]].split(start, 1)[1].split(end, 1)[0]
+        assert inside.strip() == claim_line(claim, boards), (
+            f"docs/results/{holders[0]}'s {claim.paper} line is not the rendering: run `fedstyle leaderboard show`")
+
+
 def test_the_progress_line_adds_up_every_tables_runs_and_time(small_board):
     from fedstyle.experiments.leaderboard.page import progress_text
 

@@ -175,8 +175,9 @@ def add_leaderboard_command(sub: argparse._SubParsersAction) -> None:
                                 "data): DIR/leaderboard.md (tables, ranks, missing cells, the papers' claims at a "
                                 "glance), and per table DIR/leaderboard-<table>.csv and .tex and the "
                                 "critical-difference diagram DIR/leaderboard-cd-<table>.png and .pdf; between their "
-                                "markers, the claims at a glance in DIR/index.md and each method card's rows in "
-                                "DIR/../methods/<method>.md.")
+                                "markers, the claims at a glance in DIR/index.md, each method card's rows in "
+                                "DIR/../methods/<method>.md and each paper's claim on its results page "
+                                "(<!-- leaderboard-claim:PAPER:start --> ... :end --> in DIR/*.md).")
     show.add_argument("--out", type=Path, default=DEFAULT_OUT, help="the folder written (default: %(default)s)")
     show.add_argument("--grid-dir", type=Path, default=GRID_DIR, help="the tables' sweep files (default: %(default)s)")
     show.add_argument("--csv-dir", type=Path, default=CSV_DIR, help="the per-seed CSVs (default: %(default)s)")

@@ -54,6 +54,7 @@ a 5-minute tour:
   fedstyle data show digits4          PNG grid: a row per domain, a column per class
   fedstyle data download pacs --data-root data   PACS, VLCS, Office-Home, DomainNet ... fetched and verified
   fedstyle methods                    every method, one line each; `fedstyle methods NAME` its hyperparameters
+  fedstyle leaderboard show           which method to use: every method side by side, the papers' claims judged
   fedstyle run --help                 train one configuration into a run directory
   fedstyle report runs/*              the papers' table (mean ± std over seeds) + CSV + plot
   fedstyle sweep --help               a grid of runs from one TOML file, on this machine or a Ray cluster

@@ -12,7 +12,8 @@ In the order the work goes through it:
 - :mod:`~fedstyle.experiments.leaderboard.ranks` and :mod:`~fedstyle.experiments.leaderboard.cdplot`: average
   ranks, the Friedman test, Nemenyi's critical difference and its diagram (Demšar 2006);
 - :mod:`~fedstyle.experiments.leaderboard.render`: Markdown, CSV and LaTeX;
-- :mod:`~fedstyle.experiments.leaderboard.claims`: the papers' claims at a glance;
+- :mod:`~fedstyle.experiments.leaderboard.claims`: the papers' claims at a glance, and
+  :mod:`~fedstyle.experiments.leaderboard.results_pages`: each results page's line on them;
 - :mod:`~fedstyle.experiments.leaderboard.page`: docs/results/leaderboard.md and the README's table.
 
 Nothing here imports torch at import time; ``fedstyle leaderboard show`` renders without it.

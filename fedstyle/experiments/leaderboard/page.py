@@ -1,8 +1,8 @@
 """``fedstyle leaderboard show``: every table, its ranks and critical-difference diagram, the missing cells and the
 papers' claims at a glance, rendered from the kept CSVs only (no training, no data): docs/results/leaderboard.md,
-and per table a CSV, a LaTeX tabular and the diagram as PNG and PDF; the claims at a glance in the results index
-and each method card's rows (docs/methods/<method>.md), between their markers. :func:`readme_block` is the
-README's table and its summary.
+and per table a CSV, a LaTeX tabular and the diagram as PNG and PDF; between their markers, the claims at a glance
+in the results index, each method card's rows (docs/methods/<method>.md) and each results page's reading of its
+papers' claims (docs/results/<topic>.md). :func:`readme_block` is the README's table and its summary.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from fedstyle.experiments.leaderboard.board import Board, build_board
+from fedstyle.experiments.leaderboard.results_pages import bold_verdict, labelled_reading
 from fedstyle.experiments.leaderboard.tables import CSV_DIR, GRID_DIR, read_datasets, read_meta
 from fedstyle.experiments.verdict import NOT_LEARNED_MARGIN, RULE
 
@@ -166,14 +167,8 @@ def readme_claims(boards: dict[str, Board], claims) -> str:
             judgement, where = claim.preset_runs, "the paper's preset, from scratch"
         else:
             judgement, where = claim.leaderboard, "—"
-        names = [label.get(n, n) for n in judgement.says.split(" > ")] if judgement is claim.leaderboard \
-            else judgement.says.split(" > ")
-        if len(judgement.links) == 1:
-            reading = judgement.links[0].text()
-        else:
-            reading = "; ".join(f"{label.get(l.better, l.better)} > {label.get(l.worse, l.worse)}: {l.text()}"
-                                for l in judgement.links) or judgement.text()
-        lines.append(f"| {claim.paper} | {' > '.join(names)} | {_bold_verdict(reading)} | {where} |")
+        names, reading = labelled_reading(judgement, label if judgement is claim.leaderboard else {})
+        lines.append(f"| {claim.paper} | {names} | {bold_verdict(reading)} | {where} |")
     return "\n".join(lines) + "\n"
 
 
@@ -182,13 +177,6 @@ def update_readme_claims(path: Path, boards: dict[str, Board], claims) -> bool:
     if README_CLAIMS_START not in Path(path).read_text():
         return False
     return update_between(path, README_CLAIMS_START, README_CLAIMS_END, readme_claims(boards, claims))
-
-
-def _bold_verdict(text: str) -> str:
-    """A reading with its verdicts that decide (holds, fails) in bold, as the results pages write them."""
-    for word in ("holds", "fails"):
-        text = text.replace(f"{word} (", f"**{word}** (")
-    return text
 
 
 #: the results index (docs/results/index.md) opens with the claims at a glance between these markers
@@ -391,6 +379,7 @@ def write_show(out_dir: Path = DEFAULT_OUT, grid_dir: Path = GRID_DIR, csv_dir: 
     if index.exists() and update_between(index, CLAIMS_START, CLAIMS_END, index_claims(claims)):
         written.append(index)
     written += update_cards(out_dir.parent / METHODS_DIR, boards, claims)
+    written += update_results_pages(out_dir, boards, claims)
     return [page] + written
 
 
@@ -408,4 +397,19 @@ def update_cards(methods_dir: Path, boards: dict[str, Board], claims) -> list[Pa
         if CARD_START in card.read_text(encoding="utf-8") and update_between(
                 card, CARD_START, CARD_END, card_block(card.stem, boards, claims)):
             changed.append(card)
+    return changed
+
+
+def update_results_pages(results_dir: Path, boards: dict[str, Board], claims) -> list[Path]:
+    """Each paper's leaderboard reading (:func:`~fedstyle.experiments.leaderboard.results_pages.claim_line`) in
+    every page of ``results_dir`` that has that paper's markers; returns the pages changed."""
+    from fedstyle.experiments.leaderboard.results_pages import claim_line, markers
+
+    changed = []
+    for page in sorted(Path(results_dir).glob("*.md")):
+        text = page.read_text(encoding="utf-8")
+        for claim in claims:
+            start, end = markers(claim.paper)
+            if start in text and update_between(page, start, end, claim_line(claim, boards)) and page not in changed:
+                changed.append(page)
     return changed
