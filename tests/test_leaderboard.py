@@ -579,6 +579,28 @@ def test_run_refuses_changed_settings_into_the_kept_csvs(capsys):
     assert "--set changes the tables' settings" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("only, message", [
+    ("variant=fedavgg", "--only variant=fedavgg: no leaderboard table has it; did you mean fedavg"),
+    ("variant=zzzz", "--only variant=zzzz: no leaderboard table has it; the variant names: ccst, dsgd,"),
+    ("colour=red", "--only colour=...: no leaderboard table crosses 'colour'; the keys: dataset,"),
+])
+def test_run_refuses_an_only_value_no_table_has(capsys, only, message):
+    """A misspelt row left every table without a run and the command with nothing to do, silently."""
+    from fedstyle.cli.main import main
+
+    assert main(["leaderboard", "run", "--only", only, "--dry-run"]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_only_values_of_one_table_are_not_refused_by_the_others():
+    from fedstyle.experiments.leaderboard.run import check_only
+
+    grids = [load_table(key).grid([], None) for key in ("multi_source", "p2p")]
+    check_only(grids, [("variant", ["fedavg", "styleddg"]), ("seed", ["7"]), ("target", ["mnist"])])
+    with pytest.raises(ConfigError, match="variant=styleddg: no leaderboard table has it"):
+        check_only(grids[:1], [("variant", ["fedavg", "styleddg"])])
+
+
 def test_the_results_index_opens_with_the_generated_claims():
     """docs/results/index.md's claims at a glance are the rendering of the committed CSVs (issues 51 §3, 52 §3)."""
     from fedstyle.experiments.leaderboard.claims import claim_rows

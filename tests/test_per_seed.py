@@ -100,3 +100,25 @@ def test_export_keeps_each_runs_label_inside_a_suffix_so_two_regimes_pair(per_se
     assert [round(d, 6) for d in verdict.differences] == [6.0, 7.0, 4.0]  # percent, seeds 0, 1, 2
     per_seed.export([tmp_path / "eval"], "renamed", out_dir=out, label="FedAvg at lr 1e-2")  # no placeholder
     assert {r["label"] for r in per_seed.load(out / "renamed.csv")} == {"FedAvg at lr 1e-2"}
+
+
+@pytest.mark.parametrize("bad_line, message", [
+    ("garbage,line", "line 3: 2 fields where the header has 9"),
+    ("A,a,digits4,mnist,1,50.0,80.0,cpu,1.0,extra", "line 3: 10 fields where the header has 9"),
+    ("<<<<<<< HEAD", "line 3: 1 fields where the header has 9"),
+    ("A,a,digits4,mnist,one,50.0,80.0,cpu,1.0", "line 3: seed = 'one' is not an integer"),
+    ("A,a,digits4,mnist,1,50%,80.0,cpu,1.0", "line 3: target_acc = '50%' is not a number"),
+])
+def test_a_damaged_kept_csv_names_its_line(tmp_path, bad_line, message):
+    """A hand edit or a merge conflict in a kept CSV is a ConfigError naming the file, the line and the fix, not a
+    TypeError in whichever reader meets the value first."""
+    from fedstyle.experiments.report.per_seed import read_rows
+
+    path = tmp_path / "t.csv"
+    path.write_text("label,variant,dataset,target,seed,target_acc,source_val,device,seconds\n"
+                    "A,a,digits4,mnist,0,50.0,,cpu,\n" + bad_line + "\n")
+    with pytest.raises(ConfigError, match=f"t.csv, {message}; mend or delete that line"):
+        read_rows(path)
+    path.write_text(path.read_text().rsplit(bad_line, 1)[0])  # the good line alone reads, empty source_val too
+    assert read_rows(path) == [{"label": "A", "variant": "a", "dataset": "digits4", "target": "mnist", "seed": "0",
+                                "target_acc": "50.0", "source_val": "", "device": "cpu", "seconds": ""}]

@@ -38,7 +38,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from fedstyle.cli.flags import stop_on_sigterm
     from fedstyle.experiments.grid import parse_override
     from fedstyle.experiments.leaderboard.cost import CostModel
-    from fedstyle.experiments.leaderboard.run import dry_run_lines, plan_table, run_table
+    from fedstyle.experiments.leaderboard.run import check_only, dry_run_lines, plan_table, run_table
     from fedstyle.experiments.leaderboard.tables import load_tables
     from fedstyle.experiments.sweep import LocalLauncher
 
@@ -51,7 +51,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
         raise ConfigError("--set changes the tables' settings, and the kept CSVs hold the tables' own settings only: "
                           "give --csv-dir DIR (and --runs DIR) for such runs")
     plans = []
-    for table in load_tables(tables, args.grid_dir):
+    chosen = load_tables(tables, args.grid_dir)
+    check_only([table.grid(overrides, args.device) for table in chosen], only)
+    for table in chosen:
         if table.stale:
             print(f"fedstyle: note: {table.path} lacks the registry's rows of now ({', '.join(table.added)}); run "
                   "`fedstyle leaderboard grid --write` to write them (this run uses them anyway)", file=sys.stderr)

@@ -72,11 +72,41 @@ def run_in_csv(run, held: dict[tuple, set[str]]) -> bool:
     return set(config.targets) <= targets if config.targets else True
 
 
+def _crossed(grid) -> dict[str, set[str]]:
+    """A table's grid's keys --only can name, each with its values (the rows by their variant names)."""
+    crossed = {axis.name: set(axis.labels) for axis in grid.axes}
+    crossed["variant"] = {v.name for v in grid.variants}
+    return crossed
+
+
+def check_only(grids: Sequence, only: Sequence[tuple[str, Sequence[str]]]) -> None:
+    """A ConfigError for an ``--only KEY=V`` that no table of ``grids`` has, with the closest names: a misspelt
+    variant would otherwise leave every table without a run, and the command with nothing to do. (``seed`` and
+    ``target`` go to the sweep's own checks.)"""
+    from fedstyle.registry import close_names
+
+    known: dict[str, set[str]] = {}
+    for grid in grids:
+        for key, values in _crossed(grid).items():
+            known.setdefault(key, set()).update(values)
+    for key, values in only:
+        if key in ("seed", "target"):
+            continue
+        if key not in known:
+            raise ConfigError(f"--only {key}=...: no leaderboard table crosses {key!r}; the keys: "
+                              f"{', '.join(sorted(known))}, seed, target")
+        for value in values:
+            if value not in known[key]:
+                close = close_names(value, known[key])
+                hint = f"; did you mean {' or '.join(close)}?" if close else f"; the {key} names: " \
+                    f"{', '.join(sorted(known[key]))}"
+                raise ConfigError(f"--only {key}={value}: no leaderboard table has it{hint}")
+
+
 def table_only(table: Table, grid, only: Sequence[tuple[str, Sequence[str]]]) -> list | None:
     """``--only KEY=V1,V2`` items that concern this table's grid; None when they leave it no run (a variant it
     does not have, a key it does not cross)."""
-    crossed = {axis.name: set(axis.labels) for axis in grid.axes}
-    crossed["variant"] = {v.name for v in grid.variants}
+    crossed = _crossed(grid)
     kept = []
     for key, values in only:
         if key in ("seed", "target"):

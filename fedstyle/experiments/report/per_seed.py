@@ -60,14 +60,39 @@ def write_rows(path: Path, rows: Iterable[Mapping[str, str]], columns: Sequence[
     return path
 
 
+#: columns that hold numbers: (parse, may be empty) -- a run without source validation writes source_val ""
+NUMERIC = {"seed": (int, False), "rounds": (int, False), "target_acc": (float, False), "source_val": (float, True),
+           "seconds": (float, True)}
+
+
 def read_rows(path: Path) -> list[dict[str, str]]:
-    """The lines of a per-seed CSV (a ConfigError naming the files beside it when it does not exist)."""
+    """The lines of a per-seed CSV. A ConfigError names the files beside it when it does not exist, and the line
+    when one has too few or too many fields or a number column that is not a number (a hand edit, a merge
+    conflict), so no reader fails later on a value it cannot read."""
     path = Path(path)
     if not path.exists():
         have = ", ".join(sorted(p.stem for p in path.parent.glob("*.csv"))) or "none"
         raise ConfigError(f"{path} does not exist; the tables kept here: {have}")
+    fix = f"mend or delete that line (a kept CSV is in git: `git diff {path}` shows what changed)"
+    rows = []
     with open(path, newline="") as handle:
-        return list(csv.DictReader(handle))
+        reader = csv.DictReader(handle)
+        for row in reader:
+            if None in row or None in row.values():
+                count = len([v for k, v in row.items() if k is not None and v is not None]) + len(row.get(None, []))
+                raise ConfigError(f"{path}, line {reader.line_num}: {count} fields where the header has "
+                                  f"{len(reader.fieldnames)}; {fix}")
+            for column, (parse, may_be_empty) in NUMERIC.items():
+                value = row.get(column)
+                if value is None or (value == "" and may_be_empty):
+                    continue
+                try:
+                    parse(value)
+                except ValueError:
+                    raise ConfigError(f"{path}, line {reader.line_num}: {column} = {value!r} is not "
+                                      f"{'an integer' if parse is int else 'a number'}; {fix}") from None
+            rows.append(row)
+    return rows
 
 
 def merge_rows(kept: Iterable[Mapping[str, str]], new: Iterable[Mapping[str, str]],
