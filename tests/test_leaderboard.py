@@ -583,6 +583,7 @@ def test_run_refuses_changed_settings_into_the_kept_csvs(capsys):
     ("variant=fedavgg", "--only variant=fedavgg: no leaderboard table has it; did you mean fedavg"),
     ("variant=zzzz", "--only variant=zzzz: no leaderboard table has it; the variant names: ccst, dsgd,"),
     ("colour=red", "--only colour=...: no leaderboard table crosses 'colour'; the keys: dataset,"),
+    ("seed=9", "--only seed=9: the tables' seeds are 0, 1, 2"),
 ])
 def test_run_refuses_an_only_value_no_table_has(capsys, only, message):
     """A misspelt row left every table without a run and the command with nothing to do, silently."""
@@ -592,11 +593,18 @@ def test_run_refuses_an_only_value_no_table_has(capsys, only, message):
     assert message in capsys.readouterr().err
 
 
+def test_dry_run_checks_the_workers_too(capsys):
+    from fedstyle.cli.main import main
+
+    assert main(["leaderboard", "run", "--workers", "0", "--dry-run"]) == 2
+    assert "--workers must be at least 1, got 0" in capsys.readouterr().err
+
+
 def test_only_values_of_one_table_are_not_refused_by_the_others():
     from fedstyle.experiments.leaderboard.run import check_only
 
     grids = [load_table(key).grid([], None) for key in ("multi_source", "p2p")]
-    check_only(grids, [("variant", ["fedavg", "styleddg"]), ("seed", ["7"]), ("target", ["mnist"])])
+    check_only(grids, [("variant", ["fedavg", "styleddg"]), ("seed", ["2"]), ("target", ["mnist"])])
     with pytest.raises(ConfigError, match="variant=styleddg: no leaderboard table has it"):
         check_only(grids[:1], [("variant", ["fedavg", "styleddg"])])
 

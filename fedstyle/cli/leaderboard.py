@@ -45,6 +45,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from fedstyle.errors import ConfigError
     from fedstyle.experiments.leaderboard.tables import CSV_DIR
 
+    launcher = LocalLauncher(args.workers)  # --workers checked first, for a dry run too
     tables, only = _split_only(args.only)
     overrides = [parse_override(item) for item in args.overrides]
     if overrides and not args.dry_run and Path(args.csv_dir).resolve() == CSV_DIR.resolve():
@@ -70,7 +71,6 @@ def _cmd_run(args: argparse.Namespace) -> int:
         print(f"estimate's basis ({cost.date}): {' '.join(cost.basis.split())}")
         return 0
     stop_on_sigterm()
-    launcher = LocalLauncher(args.workers)
     failed = 0
     for planned in plans:
         outcome, path, added = run_table(planned, launcher, quiet=args.quiet, csv_dir=args.csv_dir,

@@ -81,16 +81,24 @@ def _crossed(grid) -> dict[str, set[str]]:
 
 def check_only(grids: Sequence, only: Sequence[tuple[str, Sequence[str]]]) -> None:
     """A ConfigError for an ``--only KEY=V`` that no table of ``grids`` has, with the closest names: a misspelt
-    variant would otherwise leave every table without a run, and the command with nothing to do. (``seed`` and
-    ``target`` go to the sweep's own checks.)"""
+    variant would otherwise leave every table without a run, and the command with nothing to do. (A ``target``
+    goes to the sweep's own check.)"""
     from fedstyle.registry import close_names
 
     known: dict[str, set[str]] = {}
+    seeds = set()
     for grid in grids:
         for key, values in _crossed(grid).items():
             known.setdefault(key, set()).update(values)
+        seeds.update(grid.seeds, *(v.seeds or () for v in grid.variants))
     for key, values in only:
-        if key in ("seed", "target"):
+        if key == "seed":
+            strange = [v for v in values if not v.isdigit() or int(v) not in seeds]
+            if strange:
+                raise ConfigError(f"--only seed={strange[0]}: the tables' seeds are "
+                                  f"{', '.join(map(str, sorted(seeds)))}")
+            continue
+        if key == "target":
             continue
         if key not in known:
             raise ConfigError(f"--only {key}=...: no leaderboard table crosses {key!r}; the keys: "
