@@ -312,8 +312,8 @@ def board_section(board: Board) -> list[str]:
            f"(`benchmarks/leaderboard/{board.key}.toml`). {done} of {board.runs_expected()} runs in "
            f"`benchmarks/per_seed/{board.csv}.csv`.", "", markdown_table(board).rstrip("\n"), "",
            f"Cells: accuracy (%) on the held-out {held_out}, "
-           f"mean ± sample std over seeds; **Avg** over every cell (the best in bold); Src-val: mean source "
-           f"validation; Seeds: per cell. {STANDING_HELP}."]
+           f"mean ± sample std over seeds; **Avg** over every cell (the best in bold); Src-val: the selected "
+           f"models' source validation, averaged as Avg is; Seeds: per cell. {STANDING_HELP}."]
     out += ["", leaders_text(board)]
     if board.other_budget_lines:
         out += ["", f"{board.other_budget_lines} CSV lines of another number of rounds are left out."]
