@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -160,12 +161,27 @@ def test_merging_replaces_a_run_made_again_and_keeps_the_others():
     assert sorted((m["seed"], m["target_acc"]) for m in merged) == [("0", "55.00"), ("1", "60.00"), ("2", "70.00")]
 
 
+def _table_config(table, root: Path, variant: str, seed: int, target: str, rounds: int = 16) -> dict:
+    """The config.json a run of the table's grid at ``root`` writes (as the runner resolves it)."""
+    from fedstyle.experiments.build import simulation_noise
+    from fedstyle.experiments.grid import plan_grid
+
+    run = next(r for r in plan_grid(table.grid([("rounds", rounds)]), root, without_data=True,
+                                    only=[("variant", [variant]), ("dataset", ["digits4"]), ("seed", [str(seed)]),
+                                          ("target", [target])]).runs)
+    config = run.config.to_dict()
+    config["hparams"] = simulation_noise(METHODS.get(run.config.method).resolve(run.config.hparams))
+    config["selection"] = run.config.resolved_selection()
+    return config
+
+
 def _finished_run(root: Path, target: str, seed: int, acc: float, variant: str = "dsgd",
-                  environment: dict | None = None) -> Path:
+                  environment: dict | None = None, config: dict | None = None) -> Path:
     run = root / variant / "dataset=digits4" / f"seed{seed}" / target
     run.mkdir(parents=True)
-    (run / "config.json").write_text(json.dumps({"method": "dsgd", "dataset": "digits4", "seed": seed, "rounds": 16,
-                                                 "targets": [target], "device": "auto", "source": None}))
+    (run / "config.json").write_text(json.dumps(config or {"method": "dsgd", "dataset": "digits4", "seed": seed,
+                                                           "rounds": 16, "targets": [target], "device": "auto",
+                                                           "source": None}))
     (run / "metrics.jsonl").write_text(json.dumps({"round": 1, "source_val_acc": {"syn": 0.8, "optdigits": 0.6},
                                                    "target_acc": {target: acc}}) + "\n")
     (run / "summary.json").write_text(json.dumps({
@@ -181,15 +197,16 @@ def test_export_merges_a_sweeps_finished_runs_into_the_tables_csv(tmp_path):
     csv_dir = tmp_path / "csv"
     write_rows(csv_path(table, csv_dir), [_line(variant="dsgd", seed=5, acc="10.00", label="DSGD")], COLUMNS)
     root = tmp_path / "runs"
-    _finished_run(root, "mnist", 0, 0.625, environment={"environment": {"device": "cpu"}})
+    own = lambda seed, target: _table_config(table, root, "dsgd", seed, target)  # noqa: E731
+    _finished_run(root, "mnist", 0, 0.625, environment={"environment": {"device": "cpu"}}, config=own(0, "mnist"))
     _finished_run(root, "syn", 0, 0.75, environment={"environment": {"device": "cuda"},
-                                                      "environment_resumed": {"device": "cpu"}})
-    _finished_run(root, "optdigits", 0, 0.25)  # from before summaries recorded their environment
-    _finished_run(root, "mnist", 0, 0.5, variant="not-a-row")
+                                                      "environment_resumed": {"device": "cpu"}}, config=own(0, "syn"))
+    _finished_run(root, "optdigits", 0, 0.25, config=own(0, "optdigits"))  # no environment recorded (older runs)
+    stranger = _finished_run(root, "mnist", 0, 0.5, variant="not-a-row")
     (root / "dsgd" / "dataset=digits4" / "seed1" / "mnist").mkdir(parents=True)  # unfinished: no summary
     said = []
     path, added = export_runs(table, root, csv_dir, echo=said.append)
-    assert added == 3 and said == [f"p2p: left out the runs of not-a-row below {root}: no row of the table"]
+    assert added == 3 and said == [f"p2p: left out {stranger}: not a run folder of the table's grid below {root}"]
     lines = read_rows(path)
     assert [(l["seed"], l["target"], l["target_acc"], l["source_val"], l["variant"], l["rounds"], l["device"])
             for l in lines] == [("0", "mnist", "62.50", "70.00", "dsgd", "16", "cpu"),
@@ -199,6 +216,36 @@ def test_export_merges_a_sweeps_finished_runs_into_the_tables_csv(tmp_path):
     assert list(lines[0]) == list(COLUMNS)
     with pytest.raises(ConfigError, match="no folder of runs"):
         export_runs(table, tmp_path / "nothing", csv_dir)
+
+
+@pytest.mark.parametrize("change, named", [({"method": "fedavg"}, "method ('fedavg' there, 'dsgd' here)"),
+                                           ({"local_steps": 1}, "local_steps (1 there, 15 here)")])
+def test_export_refuses_a_run_of_other_settings_and_merges_nothing(tmp_path, change, named):
+    """A run folder of the table's grid holding another experiment (another method, fewer steps: `fedstyle sweep
+    FILE --set local_steps=1`) would replace a kept line with its numbers; export refuses, naming the setting."""
+    table = load_table("p2p")
+    csv_dir, root = tmp_path / "csv", tmp_path / "runs"
+    kept = [_line(variant="dsgd", seed=0, acc="94.56", label="DSGD")]
+    write_rows(csv_path(table, csv_dir), kept, COLUMNS)
+    before = csv_path(table, csv_dir).read_text()
+    _finished_run(root, "syn", 0, 0.7, config=_table_config(table, root, "dsgd", 0, "syn"))
+    _finished_run(root, "mnist", 0, 0.1, config={**_table_config(table, root, "dsgd", 0, "mnist"), **change})
+    with pytest.raises(ConfigError, match=rf"holds a run made with other settings \({re.escape(named)}.*Nothing "
+                                          r"was merged"):
+        export_runs(table, root, csv_dir)
+    assert csv_path(table, csv_dir).read_text() == before
+
+
+def test_export_takes_one_budget_per_folder(tmp_path):
+    table = load_table("p2p")
+    root = tmp_path / "runs"
+    _finished_run(root, "syn", 0, 0.7, config=_table_config(table, root, "dsgd", 0, "syn"))
+    _finished_run(root, "mnist", 0, 0.7, config=_table_config(table, root, "dsgd", 0, "mnist", rounds=8))
+    with pytest.raises(ConfigError, match="holds runs of 8 and 16 rounds; export the runs of each budget"):
+        export_runs(table, root, tmp_path / "csv")
+    single = _finished_run(tmp_path / "one", "syn", 0, 0.7)  # a single run folder given as the sweep's folder
+    path, added = export_runs(table, single, tmp_path / "csv", echo=lambda line: None)
+    assert added == 0
 
 
 def test_the_estimate_scales_each_row_by_the_references_whole_run():

@@ -149,35 +149,39 @@ def plan_table(table: Table, runs_root: Path, *, only: Sequence[tuple[str, Seque
 
 
 def export_runs(table: Table, root: Path, csv_dir: Path = CSV_DIR, *, echo: Callable[[str], None] = print,
-                csv: str | None = None) -> tuple[Path, int]:
-    """Merge every finished run below ``root`` (a sweep of the table's file: ``root/<variant>/...``, made by
-    ``fedstyle leaderboard run`` or by ``fedstyle sweep FILE --out root``) into the table's CSV (or into
-    ``csv_dir/<csv>.csv``: the budget's runs); a run of a variant the table has no row for is left out, and said.
-    Returns the CSV's path and the runs merged."""
+               csv: str | None = None) -> tuple[Path, int]:
+    """Merge every finished run below ``root`` (a sweep of the table's file: made by ``fedstyle leaderboard run``
+    or by ``fedstyle sweep FILE --out root``) into the table's CSV (or into ``csv_dir/<csv>.csv``: the budget's
+    runs). Only runs of the table's own settings are merged: the table's grid is planned at ``root`` (with the
+    runs' number of rounds, which each line keeps) and a run folder holding other settings (another method,
+    step count or hyperparameter) is a ConfigError, so no other experiment's numbers replace a kept line; a run
+    outside the grid's folders is left out, and said. Returns the CSV's path and the runs merged."""
     from fedstyle.experiments.report.per_seed import merge_rows, record_rows, write_rows
     from fedstyle.experiments.report.runs import collect
 
     root = Path(root)
     if not root.is_dir():
         raise ConfigError(f"{root} is no folder of runs; give the --out of the table's sweep")
-    variants = {variant for variant, _, _ in table.rows()}
     from fedstyle.errors import DataError
 
     try:
         records = collect([str(root)])
     except DataError:  # no finished run there yet
         records = []
-    new, merged, strangers = [], 0, set()
+    planned = _plan_for_export(table, root, records) if records else []
+    variant_of = {Path(run.run_dir).resolve(): run.variant for run in planned}
+    new, merged, strangers = [], 0, []
     for record in records:
-        variant = record.path.resolve().relative_to(root.resolve()).parts[0]
-        if variant not in variants:
-            strangers.add(variant)
+        variant = variant_of.get(Path(record.path).resolve())
+        if variant is None:
+            strangers.append(str(record.path))
             continue
         merged += 1
         for line in record_rows(record, variant=variant):
             new.append({**line, "rounds": str(record.config.get("rounds", ""))})
     if strangers:
-        echo(f"{table.key}: left out the runs of {', '.join(sorted(strangers))} below {root}: no row of the table")
+        more = f" (and {len(strangers) - 1} more)" if len(strangers) > 1 else ""
+        echo(f"{table.key}: left out {strangers[0]}{more}: not a run folder of the table's grid below {root}")
     path = Path(csv_dir) / f"{csv}.csv" if csv else csv_path(table, csv_dir)
     if new:
         from fedstyle.experiments.report.per_seed import read_rows
@@ -185,6 +189,39 @@ def export_runs(table: Table, root: Path, csv_dir: Path = CSV_DIR, *, echo: Call
         kept = read_rows(path) if path.exists() else []
         write_rows(path, merge_rows(kept, new, LINE_KEY), COLUMNS)
     return path, merged
+
+
+def _plan_for_export(table: Table, root: Path, records: Sequence) -> list:
+    """The table's runs planned at ``root`` with the finished runs' number of rounds (the budget's runs have
+    their own); every run folder there checked against the table's settings."""
+    from fedstyle.experiments.grid import plan_grid
+
+    rounds = sorted({int(r.config.get("rounds", 0)) for r in records})
+    if len(rounds) > 1:
+        raise ConfigError(f"{root} holds runs of {' and '.join(map(str, rounds))} rounds; export the runs of each "
+                          "budget from a folder of their own")
+    grid = table.grid([("rounds", rounds[0])])
+    try:
+        return plan_grid(grid, root, without_data=True, only=_datasets_only(grid, {r.dataset for r in records})).runs
+    except ConfigError as err:
+        raise ConfigError(f"{err}. Nothing was merged into the table's CSV: its lines are the table's own "
+                          f"settings (benchmarks/leaderboard/{table.key}.toml)") from None
+
+
+def _datasets_only(grid, datasets: set[str]) -> list[tuple[str, list[str]]]:
+    """``--only`` items keeping each crossed axis's values that set a dataset of ``datasets`` (or none), so the
+    plan loads only the datasets of the runs it checks."""
+    only = []
+    for axis in grid.axes:
+        keep = []
+        for index, label in enumerate(axis.labels):
+            applied: dict = {}
+            axis.apply(applied, index)
+            if applied.get("dataset", next(iter(datasets))) in datasets:
+                keep.append(label)
+        if len(keep) < len(axis.labels):
+            only.append((axis.name, keep))
+    return only
 
 
 def run_table(table_plan: TablePlan, launcher=None, *, quiet: bool = False, csv_dir: Path = CSV_DIR,
