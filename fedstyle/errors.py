@@ -13,6 +13,10 @@ class DataError(FedstyleError):
     """A dataset that is missing, malformed or inconsistent."""
 
 
+class NonFiniteLossError(FedstyleError):
+    """Training diverged: the loss became NaN or infinite (the message names the learning rate to lower)."""
+
+
 class UnknownNameError(ConfigError, KeyError):
     """A name that is not in a registry (the message lists the valid names)."""
 

@@ -284,6 +284,30 @@ def test_train_decoder_writes_a_reproducible_loadable_file(tmp_path):
     assert not list(tmp_path.glob(".*.tmp"))  # written atomically
 
 
+@pytest.mark.parametrize("change, message", [({"style_weight": float("nan")}, "--style-weight must be a number >= 0"),
+                                             ({"lr": float("nan")}, "--lr must be a number > 0"),
+                                             ({"style_weight": -1.0}, "--style-weight must be a number >= 0")])
+def test_train_decoder_refuses_a_weight_or_lr_that_is_not_a_number(tmp_path, change, message):
+    from fedstyle.style.transfer.decoder_training import DecoderTrainingConfig, train_decoder
+
+    config = DecoderTrainingConfig(steps=2, batch_size=4, image_size=16, width=4, datasets=(), photos=False, **change)
+    with pytest.raises(ConfigError, match=message):
+        train_decoder(config, out=tmp_path / "d.safetensors", device="cpu", quiet=True,
+                      pool=torch.zeros(4, 3, 16, 16, dtype=torch.uint8))
+
+
+def test_a_diverged_decoder_is_an_error_and_nothing_is_written(tmp_path):
+    """An lr of 1e30 made an all-NaN decoder that was written with exit status 0."""
+    from fedstyle.errors import NonFiniteLossError
+    from fedstyle.style.transfer.decoder_training import DecoderTrainingConfig, train_decoder
+
+    pool = torch.randint(0, 256, (16, 3, 16, 16), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    config = DecoderTrainingConfig(steps=3, batch_size=4, image_size=16, width=4, lr=1e30, datasets=(), photos=False)
+    with pytest.raises(NonFiniteLossError, match=r"diverged by step \d .*nothing was written. Lower --lr \(now 1e\+30"):
+        train_decoder(config, out=tmp_path / "d.safetensors", device="cpu", quiet=True, pool=pool)
+    assert not list(tmp_path.iterdir())
+
+
 def test_style_demo_writes_a_png(tmp_path, tiny_root):
     from PIL import Image
 

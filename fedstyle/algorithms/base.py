@@ -55,7 +55,7 @@ from fedstyle.algorithms.context import ClientContext, ClientUpdate, ServerConte
 from fedstyle.algorithms.hparams import HParam, resolve_hparams
 from fedstyle.algorithms.server_opt import SERVER_OPT_HPARAMS, SERVER_OPTS, build_server_opt
 from fedstyle.data.augment import BATCH_AUGMENTATIONS, augment_labelled, augmentation_label, parse_options
-from fedstyle.errors import ConfigError, FedstyleError
+from fedstyle.errors import ConfigError, FedstyleError, NonFiniteLossError  # noqa: F401 (re-exported)
 from fedstyle.payload import Payload
 from fedstyle.style import STYLE_OPS
 
@@ -70,10 +70,6 @@ PEER_TO_PEER: tuple[str, ...] = ("complete", "ring", "rgg", "erdos_renyi")
 #: what a method is, for ``fedstyle methods``: the families a method's ``family`` names
 FAMILIES: tuple[str, ...] = ("style-sharing", "feature augmentation", "domain-invariance", "FL heterogeneity",
                              "peer-to-peer", "single-source")
-
-
-class NonFiniteLossError(FedstyleError):
-    """Training diverged: the loss became NaN or infinite."""
 
 
 @dataclass

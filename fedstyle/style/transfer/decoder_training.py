@@ -33,7 +33,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from fedstyle.errors import ConfigError, DataError
+from fedstyle.errors import ConfigError, DataError, NonFiniteLossError
 from fedstyle.io import atomic_write
 from fedstyle.seeding import derive_seed
 from fedstyle.style.stats import adain, channel_stats
@@ -66,8 +66,11 @@ class DecoderTrainingConfig:
                 raise ConfigError(f"{name.replace('_', '-')} must be positive, got {getattr(self, name)}")
         if self.image_size < 16:
             raise ConfigError(f"image-size must be at least 16 pixels, got {self.image_size}")
-        if self.style_weight < 0 or self.lr <= 0:
-            raise ConfigError("style-weight must be >= 0 and lr > 0")
+        # written so that NaN fails too (every comparison with NaN is false)
+        if not (math.isfinite(self.style_weight) and self.style_weight >= 0):
+            raise ConfigError(f"--style-weight must be a number >= 0, got {self.style_weight}")
+        if not (math.isfinite(self.lr) and self.lr > 0):
+            raise ConfigError(f"--lr must be a number > 0, got {self.lr}")
 
     def command(self) -> str:
         """The ``fedstyle`` command that reproduces a decoder trained with these options."""
@@ -180,6 +183,14 @@ def adain_losses(encoder: LiteEncoder, decoder: torch.nn.Module, content: torch.
     return content_loss, style_loss
 
 
+def _check_finite(values: torch.Tensor, step: int, config: DecoderTrainingConfig) -> None:
+    """A NonFiniteLossError, before anything is written, when the losses or the weights hold NaN or infinity."""
+    if not bool(torch.isfinite(values).all()):
+        raise NonFiniteLossError(f"decoder training diverged by step {step} (NaN or infinite loss or weights); "
+                                 f"nothing was written. Lower --lr (now {config.lr:g}) or --style-weight "
+                                 f"(now {config.style_weight:g})")
+
+
 def train_decoder(
     config: DecoderTrainingConfig,
     out: str | Path | None = None,
@@ -226,9 +237,12 @@ def train_decoder(
         schedule.step()
         values = torch.stack([content_loss.detach(), style_loss.detach()])
         running = values if running is None else 0.98 * running + 0.02 * values
-        if not quiet and bar.n % 50 == 0:
-            bar.set_postfix(content=f"{running[0].item():.4f}", style=f"{running[1].item():.4f}")
+        if bar.n % 50 == 0:  # one device sync per 50 steps: a diverged run stops early, not after all its steps
+            _check_finite(running, bar.n + 1, config)
+            if not quiet:
+                bar.set_postfix(content=f"{running[0].item():.4f}", style=f"{running[1].item():.4f}")
     bar.close()
+    _check_finite(torch.cat([running, *(p.detach().flatten() for p in decoder.parameters())]), config.steps, config)
     seconds = time.perf_counter() - started
     metadata = {key: str(value) for key, value in asdict(config).items() if key != "datasets"}
     metadata.update(
