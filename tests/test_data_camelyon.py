@@ -72,17 +72,25 @@ def test_wilds_layout_loads_with_hospitals_and_official_splits(tmp_path):
     assert ignored.splits == {} and ignored.info["cache_dir"] == dataset.info["cache_dir"]
 
 
+def test_skipping_a_hospitals_only_tumor_patch_is_refused(tmp_path):
+    """hospital_0's one tumour patch unreadable: skipping it would leave the hospital without the class."""
+    fake_wilds(tmp_path, ROWS)
+    (tmp_path / "camelyon17_v1.0/patches/patient_004_node_4/patch_patient_004_node_4_x_3328_y_21792.png").unlink()
+    with pytest.raises(DataError, match="every image of class 'tumor' in domain 'hospital_0' is unreadable"):
+        load_dataset("camelyon17", data_root=str(tmp_path), resolution=8, skip_bad_images=True, progress=False)
+
+
 def test_missing_patch_is_named_and_skipping_renumbers_the_splits(tmp_path):
     fake_wilds(tmp_path, ROWS)
-    missing = tmp_path / "camelyon17_v1.0/patches/patient_004_node_4/patch_patient_004_node_4_x_3328_y_21792.png"
+    missing = tmp_path / "camelyon17_v1.0/patches/patient_073_node_2/patch_patient_073_node_2_x_5_y_5.png"
     missing.unlink()
-    with pytest.raises(DataError, match="patch_patient_004_node_4_x_3328_y_21792.png .*skip_bad_images"):
+    with pytest.raises(DataError, match="patch_patient_073_node_2_x_5_y_5.png .*skip_bad_images"):
         load_dataset("camelyon17", data_root=str(tmp_path), resolution=8, progress=False)
     with pytest.warns(UserWarning, match="skipped 1 unreadable"):
         dataset = load_dataset("camelyon17", data_root=str(tmp_path), resolution=8, skip_bad_images=True,
                                progress=False)
-    assert dataset.size("hospital_0") == 2
-    assert {s: t.tolist() for s, t in dataset.splits["hospital_0"].items()} == {"train": [1], "val": [0]}
+    assert dataset.size("hospital_4") == 2
+    assert {s: t.tolist() for s, t in dataset.splits["hospital_4"].items()} == {"train": [1], "val": [0]}
     # a copy of the folder shares the cache entry (keyed by metadata.csv), whose skipped patch is named under the
     # original: the copy's splits must leave out the same patch (they were refused as out of range)
     shutil.copytree(tmp_path / "camelyon17_v1.0", tmp_path / "copy" / "camelyon17_v1.0")

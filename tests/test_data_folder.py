@@ -73,7 +73,8 @@ def test_corrupt_image_is_named_or_skipped(tmp_path):
     with pytest.raises(DataError, match="broken.jpg|cut.png") as err:
         load_dataset("folder", data_root=str(root), resolution=8, progress=False)
     assert "skip_bad_images" in str(err.value)
-    with pytest.warns(UserWarning, match="skipped 2 unreadable"):
+    with pytest.warns(UserWarning, match=r"skipped 2 unreadable image\(s\): .*(broken.jpg|cut.png) \(.*`fedstyle data "
+                                         r"check .*data` lists them all\)"):
         dataset = load_dataset("folder", data_root=str(root), resolution=8, skip_bad_images=True, progress=False)
     assert dataset.info["skipped_images"] == 2
     assert {os.path.basename(path) for path, _ in dataset.info["bad_images"]} == {"broken.jpg", "cut.png"}
@@ -82,6 +83,16 @@ def test_corrupt_image_is_named_or_skipped(tmp_path):
     # the cache now holds the skipped version; a strict load must still refuse it
     with pytest.raises(DataError, match="cannot read image"):
         load_dataset("folder", data_root=str(root), resolution=8, progress=False)
+
+
+def test_skipping_every_image_of_a_class_in_one_domain_is_refused(tmp_path):
+    """--skip-bad-images must not make the class sets differ across domains (the run went on, one warning)."""
+    root = make_tree(tmp_path / "data")
+    for image in (root / "dom_b" / "dog").iterdir():
+        image.write_bytes(b"not an image at all")
+    with pytest.raises(DataError, match=r"every image of class 'dog' in domain 'dom_b' is unreadable .*dom_b.*; "
+                                        r"replace them, or remove that class from every domain"):
+        load_dataset("folder", data_root=str(root), resolution=8, skip_bad_images=True, progress=False)
 
 
 def test_missing_root_explains_layout(tmp_path):

@@ -35,7 +35,7 @@ from tqdm.auto import tqdm
 
 from fedstyle.data.cache import ArrayWriter, DecodedArrays, cached_dataset
 from fedstyle.data.contract import DomainDataset, check_build_options
-from fedstyle.data.folder import IMAGENET_MEAN, IMAGENET_STD, check_skipped, decode_domain
+from fedstyle.data.folder import IMAGENET_MEAN, IMAGENET_STD, check_no_class_emptied, check_skipped, decode_domain
 from fedstyle.errors import ConfigError, DataError
 
 RECIPE_VERSION = 1
@@ -106,6 +106,8 @@ def _build(writer: ArrayWriter, rows: dict[str, list[int]], paths: list[Path], l
             if not kept:
                 raise DataError(f"no patch of {domain} could be read (first: {bad[0][0]}); {ROOT_HINT}")
             out_labels[domain] = labels[np.asarray(members)][kept]
+            check_no_class_emptied(domain, labels[np.asarray(members)], out_labels[domain], CLASSES,
+                                   paths[0].parents[2])
             bad_images += bad
     return DecodedArrays(list(rows), CLASSES, images, out_labels, IMAGENET_MEAN, IMAGENET_STD, augment="none",
                          info={"root": str(paths[0].parents[2]), "skipped_images": len(bad_images),

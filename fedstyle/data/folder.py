@@ -484,6 +484,7 @@ def build_folder_dataset(
             bad_images += bad
             if len(kept) == 0:
                 raise DataError(f"no image of domain {domain!r} ({listing.folder}) could be read")
+            check_no_class_emptied(domain, domain_labels, labels[domain], classes, listing.folder)
     return DecodedArrays(
         domains=list(listings),
         classes=classes,
@@ -561,7 +562,7 @@ def load_folder_benchmark(
     )
     if pick_per_class is not None:
         dataset.info.update(per_class=int(pick_per_class), per_class_seed=0)
-    check_skipped(dataset, benchmark.name, skip_bad_images)
+    check_skipped(dataset, benchmark.name, skip_bad_images, listed_by=f"fedstyle data check {root}")
     if official_splits:
         from fedstyle.data.split_lists import attach_split_lists
 
@@ -606,15 +607,27 @@ def _folder_resolution(benchmark: FolderBenchmark, resolution: int | None,
     return resolution
 
 
-def check_skipped(dataset: DomainDataset, name: str, skip_bad_images: bool) -> None:
-    """Refuse a cache built by a run that skipped unreadable images unless skipping now; warn when skipping."""
+def check_no_class_emptied(domain: str, before: np.ndarray, after: np.ndarray, classes: Sequence[str],
+                           where) -> None:
+    """A DataError when skipping unreadable images took every image of a class out of ``domain`` (labels
+    ``before`` and ``after`` skipping): the class sets would then differ across domains."""
+    lost = sorted(set(np.unique(before).tolist()) - set(np.unique(after).tolist()))
+    if lost:
+        raise DataError(f"every image of class {classes[lost[0]]!r} in domain {domain!r} is unreadable ({where}); "
+                        "replace them, or remove that class from every domain (a class must be in every domain)")
+
+
+def check_skipped(dataset: DomainDataset, name: str, skip_bad_images: bool, listed_by: str = "") -> None:
+    """Refuse a cache built by a run that skipped unreadable images unless skipping now; warn when skipping,
+    naming the first few (``listed_by``: the command that lists them all, for the warning)."""
     skipped = dataset.info.get("skipped_images", 0)
     if skipped and not skip_bad_images:
         # The cache was built by an earlier run that skipped them; be as strict as a fresh decode.
         raise bad_image_error(*dataset.info["bad_images"][0])
     if skipped:
+        shown = "; ".join(f"{path} ({reason})" for path, reason in dataset.info["bad_images"][:3])
+        listing = f" (`{listed_by}` lists them all)" if listed_by else ""
         warnings.warn(
-            f"{name}: skipped {skipped} unreadable image(s), listed with reasons in "
-            "dataset.info['bad_images']",
+            f"{name}: skipped {skipped} unreadable image(s): {shown}{'; ...' if skipped > 3 else ''}{listing}",
             stacklevel=3,
         )

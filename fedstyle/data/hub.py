@@ -39,7 +39,8 @@ import torch
 
 from fedstyle.data.cache import ArrayWriter, DecodedArrays, cached_dataset
 from fedstyle.data.contract import DomainDataset, check_build_options
-from fedstyle.data.folder import BENCHMARKS, IMAGENET_MEAN, IMAGENET_STD, check_skipped, decode_domain
+from fedstyle.data.folder import (BENCHMARKS, IMAGENET_MEAN, IMAGENET_STD, check_no_class_emptied, check_skipped,
+                                  decode_domain)
 from fedstyle.errors import ConfigError, DataError
 
 RECIPE_VERSION = 1
@@ -358,6 +359,7 @@ def _build(writer: ArrayWriter, repo: str, data, image_column: str, rows: HubRow
             if not kept:
                 raise DataError(f"no image of domain {domain!r} of hf:{repo} could be read (first: {bad[0][0]})")
             labels[domain] = rows.label[members][kept]
+            check_no_class_emptied(domain, rows.label[members], labels[domain], rows.classes, f"hf:{repo}")
             bad_images += bad
             if bad:
                 dropped[domain] = sorted(set(range(len(members))) - set(kept))
