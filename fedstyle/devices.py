@@ -27,8 +27,18 @@ def resolve_device(name: str | torch.device) -> torch.device:
         device = torch.device(name)
     except RuntimeError:
         raise ConfigError(f"--device {name!r} is not a device; use cpu, cuda, cuda:N, mps or auto") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError(f"--device {name} asked for CUDA but this torch sees no GPU; use --device cpu or auto")
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ConfigError(f"--device {name} asked for CUDA but this torch sees no GPU; use --device cpu or auto")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise ConfigError(f"--device {name}: this machine has {torch.cuda.device_count()} GPU(s), cuda:0 to "
+                              f"cuda:{torch.cuda.device_count() - 1}")
+    elif device.type == "mps":
+        if getattr(torch.backends, "mps", None) is None or not torch.backends.mps.is_available():
+            raise ConfigError(f"--device {name} asked for Apple's MPS, which this machine or torch lacks; use "
+                              "--device cpu or auto")
+    elif device.type != "cpu":  # xpu, meta, ...: torch knows them, fedstyle's runs are not made for them
+        raise ConfigError(f"--device {name}: fedstyle runs on cpu, cuda, cuda:N or mps (auto picks one)")
     return device
 
 
