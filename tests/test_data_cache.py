@@ -139,6 +139,51 @@ def test_incomplete_entry_is_rebuilt():
     assert dataset.size("alpha") == 5
 
 
+@pytest.mark.parametrize("damage", ["truncate images", "delete labels", "garble meta"])
+def test_a_damaged_entry_is_decoded_again(damage):
+    """A cut-short .npy raised numpy's "EOF" ValueError, a deleted one a bare "No such file": the entry is now
+    decoded again, with a warning naming the file."""
+    build = CountingBuilder()
+    cached_dataset(RECIPE, build, progress=False)
+    entry = entry_dir(RECIPE)
+    if damage == "truncate images":
+        path = entry / "images_0.npy"
+        path.write_bytes(path.read_bytes()[:100])
+    elif damage == "delete labels":
+        path = entry / "labels_1.npy"
+        path.unlink()
+    else:  # an unreadable meta.json marks the entry incomplete: rebuilt as one, silently
+        path = entry / "meta.json"
+        path.write_text("{not json")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        dataset = cached_dataset(RECIPE, build, progress=False)
+    assert build.calls == 2 and dataset.size("alpha") == 5 and dataset.size("Real World") == 3
+    said = [str(w.message) for w in caught]
+    if damage != "garble meta":
+        assert len(said) == 1 and f"is damaged ({path.name}: " in said[0] and said[0].endswith("decoding it again")
+
+
+def test_an_entry_that_stays_damaged_is_one_error(monkeypatch):
+    """When decoding again does not mend it (a disk that cuts files), the second failure is the error."""
+    import fedstyle.data.cache as cache
+    from fedstyle.errors import DataError
+
+    cached_dataset(RECIPE, CountingBuilder(), progress=False)
+    real_build = cache._build_entry
+
+    def build_and_cut(recipe, build, target):
+        real_build(recipe, build, target)
+        (target / "images_0.npy").write_bytes(b"")
+
+    monkeypatch.setattr(cache, "_build_entry", build_and_cut)
+    (entry_dir(RECIPE) / "images_0.npy").write_bytes(b"")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(DataError, match=r"is damaged \(images_0.npy: .*`fedstyle cache clear datasets`"):
+            cached_dataset(RECIPE, CountingBuilder(), progress=False)
+
+
 def test_writer_arrays_and_shrinking():
     def build(writer):
         images = writer.empty_images(0, 4, 2, 2)

@@ -36,6 +36,7 @@ import json
 import os
 import multiprocessing
 import shutil
+import warnings
 import sys
 from collections import deque
 from concurrent.futures import ProcessPoolExecutor
@@ -409,7 +410,13 @@ def cached_dataset(
         if progress:
             print(f"fedstyle: building {recipe['name']} once, cached in {target}", file=sys.stderr)
         _build_entry(recipe, build, target)
-    return load_entry(target)
+    try:
+        return load_entry(target)
+    except DamagedEntryError as err:  # damaged since it was written (edited, cut short): decoded again, once
+        warnings.warn(f"{err}; decoding it again", stacklevel=2)
+        shutil.rmtree(target, ignore_errors=True)
+        _build_entry(recipe, build, target)
+        return load_entry(target)
 
 
 def _is_complete(directory: Path) -> bool:
@@ -478,13 +485,29 @@ def _write_arrays(arrays: DecodedArrays, writer: ArrayWriter, directory: Path, r
     (directory / META_FILE).write_text(json.dumps(meta, indent=1, sort_keys=True))
 
 
+class DamagedEntryError(DataError):
+    """A complete cache entry whose files can no longer be read."""
+
+
 def load_entry(directory: Path) -> DomainDataset:
-    """Open a complete cache entry as a :class:`DomainDataset` of memory-mapped tensors."""
-    meta = json.loads((directory / META_FILE).read_text())
+    """Open a complete cache entry as a :class:`DomainDataset` of memory-mapped tensors. A damaged entry (a file
+    cut short, deleted or edited) is a :class:`DamagedEntryError` naming the file."""
+    def damaged(path: Path, err: Exception) -> DataError:
+        return DamagedEntryError(f"the dataset cache entry {directory} is damaged ({path.name}: {err}); `fedstyle "
+                                 "cache clear datasets` (or deleting that folder) removes it")
+
+    try:
+        meta = json.loads((directory / META_FILE).read_text())
+        domains = list(meta["domains"])
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise damaged(directory / META_FILE, err) from None
     images, labels = {}, {}
-    for index, domain in enumerate(meta["domains"]):
-        images[domain] = torch.from_numpy(np.load(_image_path(directory, index), mmap_mode="c"))
-        labels[domain] = torch.from_numpy(np.load(_label_path(directory, index), mmap_mode="c"))
+    for index, domain in enumerate(domains):
+        for path, into in ((_image_path(directory, index), images), (_label_path(directory, index), labels)):
+            try:
+                into[domain] = torch.from_numpy(np.load(path, mmap_mode="c"))
+            except (OSError, ValueError, EOFError) as err:
+                raise damaged(path, err) from None
     info = dict(meta["info"])
     info.setdefault("recipe", meta["recipe"])
     info["cache_dir"] = str(directory)
