@@ -592,6 +592,35 @@ def test_the_budget_paragraph_rereads_the_rule_from_the_runs():
     assert "It gives **8**; the tables use 32: rerun the budget or change `rounds`." in budget_text(rule, flat, 32)
 
 
+def test_show_refuses_before_writing_anything(tmp_path, capsys):
+    """A missing or markerless --readme, a damaged CSV or TOML: one line, and no page, figure or folder written
+    (the README's refusal came after every table had been written)."""
+    import shutil
+
+    from fedstyle.cli.main import main
+
+    out = tmp_path / "out"
+    readme = tmp_path / "README.md"
+    assert main(["leaderboard", "show", "--out", str(out), "--readme", str(readme)]) == 2
+    assert f"--readme {readme}: no such file" in capsys.readouterr().err
+    readme.write_text("# no markers\n")
+    assert main(["leaderboard", "show", "--out", str(out), "--readme", str(readme)]) == 2
+    assert "has no <!-- leaderboard:start --> ... <!-- leaderboard:end --> markers" in capsys.readouterr().err
+    grid = tmp_path / "grid"
+    shutil.copytree(GRID_DIR, grid)
+    with open(grid / "tables.toml", "a") as handle:
+        handle.write("[[[not toml\n")
+    assert main(["leaderboard", "show", "--out", str(out), "--grid-dir", str(grid)]) == 2
+    assert f"{grid / 'tables.toml'} is not valid TOML: " in capsys.readouterr().err
+    csv_dir = tmp_path / "csv"
+    shutil.copytree(CSV_DIR, csv_dir)
+    p2p = csv_dir / "leaderboard-p2p.csv"
+    p2p.write_text(p2p.read_text().replace("target_acc", "acc", 1))
+    assert main(["leaderboard", "show", "--out", str(out), "--csv-dir", str(csv_dir)]) == 2
+    assert f"{p2p} has no column target_acc" in capsys.readouterr().err
+    assert not out.exists()
+
+
 def test_the_readme_update_replaces_what_lies_between_the_markers(tmp_path):
     from fedstyle.experiments.leaderboard.page import README_END, README_START, update_readme
 

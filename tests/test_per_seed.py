@@ -107,7 +107,9 @@ def test_export_keeps_each_runs_label_inside_a_suffix_so_two_regimes_pair(per_se
     ("A,a,digits4,mnist,1,50.0,80.0,cpu,1.0,extra", "line 3: 10 fields where the header has 9"),
     ("<<<<<<< HEAD", "line 3: 1 fields where the header has 9"),
     ("A,a,digits4,mnist,one,50.0,80.0,cpu,1.0", "line 3: seed = 'one' is not an integer"),
-    ("A,a,digits4,mnist,1,50%,80.0,cpu,1.0", "line 3: target_acc = '50%' is not a number"),
+    ("A,a,digits4,mnist,1,50%,80.0,cpu,1.0", "line 3: target_acc = '50%' is not a finite number"),
+    ("A,a,digits4,mnist,1,50.0,nan,cpu,1.0", "line 3: source_val = 'nan' is not a finite number"),
+    ("A,a,digits4,mnist,1,9456,80.0,cpu,1.0", r"line 3: target_acc = 9456 is no percentage \(0 to 100\)"),
 ])
 def test_a_damaged_kept_csv_names_its_line(tmp_path, bad_line, message):
     """A hand edit or a merge conflict in a kept CSV is a ConfigError naming the file, the line and the fix, not a
@@ -122,3 +124,14 @@ def test_a_damaged_kept_csv_names_its_line(tmp_path, bad_line, message):
     path.write_text(path.read_text().rsplit(bad_line, 1)[0])  # the good line alone reads, empty source_val too
     assert read_rows(path) == [{"label": "A", "variant": "a", "dataset": "digits4", "target": "mnist", "seed": "0",
                                 "target_acc": "50.0", "source_val": "", "device": "cpu", "seconds": ""}]
+
+
+def test_a_csv_without_the_columns_its_reader_needs_names_them(tmp_path):
+    from fedstyle.experiments.report.per_seed import read_rows
+
+    path = tmp_path / "t.csv"
+    path.write_text("label,variant,dataset,target,seed,acc\nA,a,digits4,mnist,0,50.0\n")
+    with pytest.raises(ConfigError, match=r"t.csv has no column target_acc \(its header: label,variant,dataset,"
+                                          r"target,seed,acc; wanted: seed,target_acc\); mend the header"):
+        read_rows(path, ("seed", "target_acc"))
+    assert len(read_rows(path)) == 1  # a reader that needs no particular column

@@ -100,6 +100,10 @@ def _cmd_show(args: argparse.Namespace) -> int:
     from fedstyle.experiments.leaderboard.page import write_show
 
     start = time.perf_counter()
+    if args.readme:
+        from fedstyle.experiments.leaderboard.page import check_readme
+
+        check_readme(args.readme)  # before the page and figures are written
     written = write_show(args.out, args.grid_dir, args.csv_dir, figures=not args.no_figures)
     for path in written:
         print(f"wrote {path}")

@@ -8,12 +8,12 @@ validation lies within 10 points of chance on a dataset did not learn: a link wi
 from __future__ import annotations
 
 import statistics
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from fedstyle.errors import ConfigError
+from fedstyle.experiments.leaderboard.tables import read_toml
 from fedstyle.experiments.verdict import NOT_LEARNED_STATUS, PairedVerdict, judge_paired, learned
 
 PRESETS_DIR = Path(__file__).resolve().parents[1] / "presets"
@@ -132,7 +132,7 @@ def board_lookup(board):
 
 def _preset_claim(preset: str, says: str) -> Mapping[str, Any]:
     path = PRESETS_DIR / f"{preset}.toml"
-    data = tomllib.loads(path.read_text())
+    data = read_toml(path)
     for claim in data.get("claim", []):
         if claim.get("says") == says:
             return claim
@@ -143,9 +143,9 @@ def _preset_claim(preset: str, says: str) -> Mapping[str, Any]:
 def claim_rows(boards: Mapping[str, Any], grid_dir: Path, csv_dir: Path, classes: Mapping[str, int]
                ) -> list[ClaimRow]:
     """The table's rows from claims.toml, the boards (table key -> Board) and the per-seed CSVs."""
-    from fedstyle.experiments.report.per_seed import read_rows
+    from fedstyle.experiments.report.per_seed import COLUMNS as PER_SEED_COLUMNS, read_rows
 
-    data = tomllib.loads((Path(grid_dir) / CLAIMS_FILE).read_text())
+    data = read_toml(Path(grid_dir) / CLAIMS_FILE)
     rows = []
     for paper in data.get("paper", []):
         claim = _preset_claim(paper["preset"], paper["preset_claim"])
@@ -160,7 +160,8 @@ def claim_rows(boards: Mapping[str, Any], grid_dir: Path, csv_dir: Path, classes
                 why = entry.get("why", "no per-seed values")
                 judged.append(Judgement(entry.get("says", ""), note=f"not judged ({why})"))
                 continue
-            lines = [line for name in entry["csv"] for line in read_rows(Path(csv_dir) / f"{name}.csv")]
+            lines = [line for name in entry["csv"]
+                     for line in read_rows(Path(csv_dir) / f"{name}.csv", PER_SEED_COLUMNS)]
             judged.append(judge(entry["says"], csv_lookup(lines), classes,
                                 [f"benchmarks/per_seed/{name}.csv" for name in entry["csv"]]))
         rows.append(ClaimRow(paper["name"], claim["says"], str(claim.get("source", "")), leaderboard, *judged,

@@ -50,7 +50,7 @@ def read_csv(table: Table, csv_dir: Path = CSV_DIR) -> list[dict[str, str]]:
     from fedstyle.experiments.report.per_seed import read_rows
 
     path = csv_path(table, csv_dir)
-    return read_rows(path) if path.exists() else []
+    return read_rows(path, COLUMNS) if path.exists() else []
 
 
 def _held(lines: Sequence[dict[str, str]]) -> dict[tuple, set[str]]:
@@ -186,7 +186,7 @@ def export_runs(table: Table, root: Path, csv_dir: Path = CSV_DIR, *, echo: Call
     if new:
         from fedstyle.experiments.report.per_seed import read_rows
 
-        kept = read_rows(path) if path.exists() else []
+        kept = read_rows(path, COLUMNS) if path.exists() else []
         write_rows(path, merge_rows(kept, new, LINE_KEY), COLUMNS)
     return path, merged
 

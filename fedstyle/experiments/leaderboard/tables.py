@@ -74,7 +74,15 @@ def _read_meta_file(grid_dir: Path) -> dict[str, Any]:
     if not path.is_file():
         raise ConfigError(f"{path} does not exist; pass --grid-dir to the folder of the leaderboard's sweep files "
                           "(benchmarks/leaderboard in a checkout)")
-    return tomllib.loads(path.read_text())
+    return read_toml(path)
+
+
+def read_toml(path: Path) -> dict[str, Any]:
+    """A TOML file of the leaderboard's folder; bad TOML is a ConfigError naming the file and the place."""
+    try:
+        return tomllib.loads(Path(path).read_text())
+    except tomllib.TOMLDecodeError as err:
+        raise ConfigError(f"{path} is not valid TOML: {err}; mend it (`git diff {path}` shows what changed)") from None
 
 
 def read_datasets(grid_dir: Path = GRID_DIR) -> dict[str, dict[str, Any]]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import csv
 import io
+import math
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
@@ -65,10 +66,15 @@ NUMERIC = {"seed": (int, False), "rounds": (int, False), "target_acc": (float, F
            "seconds": (float, True)}
 
 
-def read_rows(path: Path) -> list[dict[str, str]]:
-    """The lines of a per-seed CSV. A ConfigError names the files beside it when it does not exist, and the line
-    when one has too few or too many fields or a number column that is not a number (a hand edit, a merge
-    conflict), so no reader fails later on a value it cannot read."""
+#: columns of percentages
+PERCENT = ("target_acc", "source_val")
+
+
+def read_rows(path: Path, required: Sequence[str] = ()) -> list[dict[str, str]]:
+    """The lines of a per-seed CSV. A ConfigError names the files beside it when it does not exist, a column of
+    ``required`` its header lacks, and the line when one has too few or too many fields, a number column that is
+    not a finite number or a percentage outside 0-100 (a hand edit, a merge conflict), so no reader fails later
+    on a value it cannot read or ranks one it should not."""
     path = Path(path)
     if not path.exists():
         have = ", ".join(sorted(p.stem for p in path.parent.glob("*.csv"))) or "none"
@@ -77,6 +83,11 @@ def read_rows(path: Path) -> list[dict[str, str]]:
     rows = []
     with open(path, newline="") as handle:
         reader = csv.DictReader(handle)
+        missing = [c for c in required if c not in (reader.fieldnames or [])]
+        if missing:
+            raise ConfigError(f"{path} has no column {', '.join(missing)} (its header: "
+                              f"{','.join(reader.fieldnames or []) or 'none'}; wanted: {','.join(required)}); "
+                              f"mend the header (`git diff {path}` shows what changed)")
         for row in reader:
             if None in row or None in row.values():
                 count = len([v for k, v in row.items() if k is not None and v is not None]) + len(row.get(None, []))
@@ -87,10 +98,15 @@ def read_rows(path: Path) -> list[dict[str, str]]:
                 if value is None or (value == "" and may_be_empty):
                     continue
                 try:
-                    parse(value)
+                    number = parse(value)
                 except ValueError:
+                    number = math.nan
+                if not math.isfinite(number):
                     raise ConfigError(f"{path}, line {reader.line_num}: {column} = {value!r} is not "
-                                      f"{'an integer' if parse is int else 'a number'}; {fix}") from None
+                                      f"{'an integer' if parse is int else 'a finite number'}; {fix}")
+                if column in PERCENT and not 0 <= number <= 100:
+                    raise ConfigError(f"{path}, line {reader.line_num}: {column} = {value} is no percentage "
+                                      f"(0 to 100); {fix}")
             rows.append(row)
     return rows
 
