@@ -8,6 +8,8 @@ import json
 from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
+
 from fedstyle.experiments import demo
 
 
@@ -40,3 +42,13 @@ def test_demo_prints_one_partition_summary_and_the_next_commands(tmp_path, monke
     assert "fedstyle methods" in out and "--claim 'ccst > fedavg'" in out
     assert err.count("\n") == len(calls)  # one line per run
     assert "augmented_images" not in out + err and "cached_images" not in out + err
+
+
+@pytest.mark.parametrize("rounds", ["0", "-1"])
+def test_demo_refuses_rounds_below_one_before_running(tmp_path, capsys, rounds):
+    """--rounds 0 ran the whole default demo (``rounds or default``)."""
+    from fedstyle.cli.main import main
+
+    assert main(["demo", "--rounds", rounds, "--out", str(tmp_path / "demo")]) == 2
+    assert f"--rounds must be at least 1, got {rounds}" in capsys.readouterr().err
+    assert not (tmp_path / "demo").exists()

@@ -53,7 +53,7 @@ def ccst_backend(choice: str, device: str) -> str:
 def demo_runs(rounds: int | None = None, device: str = "auto",
               ccst_style_backend: str = "auto") -> list[tuple[str, RunConfig]]:
     domains = load_dataset("digits4", progress=False).domains
-    base = DEMO_CONFIG.updated(device=device, rounds=rounds or DEMO_CONFIG.rounds)
+    base = DEMO_CONFIG.updated(device=device, rounds=DEMO_CONFIG.rounds if rounds is None else rounds)
     runs = []
     for folder, method, hp in DEMO_METHODS:
         hp = dict(hp)
@@ -107,6 +107,8 @@ def closing_lines(out: Path, report: Path) -> list[str]:
 
 def run_demo(out: Path, quiet: bool = False, rounds: int | None = None, device: str = "auto",
              ccst_style_backend: str = "auto") -> None:
+    if rounds is not None and rounds < 1:  # refused before the dataset is built (0 ran the default demo)
+        raise ConfigError(f"--rounds must be at least 1, got {rounds} (the demo's default: {DEMO_CONFIG.rounds})")
     start = time.perf_counter()
     load_dataset("digits4", progress=not quiet)  # build the cache once, with a progress bar
     built = time.perf_counter() - start
