@@ -62,6 +62,25 @@ def test_a_class_missing_from_a_domain_is_named(tmp_path):
         in report_lines(check)
 
 
+def test_one_domain_or_one_class_is_not_fine(tmp_path, capsys):
+    """`data check` said fine (exit 0) for folders every run refuses."""
+    image(tmp_path / "one" / "only" / "cat" / "0.png", 16, 16)
+    image(tmp_path / "one" / "only" / "dog" / "0.png", 16, 16)
+    assert main(["data", "check", str(tmp_path / "one"), "--quiet"]) == 1
+    assert "too few: 1 domain: a run needs at least 2" in capsys.readouterr().out
+    for domain in ("a", "b"):
+        image(tmp_path / "mono" / domain / "cat" / "0.png", 16, 16)
+    assert main(["data", "check", str(tmp_path / "mono"), "--quiet"]) == 1
+    assert "too few: 1 class: a classifier needs at least 2" in capsys.readouterr().out
+
+
+def test_a_class_whose_every_image_is_unreadable_is_named(folder):
+    (folder / "sketch" / "dog" / "0.png").write_bytes(b"not a png")  # with broken.jpg: no readable dog there
+    lines = report_lines(check_folder(folder))
+    assert "  every image of class dog in domain sketch is unreadable: --skip-bad-images would leave the class out " \
+           "of that domain, which a run refuses" in lines
+
+
 def test_a_folder_that_is_not_a_dataset_gets_the_layout_error(tmp_path, capsys):
     image(tmp_path / "loose" / "0.png", 16, 16)  # images straight in a domain folder
     assert main(["data", "check", str(tmp_path), "--quiet"]) == 2

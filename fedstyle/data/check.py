@@ -43,6 +43,8 @@ class FolderCheck:
     unreadable: list[tuple[str, str]] = field(default_factory=list)
     #: files that are not images (.jpg, .jpeg, .png) inside class folders
     ignored: int = 0
+    #: domain -> its folder's name below root (they differ for a named benchmark's spellings)
+    _folder_names: dict[str, str] = field(default_factory=dict)
 
     @property
     def classes(self) -> list[str]:
@@ -65,10 +67,27 @@ class FolderCheck:
             return MAX_DEFAULT_RESOLUTION
         return max(MIN_RESOLUTION, min(sides[len(sides) // 2], MAX_DEFAULT_RESOLUTION))
 
+    def all_unreadable(self) -> list[tuple[str, str]]:
+        """(domain, class) whose every image is unreadable: ``--skip-bad-images`` would empty them, and a run
+        refuses a class missing from a domain."""
+        bad = Counter(tuple(Path(name).parts[:2]) for name, _ in self.unreadable)
+        return [(d, c) for d, per_class in self.counts.items() for c, n in per_class.items()
+                if n and bad.get((self._folder_names.get(d, d), c), 0) >= n]
+
+    def too_few(self) -> list[str]:
+        """Why no run can train on the folder at all: fewer than 2 domains or 2 classes."""
+        problems = []
+        if len(self.counts) < 2:
+            problems.append(f"{len(self.counts)} domain: a run needs at least 2 (one or more to train on, one held "
+                            "out); add domain folders")
+        if len(self.classes) < 2:
+            problems.append(f"{len(self.classes)} class: a classifier needs at least 2; add class folders")
+        return problems
+
     @property
     def ok(self) -> bool:
         """Whether ``fedstyle run --dataset folder`` would read the folder as it is."""
-        return not self.unreadable and not self.missing_classes()
+        return not self.unreadable and not self.missing_classes() and not self.too_few()
 
 
 def _probe(path: Path) -> tuple[int, int] | str:
@@ -94,6 +113,7 @@ def check_folder(root: str | os.PathLike, progress: bool = False) -> FolderCheck
     for domain, folder in folders.items():
         listing = scan_domain(folder)
         check.counts[domain] = {c: len(files) for c, files in sorted(listing.files.items())}
+        check._folder_names[domain] = Path(folder).name
         check.ignored += listing.ignored
         paths += [p for c in sorted(listing.files) for p in listing.files[c]]
     workers = max(1, min(8, os.cpu_count() or 1))  # PIL releases the GIL while decoding
@@ -139,6 +159,7 @@ def report_lines(check: FolderCheck) -> list[str]:
     ignored = f"; {check.ignored} other files ignored" if check.ignored else ""
     lines = [f"{check.root}: {len(check.counts)} domains, {len(check.classes)} classes, {check.images} images"
              f"{ignored}", *_table(check), _sizes(check)]
+    lines += [f"too few: {problem}" for problem in check.too_few()]
     for domain, classes in check.missing_classes().items():
         lines.append(f"missing: domain {domain} has no folder for class(es) {', '.join(classes)}; every domain needs "
                      "the same class folders")
@@ -148,6 +169,8 @@ def report_lines(check: FolderCheck) -> list[str]:
         lines += [f"  {name}: {reason}" for name, reason in check.unreadable[:MAX_NAMED_FILES]]
         if len(check.unreadable) > MAX_NAMED_FILES:
             lines.append(f"  ... and {len(check.unreadable) - MAX_NAMED_FILES} more")
+        lines += [f"  every image of class {c} in domain {d} is unreadable: --skip-bad-images would leave the class "
+                  "out of that domain, which a run refuses" for d, c in check.all_unreadable()]
     else:
         lines.append("unreadable: none")
     resolution = check.resolution()
