@@ -157,3 +157,21 @@ def test_every_command_of_the_tours_parses(where, command, capsys):
         build_parser().parse_args(shlex.split(command)[1:])
     except SystemExit as exit:  # --help and --version exit 0; a refusal exits 2
         assert exit.code == 0, f"{where}'s tour: `{command}` is refused: {capsys.readouterr().err}"
+
+
+def test_an_os_error_on_a_users_path_names_the_fix(tmp_path, capsys):
+    """`--out FILE` where a folder goes said only "File exists: FILE"."""
+    in_the_way = tmp_path / "afile"
+    in_the_way.write_text("")
+    assert main(["leaderboard", "show", "--out", str(in_the_way), "--no-figures"]) == 2
+    assert capsys.readouterr().err.strip() == (f"fedstyle: error: File exists: {in_the_way}; a file is in the way of "
+                                               "a folder there: give a folder (or a new name) instead")
+
+
+def test_every_os_error_fix_is_advice():
+    import errno
+
+    from fedstyle.cli.main import os_error_fix
+
+    assert os_error_fix(OSError(errno.ENOSPC, "No space left on device")).startswith("the disk is full")
+    assert os_error_fix(OSError(errno.EPIPE, "Broken pipe")) == ""  # no general advice: the OS's words alone

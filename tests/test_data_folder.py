@@ -199,6 +199,18 @@ def test_save_grid_writes_a_png_atomically(tmp_path):
     assert sorted(p.name for p in (tmp_path / "grids").iterdir()) == ["grid.pdf", "grid.png"]  # no temps
 
 
+def test_data_show_into_a_folder_writes_the_default_name_there(tmp_path, capsys):
+    """`data show --out DIR` failed on an atomic temp file ("Is a directory: /.tmp...")."""
+    from fedstyle.cli.main import main
+
+    root = make_tree(tmp_path / "data")
+    grids = tmp_path / "grids"
+    grids.mkdir()
+    assert main(["data", "show", "folder", "--data-root", str(root), "--resolution", "8", "--out", str(grids),
+                 "--quiet"]) == 0
+    assert (grids / "folder.png").is_file() and f"wrote {grids / 'folder.png'}" in capsys.readouterr().out
+
+
 def test_an_image_above_pils_pixel_limit_is_one_line_naming_it(tmp_path, monkeypatch, capsys, recwarn):
     """PIL's DecompressionBombWarning (its raw text, with no file name) was printed for a 144-Mpixel PNG. Now: one
     line naming the file and how to allow such images; above twice the limit PIL refuses and the error says how.

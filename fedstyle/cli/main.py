@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import sys
 import warnings
 from pathlib import Path
@@ -174,7 +175,10 @@ def _cmd_data_show(args: argparse.Namespace) -> int:
     # a grid draws from every image: official splits play no part (and hf:DIR's extra splits need no flag here)
     dataset = load_dataset(args.name, data_root=args.data_root, resolution=args.resolution,
                            skip_bad_images=args.skip_bad_images, progress=not args.quiet, official_splits=False)
-    out = Path(args.out or f"{args.name.replace(':', '-').replace('/', '--')}.png")  # hf:OWNER/NAME: one file
+    default = f"{args.name.replace(':', '-').replace('/', '--')}.png"  # hf:OWNER/NAME: one file
+    out = Path(args.out or default)
+    if out.is_dir():  # --out DIR: the grid goes inside it, under its default name
+        out = out / default
     save_grid(dataset, out, per_cell=args.per_cell, seed=args.seed)
     sizes = ", ".join(f"{d} {dataset.size(d)}" for d in dataset.domains)
     print(f"{dataset.name}: {dataset.num_classes} classes, {dataset.resolution}x{dataset.resolution}; {sizes}")
@@ -256,7 +260,8 @@ def build_parser() -> argparse.ArgumentParser:
     data_list.set_defaults(func=_cmd_data_list)
     show = data_sub.add_parser("show", help="write a PNG grid: a row per domain, a column per class")
     show.add_argument("name", help="dataset name (see `fedstyle data list`) or hf:OWNER/NAME")
-    show.add_argument("--out", metavar="FILE.png", help="output image (default: NAME.png)")
+    show.add_argument("--out", metavar="FILE.png", help="output image, or a folder to write NAME.png in (default: "
+                      "NAME.png)")
     show.add_argument("--data-root", help="dataset folder (folder datasets, fashion4's idx files)")
     show.add_argument("--resolution", type=int, default=None, help="image side in pixels")
     show.add_argument("--skip-bad-images", action="store_true", help="skip unreadable images")
@@ -318,6 +323,23 @@ def _plain_warning(message, category, filename, lineno, file=None, line=None) ->
     print(f"fedstyle: warning: {text}", file=file or sys.stderr)
 
 
+#: errno -> what to do about an OSError on a path the user gave (the OS's own words say only what happened)
+OS_ERROR_FIXES = {
+    errno.EEXIST: "a file is in the way of a folder there: give a folder (or a new name) instead",
+    errno.ENOTDIR: "a part of that path is a file, not a folder: give a folder",
+    errno.EISDIR: "that is a folder: give a file name inside it",
+    errno.EACCES: "no permission there: choose a folder you can write to, or fix its permissions",
+    errno.EROFS: "that file system is read-only: choose a folder you can write to",
+    errno.ENOSPC: "the disk is full: free space or choose another disk",
+    errno.ENOENT: "check the path (a folder that holds it must exist)",
+}
+
+
+def os_error_fix(err: OSError) -> str:
+    """What the user can do about ``err``, by its errno (empty when there is no general advice)."""
+    return OS_ERROR_FIXES.get(err.errno, "")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     argv = sys.argv[1:] if argv is None else list(argv)
@@ -330,7 +352,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except OSError as err:  # a file the user named cannot be read or written: say which and why, no traceback
         where = f": {err.filename}" if err.filename else ""
-        print(f"fedstyle: error: {err.strerror or err}{where}", file=sys.stderr)
+        fix = os_error_fix(err)
+        print(f"fedstyle: error: {err.strerror or err}{where}{'; ' + fix if fix else ''}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130
