@@ -117,6 +117,16 @@ def test_the_report_leaves_runs_without_curves_out_of_the_figures(tiny_config, t
     with pytest.warns(UserWarning, match="1 of 2 runs measured their targets at the end only"):
         _, paths = write_report([tmp_path / "runs"], tmp_path / "report")
     assert paths["plot"].exists()
+    # a run whose metrics.jsonl was emptied made with per-round targets: damaged, not "--target-eval end"
+    damaged = tmp_path / "runs" / "damaged"
+    run_experiment(tiny_config.updated(seed=2), damaged, quiet=True)
+    (damaged / "metrics.jsonl").write_text("")
+    with pytest.warns(UserWarning) as said:
+        _, paths = write_report([tmp_path / "runs"], tmp_path / "report")
+    messages = [str(w.message) for w in said]
+    assert any(m.startswith("1 of 3 runs measured their targets at the end only") for m in messages)
+    assert any(m.startswith("1 of 3 runs have no per-round target accuracy in their metrics.jsonl (empty or "
+                            f"damaged; first: {damaged}") for m in messages), messages
 
 
 def test_oracle_selection_needs_every_rounds_targets(tiny_config):

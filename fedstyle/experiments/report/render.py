@@ -194,11 +194,17 @@ def write_report(
     paths["latex"] = out_dir / "report.tex"
     # a run made with --target-eval end measured its targets at the end only: no curve, and a band over the
     # others' seeds would jump where it joined them at the last round
-    curve_runs = [r for r in records if all("target_acc" in row for row in evaluation_rows(r.metrics))]
-    if len(curve_runs) < len(records):
-        left = len(records) - len(curve_runs)
-        warnings.warn(f"{left} of {len(records)} runs measured their targets at the end only (--target-eval end): "
-                      f"{'the figures leave them out' if curve_runs else 'accuracy.png not written'}", stacklevel=2)
+    curve_runs = [r for r in records if evaluation_rows(r.metrics)
+                  and all("target_acc" in row for row in evaluation_rows(r.metrics))]
+    end_only = [r for r in records if r not in curve_runs and r.config.get("target_eval") == "end"]
+    no_rows = [r for r in records if r not in curve_runs and r not in end_only]
+    left_out = "the figures leave them out" if curve_runs else "accuracy.png not written"
+    if end_only:
+        warnings.warn(f"{len(end_only)} of {len(records)} runs measured their targets at the end only "
+                      f"(--target-eval end): {left_out}", stacklevel=2)
+    if no_rows:  # their metrics.jsonl is empty or lacks the per-round accuracies: damaged, or cut short
+        warnings.warn(f"{len(no_rows)} of {len(records)} runs have no per-round target accuracy in their "
+                      f"metrics.jsonl (empty or damaged; first: {no_rows[0].path}): {left_out}", stacklevel=2)
     if any("target_acc" in row for r in curve_runs for row in r.metrics):
         paths["plot"] = plot_accuracy(curve_runs, out_dir / "accuracy.png", lambda run: row_of[run.path])
         paths["training"] = plot_training(curve_runs, out_dir / "training.png", lambda run: row_of[run.path])
