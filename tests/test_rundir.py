@@ -79,6 +79,28 @@ def test_non_finite_weights_stop_the_run_naming_round_and_lr_and_keep_the_last_g
     assert code == 2 and err.count("\n") == 1 and "diverged in round 2" in err and "Traceback" not in err
 
 
+def test_a_diverged_run_says_so_to_run_resume_and_report(tiny_config, tmp_path, poisoned_method, capsys):
+    """A diverged run was a dead end: --resume diverged again, --out offered --resume, report said "check the
+    path". Its folder now records the divergence, and each command names it and the way out."""
+    from fedstyle.experiments.report.runs import collect
+
+    out = tmp_path / "run"
+    with pytest.raises(TrainingDivergedError):
+        run_experiment(tiny_config.updated(method=poisoned_method, rounds=3, lr=0.03), out, quiet=True)
+    assert "diverged in round 2" in (out / "diverged.txt").read_text()
+    with pytest.raises(ConfigError, match=rf"{out}: the run diverged \(training diverged in round 2: .*\); resuming "
+                                          r"repeats it .*start a new run with a lower --lr in another --out"):
+        resume_experiment(out, quiet=True)
+    with pytest.raises(ConfigError, match=r"holds a run that diverged \(training diverged in round 2.*\); delete it "
+                                          r"or choose another --out, with a lower --lr"):
+        run_experiment(tiny_config, out, quiet=True)
+    with pytest.raises(FedstyleError, match=r"no finished run under .*1 run\(s\) without summary.json: .*run "
+                                            r"\(diverged: training diverged in round 2"):
+        collect([str(out)])
+    with pytest.raises(TrainingDivergedError):  # --restart starts over on purpose (and diverges again here)
+        resume_experiment(out, quiet=True, restart=True)
+
+
 def test_exploded_but_finite_runs_warn():
     rows = [{"round": 1, "train_loss": 2.0, "target_acc": {"a": 0.1}},
             {"round": 2, "train_loss": 2.3e11, "target_acc": {"a": 0.1}}]

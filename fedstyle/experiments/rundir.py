@@ -28,6 +28,19 @@ CONFIG, METRICS, SUMMARY, DONE, PARTITION = "config.json", "metrics.jsonl", "sum
 #: it continues only on a federation (`fedstyle deploy --resume`), never on the in-process simulator
 DEPLOYMENT = "flower/deploy.json"
 
+#: written when a run diverges (NaN or infinite loss or weights), with the error's message: resuming would repeat
+#: the divergence (the same seeds), so the folder is a finished attempt, not an interrupted one
+DIVERGED = "diverged.txt"
+
+
+def diverged_note(out: Path) -> str:
+    """The divergence recorded in ``out`` (its first line), or empty."""
+    path = Path(out) / DIVERGED
+    if not path.is_file():
+        return ""
+    return (path.read_text(errors="replace").strip().splitlines() or ["diverged"])[0]
+
+
 #: what ``fedstyle run --resume`` accepts besides the run directory: where and how the run executes,
 #: nothing that changes what it computes (--state-budget moves client states between memory and disk
 #: bit for bit; the Ray settings place the clients — a cluster may come back at another address; like
@@ -45,6 +58,9 @@ def check_new_run_dir(out: Path) -> None:
         return
     entries = [e for e in out.iterdir() if e.name != LOCK_NAME and not e.name.endswith(".tmp")]
     if (out / CONFIG).exists():
+        if diverged_note(out):
+            raise ConfigError(f"{out} holds a run that diverged ({diverged_note(out)}); delete it or choose another "
+                              "--out, with a lower --lr")
         raise ConfigError(f"{out} already holds a run; continue it with `{resume_command(out)}` "
                           "or choose another --out")
     if entries:

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from fedstyle.allocator import keep_freed_memory
-from fedstyle.errors import ConfigError, FedstyleError
+from fedstyle.errors import ConfigError, FedstyleError, NonFiniteLossError
 from fedstyle.experiments.backends import Backend, get_backend, refuse_peer_to_peer, register_backend, train_on
 from fedstyle.experiments.build import Experiment, build_experiment
 from fedstyle.experiments.checkpoint import CHECKPOINT, load_checkpoint, save_checkpoint
@@ -39,12 +39,14 @@ from fedstyle.experiments.summary import Selector, evaluate_round, make_summary,
 from fedstyle.federation.evaluate import evaluate
 from fedstyle.experiments.rundir import (
     CONFIG,
+    DIVERGED,
     DONE,
     METRICS,
     SUMMARY,
     check_checkpoint_fits,
     check_new_run_dir,
     clean_leftovers,
+    diverged_note,
     evaluation_rows,
     read_metrics_file,
     read_run_config,
@@ -52,7 +54,7 @@ from fedstyle.experiments.rundir import (
     refuse_deployment,
     RESUME_OPTIONS,
 )
-from fedstyle.federation.rounds import mean_metrics, merge_release_counts, releases_in_rows
+from fedstyle.federation.rounds import TrainingDivergedError, mean_metrics, merge_release_counts, releases_in_rows
 from fedstyle.federation.states import STATES_DIR
 from fedstyle.io import DirectoryLock, append_line, atomic_write_json, atomic_write_text, json_text
 from fedstyle.federation.topology import save_graph_png
@@ -119,14 +121,27 @@ def run_experiment(config: RunConfig, out: str | Path, *, quiet: bool = False) -
         if not (out / CHECKPOINT).exists():
             remove_new_run(out, created)
         raise
-    except Exception:
+    except Exception as err:
         # Failed before its first checkpoint (a style backend's missing weights in the setup phase,
         # say): nothing to resume, so leave no half-written run directory behind to block a rerun.
         if not (out / CHECKPOINT).exists():
             remove_new_run(out, created)
+        else:
+            mark_diverged(out, err)
         raise
     finally:
         lock.release()
+
+
+#: the errors of a run that diverged: resuming it repeats them
+DIVERGENCE = (NonFiniteLossError, TrainingDivergedError)
+
+
+def mark_diverged(out: Path, err: BaseException) -> None:
+    """Record a divergence in ``out`` (:data:`~fedstyle.experiments.rundir.DIVERGED`), so that `run --out`,
+    `run --resume` and `report` say what happened instead of offering to continue it."""
+    if isinstance(err, DIVERGENCE):
+        atomic_write_text(out / DIVERGED, f"{err}\n")
 
 
 def check_backend(config: RunConfig) -> None:
@@ -184,12 +199,15 @@ def resume_experiment(out: str | Path, *, quiet: bool = False, device: str | Non
         raise ConfigError(f"resuming cannot change {unknown[0]!r}: it would change the result; start a new run")
     read_run_config(out)  # a clear error for a directory that holds no run, before locking it
     refuse_deployment(out)  # a run keeps its runtime: a deployment resumes on a federation
+    if diverged_note(out) and not restart:
+        raise ConfigError(f"{out}: the run diverged ({diverged_note(out)}); resuming repeats it (the same seeds): "
+                          f"start a new run with a lower --lr in another --out, or delete {out}")
     with DirectoryLock(out):
         clean_leftovers(out)
         config = read_run_config(out)
         if restart:
             close_logged_runs(out)  # a killed run's MLflow run is still RUNNING: end it before starting anew
-            for name in (CHECKPOINT, METRICS, SUMMARY, DONE, TRACKING_FILE):
+            for name in (CHECKPOINT, METRICS, SUMMARY, DONE, TRACKING_FILE, DIVERGED):
                 (out / name).unlink(missing_ok=True)  # the trackers start new runs too
             for folder in (STATES_DIR, TENSORBOARD_DIR):
                 shutil.rmtree(out / folder, ignore_errors=True)
@@ -214,7 +232,11 @@ def resume_experiment(out: str | Path, *, quiet: bool = False, device: str | Non
         config = resolve_locations(config.updated(**tracker_changes_on_resume(config, changes, out)))
         probe_trackers(config)
         exp = build_experiment(config, progress=not quiet)
-        return _train_on_backend(exp, out, quiet=quiet, checkpoint=checkpoint)
+        try:
+            return _train_on_backend(exp, out, quiet=quiet, checkpoint=checkpoint)
+        except DIVERGENCE as err:
+            mark_diverged(out, err)
+            raise
 
 
 def _train_on_backend(exp: Experiment, out: Path, *, quiet: bool, checkpoint) -> dict[str, Any]:

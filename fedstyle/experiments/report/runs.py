@@ -17,6 +17,7 @@ from typing import Iterable, Sequence
 from fedstyle.environment import describe, differences
 from fedstyle.errors import ConfigError, DataError
 from fedstyle.experiments.config import TRACKER_SETTINGS, inactive_settings
+from fedstyle.experiments.rundir import diverged_note
 
 WHICH = {"selected": "model chosen by the run's selection rule", "last": "last round"}
 #: config keys that do not make two runs' results different settings (where and how a run ran, its
@@ -195,15 +196,19 @@ def collect(run_dirs: Sequence[str | os.PathLike], *, include_incomplete: bool =
     if not run_dirs:
         raise ConfigError("no run directories given; pass run directories or a folder containing them")
     found, unfinished = _find_run_dirs(Path(d) for d in run_dirs)
+    listing = "\n  ".join(f"{d}{f' (diverged: {diverged_note(d)})' if diverged_note(d) else ''}" for d in unfinished)
+    roots = ", ".join(str(d) for d in run_dirs)
+    if not found and unfinished:
+        raise DataError(f"no finished run under {roots}: {len(unfinished)} run(s) without summary.json: "
+                        f"{listing.replace(chr(10) + '  ', '; ')} (still running, crashed or diverged; `fedstyle "
+                        "run --resume DIR` finishes one that stopped)")
     if unfinished:
-        listing = "\n  ".join(str(d) for d in unfinished)
         warnings.warn(
-            f"{len(unfinished)} run(s) have no summary.json yet (still running or crashed) and are "
+            f"{len(unfinished)} run(s) have no summary.json yet (still running, crashed or diverged) and are "
             f"not reported:\n  {listing}",
             stacklevel=2,
         )
     if not found:
-        roots = ", ".join(str(d) for d in run_dirs)
         raise DataError(f"no run directories (with summary.json) under {roots}; check the path")
     records = [load_run(d) for d in found]
     incomplete = [r for r in records if not r.complete]
