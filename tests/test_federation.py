@@ -57,6 +57,9 @@ def test_hparam_parsing_and_errors():
     assert parse_assignments(["mu=0.1", "style = dsu"]) == {"mu": "0.1", "style": "dsu"}
     with pytest.raises(ConfigError, match="NAME=VALUE"):
         parse_assignments(["mu"])
+    with pytest.raises(ConfigError, match=r"--hp mu is given twice \(0.1 and 0.2\); give it once"):
+        parse_assignments(["mu=0.1", "mu=0.2"])  # the last one silently won
+    assert parse_assignments(["mu=0.1", "mu=0.1"]) == {"mu": "0.1"}  # the same twice is harmless
 
 
 def test_subclass_defaults_and_display_name():

@@ -308,6 +308,26 @@ def test_a_diverged_decoder_is_an_error_and_nothing_is_written(tmp_path):
     assert not list(tmp_path.iterdir())
 
 
+@pytest.mark.parametrize("backend, options, message", [
+    ("lite", {"bogus": "1"}, "the lite backend takes no option 'bogus'; its options: decoder_weights, "),
+    ("fft", {"decoder_weights": "x"}, "the fft backend takes no option 'decoder_weights'; its options: band"),
+    ("lite", {"batch_size": "abc"}, r"--hp batch_size=abc: batch_size takes a number \(default 128\)"),
+])
+def test_style_demo_options_are_checked_against_the_backend(backend, options, message):
+    """--hp names and values a backend does not take were TypeErrors and ValueErrors from its constructor."""
+    from fedstyle.style.transfer.demo import typed_options
+
+    with pytest.raises(ConfigError, match=message):
+        typed_options(backend, options)
+
+
+def test_style_demo_options_get_their_defaults_type():
+    from fedstyle.style.transfer.demo import typed_options
+
+    assert typed_options("lite", {"batch_size": "64", "decoder_weights": "d.safetensors"}) == {
+        "batch_size": 64, "decoder_weights": "d.safetensors"}
+
+
 def test_style_demo_writes_a_png(tmp_path, tiny_root):
     from PIL import Image
 

@@ -97,5 +97,8 @@ def parse_assignments(items: Iterable[str]) -> dict[str, str]:
         name, sep, value = item.partition("=")
         if not sep or not name.strip():
             raise ConfigError(f"--hp expects NAME=VALUE, got {item!r} (for example --hp mu=0.01)")
-        out[name.strip()] = value.strip()
+        name, value = name.strip(), value.strip()
+        if name in out and out[name] != value:  # the last one silently won
+            raise ConfigError(f"--hp {name} is given twice ({out[name]} and {value}); give it once")
+        out[name] = value
     return out

@@ -50,7 +50,8 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
     options = parse_assignments(args.hp or [])
     out = style_demo(args.out, dataset=args.dataset, backend=args.backend, options=options, per_domain=args.per_domain,
-                     seed=args.seed, device=args.device, data_root=args.data_root)
+                     seed=args.seed, device=args.device, data_root=args.data_root,
+                     skip_bad_images=args.skip_bad_images)
     print(f"wrote {out}")
     return 0
 
@@ -98,6 +99,8 @@ def add_style_commands(sub: argparse._SubParsersAction) -> None:
                               epilog=STYLE_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     demo.add_argument("--dataset", default="digits4", help="dataset (default: digits4)")
     demo.add_argument("--data-root", help="dataset folder (folder datasets, fashion4's idx files)")
+    demo.add_argument("--skip-bad-images", action="store_true",
+                      help="leave out unreadable images of a folder dataset (default: refuse them, naming the file)")
     demo.add_argument("--backend", default="lite",
                       help="style-transfer backend: lite (offline), adain (public AdaIN weights), fft (default: lite)")
     demo.add_argument("--hp", action="append", metavar="NAME=VALUE",

@@ -29,6 +29,36 @@ def mosaic(images: torch.Tensor) -> np.ndarray:
     return torch.cat([top, bottom], dim=1).round().clamp(0, 255).to(torch.uint8).permute(1, 2, 0).numpy()
 
 
+def typed_options(backend: str, options: dict) -> dict:
+    """``--hp NAME=VALUE`` strings as the backend's constructor takes them: a name it does not take, or a value
+    that is not of its default's type, is a ConfigError naming the backend's options (they were TypeErrors)."""
+    import inspect
+
+    from fedstyle.registry import close_names
+    from fedstyle.style.transfer import TRANSFER_BACKENDS
+
+    params = {name: p for name, p in inspect.signature(TRANSFER_BACKENDS.get(backend).__init__).parameters.items()
+              if name not in ("self", "device") and p.kind is p.POSITIONAL_OR_KEYWORD}
+    typed = {}
+    for name, value in options.items():
+        if name not in params:
+            close = close_names(name, params)
+            raise ConfigError(f"--hp {name}: the {backend} backend takes no option {name!r}"
+                              f"{'; did you mean ' + ' or '.join(close) + '?' if close else ''}; its options: "
+                              f"{', '.join(params) or 'none'}")
+        default = params[name].default
+        kind = type(default) if isinstance(default, (bool, int, float)) else None
+        if kind is None or not isinstance(value, str):
+            typed[name] = value
+            continue
+        try:
+            typed[name] = {"true": True, "false": False}[value.lower()] if kind is bool else kind(value)
+        except (KeyError, ValueError):
+            raise ConfigError(f"--hp {name}={value}: {name} takes {'true or false' if kind is bool else 'a number'} "
+                              f"(default {default})") from None
+    return typed
+
+
 def style_demo(
     out: str | os.PathLike = "style_demo.png",
     dataset: str = "digits4",
@@ -38,6 +68,7 @@ def style_demo(
     seed: int = 0,
     device: str = "auto",
     data_root: str | None = None,
+    skip_bad_images: bool = False,
 ) -> Path:
     """Write the grid to ``out`` (atomically) and return its path."""
     from matplotlib.figure import Figure
@@ -50,8 +81,8 @@ def style_demo(
     out = Path(out)
     if out.suffix.lower() != ".png":
         raise ConfigError(f"--out must be a .png file, got {out}")
-    model = TRANSFER_BACKENDS.get(backend)(**{"device": device, **(options or {})})  # bad options fail fast
-    data = load_dataset(dataset, data_root=data_root, progress=False)
+    model = TRANSFER_BACKENDS.get(backend)(**{"device": device, **typed_options(backend, options or {})})
+    data = load_dataset(dataset, data_root=data_root, skip_bad_images=skip_bad_images, progress=False)
     rng = np.random.default_rng(derive_seed(seed, "style-demo"))
 
     headers, styles, titles = [], [], []
