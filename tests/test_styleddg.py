@@ -395,8 +395,8 @@ def test_cli_summary_shows_devices_and_bytes_per_edge_and_iteration(tiny_root, t
 # -- bad input ---------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("changes,match", [
     ({"topology": "star", "partition": "domain", "clients": None}, r"--topology complete"),
-    ({"hparams": {"p": 1.5}}, r"'p' of styleddg: 1\.5 is above the maximum 1\.0; give --hp p=VALUE with VALUE in \[0\.0, 1\.0\]"),
-    ({"hparams": {"p": -0.1}}, r"below the minimum 0\.0; give --hp p="),
+    ({"hparams": {"p": 1.5}}, r"'p' of styleddg: 1\.5 is above the maximum 1\.0; p takes values in \[0\.0, 1\.0\]"),
+    ({"hparams": {"p": -0.1}}, r"below the minimum 0\.0; p takes values in \[0\.0, 1\.0\]"),
     ({"hparams": {"stages": "layer1,layer9"}}, r"ConvNet backbone has no stage 'layer9'.*--hp stages=layer1,layer2,layer3"),
     ({"hparams": {"stages": ""}}, r"stages is empty"),
     ({"hparams": {"ops": "shift,warp"}}, r"not a subset of shift,explore,mix"),

@@ -60,7 +60,8 @@ class HParam:
             raise ConfigError(f"{where}: {value!r} is not a finite number")
         if self.choices is not None and parsed not in self.choices:
             raise ConfigError(f"{where}: {parsed!r} is not one of {', '.join(map(str, self.choices))}")
-        allowed = f"; give --hp {self.name}=VALUE with VALUE in [{'' if self.low is None else self.low}, " \
+        # no flag named: the value may come from --hp, a sweep file's hparams or --set hparams.NAME
+        allowed = f"; {self.name} takes values in [{'' if self.low is None else self.low}, " \
                   f"{'' if self.high is None else self.high}]"
         if self.low is not None and parsed < self.low:
             raise ConfigError(f"{where}: {parsed!r} is below the minimum {self.low}{allowed}")
