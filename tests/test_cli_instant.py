@@ -175,3 +175,16 @@ def test_every_os_error_fix_is_advice():
 
     assert os_error_fix(OSError(errno.ENOSPC, "No space left on device")).startswith("the disk is full")
     assert os_error_fix(OSError(errno.EPIPE, "Broken pipe")) == ""  # no general advice: the OS's words alone
+
+
+def test_refusals_name_the_right_command(tmp_path, capsys):
+    """Hints that pointed at the wrong fix: a file audited as a run spoke of "--out FILE/audit"; an empty
+    folder resumed by `deploy` was told to start a `fedstyle run`."""
+    a_file = tmp_path / "afile"
+    a_file.write_text("")
+    assert main(["audit", "privacy", str(a_file)]) == 2
+    assert f"{a_file} is no run directory (a file); give the folder `fedstyle run --out` wrote" in capsys.readouterr().err
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert main(["deploy", "--resume", str(empty)]) == 2
+    assert f"start one with `fedstyle deploy --out {empty} ...`" in capsys.readouterr().err

@@ -236,6 +236,11 @@ def audit_privacy(run_dirs: list[str | Path], *, settings: AuditSettings | None 
         raise ConfigError("give at least one run directory to audit")
     if out is None and len(run_dirs) > 1:
         raise ConfigError("several run directories need one output folder for their joint report (out=...)")
+    for run_dir in run_dirs:  # before the report folder: a file given as the run made "--out FILE/audit" the error
+        if not (Path(run_dir) / "config.json").is_file():
+            what = "a file" if Path(run_dir).is_file() else ("a folder without config.json" if Path(run_dir).is_dir()
+                                                            else "not there")
+            raise ConfigError(f"{run_dir} is no run directory ({what}); give the folder `fedstyle run --out` wrote")
     out = Path(out) if out is not None else Path(run_dirs[0]) / "audit"
     check_report_folder(out)
     if settings is not None and settings.canary:

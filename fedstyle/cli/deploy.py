@@ -245,7 +245,7 @@ def _resuming(args) -> Path:
         raise ConfigError("--restart is `fedstyle run`'s; a deployment resumes from its checkpoint")
     check_resume_flags(args, accepted=())
     out = Path(args.resume)
-    read_run_config(out)  # a clear error for a folder that holds no run
+    read_run_config(out, starter="fedstyle deploy")  # a clear error for a folder that holds no run
     check_stopped(out / "flower")
     return out
 

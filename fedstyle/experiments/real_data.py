@@ -116,9 +116,10 @@ def select_paper_runs(data: Mapping[str, Any], where: str, *, data_root: str | P
         chosen = [track]
     elif dataset is not None:
         chosen = [t for t, d in tracks.items() if _loose(d) in _loose(dataset)]
-        if len(chosen) != 1:
-            raise ConfigError(f"--dataset {dataset}: say which of the paper's settings it is: --track "
-                              + " or --track ".join(tracks))
+        if len(chosen) != 1:  # a copy under another name (hf:someone/pacs-copy) is a track's data too
+            named = "its name matches none of the paper's datasets" if not chosen else "its name matches several"
+            raise ConfigError(f"--dataset {dataset}: {named}; if it holds one of them, say which of the paper's "
+                              "settings it is: --track " + " or --track ".join(chosen or tracks))
     else:
         chosen = list(tracks)
     root = Path(data_root).expanduser() if data_root is not None else None

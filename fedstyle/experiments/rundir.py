@@ -80,13 +80,14 @@ def refuse_deployment(out: Path) -> None:
                           f"`fedstyle deploy --resume {out}`")
 
 
-def read_run_config(out: Path) -> RunConfig:
+def read_run_config(out: Path, starter: str = "fedstyle run") -> RunConfig:
+    """The run directory's config.json (``starter``: the command that starts such a run, for the error)."""
     path = out / CONFIG
     if not out.is_dir():
         what = "it is a file" if out.exists() else "it does not exist"
-        raise ConfigError(f"{out} holds no run ({what}); start one with `fedstyle run --out {out} ...`")
+        raise ConfigError(f"{out} holds no run ({what}); start one with `{starter} --out {out} ...`")
     if not path.exists():
-        raise ConfigError(f"{out} holds no run (no {CONFIG}); start one with `fedstyle run --out {out} ...`")
+        raise ConfigError(f"{out} holds no run (no {CONFIG}); start one with `{starter} --out {out} ...`")
     try:
         values = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError):

@@ -35,7 +35,8 @@ BACKBONES: Registry[BackboneSpec] = Registry("backbone")
 def _convnet(batch_norm: bool) -> Builder:
     def build(input_size: int, pretrained: bool, weights) -> Backbone:
         if pretrained or weights is not None:
-            raise ConfigError("the Digits-DG ConvNet has no pretrained weights; train it from scratch (pretrained=False)")
+            raise ConfigError("the Digits-DG ConvNet has no pretrained weights: leave out --pretrained and --weights "
+                              "to train it from scratch, or choose --backbone resnet18 (or resnet50) for ImageNet's")
         return ConvNet(input_size=input_size, batch_norm=batch_norm)
 
     return build
