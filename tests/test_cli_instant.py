@@ -183,7 +183,8 @@ def test_refusals_name_the_right_command(tmp_path, capsys):
     a_file = tmp_path / "afile"
     a_file.write_text("")
     assert main(["audit", "privacy", str(a_file)]) == 2
-    assert f"{a_file} is no run directory (a file); give the folder `fedstyle run --out` wrote" in capsys.readouterr().err
+    said = capsys.readouterr().err
+    assert f"{a_file} is no run directory (a file); give the folder `fedstyle run --out` wrote" in said
     empty = tmp_path / "empty"
     empty.mkdir()
     assert main(["deploy", "--resume", str(empty)]) == 2
