@@ -139,6 +139,13 @@ def test_refusals_name_the_fix(tiny_config, tmp_path, capsys):
     assert main(["audit", "privacy", str(tmp_path / "missing")]) == 2
     assert main(["audit", "privacy", str(out), "--steps", "0"]) == 2
     assert main(["audit", "privacy", str(out), "--canary", "3"]) == 2
+    capsys.readouterr()
+    finished = tmp_path / "finished"  # its checkpoint deleted: the audit attacked the initial weights, exit 0
+    run_experiment(_config(tiny_config, "fedavg").updated(rounds=1), finished, quiet=True)
+    (finished / "checkpoint.safetensors").unlink()
+    assert main(["audit", "privacy", str(finished)]) == 2
+    assert "a finished run without its checkpoint (checkpoint.safetensors): the audit would attack the initial " \
+           "weights" in capsys.readouterr().err
 
 
 @pytest.mark.slow

@@ -38,7 +38,7 @@ from fedstyle.audit.surfaces import (Surface, amplitude_surface, averaged_surfac
                                      input_statistics_surface)
 from fedstyle.errors import ConfigError
 from fedstyle.experiments.build import Experiment, build_experiment
-from fedstyle.experiments.checkpoint import load_checkpoint
+from fedstyle.experiments.checkpoint import CHECKPOINT, load_checkpoint
 from fedstyle.experiments.rundir import METRICS, read_metrics_file, read_run_config, read_summary
 from fedstyle.style.privacy import StylePrivacy
 from fedstyle.federation.client import load_weights
@@ -143,6 +143,9 @@ def audit_run(run_dir: str | Path, settings: AuditSettings | None = None, device
         config = config.updated(device=device)
     exp = build_experiment(config, progress=False)
     checkpoint = load_checkpoint(run_dir)
+    if checkpoint is None and (run_dir / "done").exists():  # a finished run's trained weights are gone
+        raise ConfigError(f"{run_dir} is a finished run without its checkpoint ({CHECKPOINT}): the audit would attack "
+                          "the initial weights, not the trained ones; restore the file, or run it again")
     rounds = 0
     if checkpoint is not None:
         exp.simulator.load_state_tensors({k: v.to(exp.device) for k, v in checkpoint[0].items()})
