@@ -379,6 +379,18 @@ def test_legacy_run_sweep_raises_after_running_the_others(tiny_config, tmp_path,
     assert (tmp_path / "fedavg/seed1/grey/done").exists()
 
 
+def test_report_only_without_a_finished_run_and_an_out_that_is_a_file_are_refused(tiny_root, tmp_path, capsys):
+    """--report-only with nothing finished wrote an empty report and exited 0; a dry run took --out FILE."""
+    grid = write_grid(tmp_path, tiny_root, top='seeds = [0]\ntargets = ["grey"]')
+    out = tmp_path / "out"
+    assert main(["sweep", str(grid), "--out", str(out), "--report-only", "--quiet"]) == 2
+    assert "none of the 1 runs under" in capsys.readouterr().err and not out.exists()
+    a_file = tmp_path / "afile"
+    a_file.write_text("")
+    assert main(["sweep", str(grid), "--out", str(a_file), "--dry-run"]) == 2
+    assert f"--out {a_file} is a file" in capsys.readouterr().err
+
+
 def test_dry_run_lists_every_run(tiny_root, tmp_path):
     plan = make_plan(tiny_root, tmp_path, top='seeds = [0]\ntargets = ["grey", "red"]')
     lines = []

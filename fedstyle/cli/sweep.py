@@ -164,6 +164,10 @@ def _run(grid, out: Path, args: argparse.Namespace) -> int:
 
     from fedstyle.cli.names import resolve_variants
 
+    from fedstyle.errors import ConfigError
+
+    if out.exists() and not out.is_dir():  # a dry run too: its plan names folders below --out
+        raise ConfigError(f"--out {out} is a file; give the folder the sweep's runs go to")
     launcher = make_launcher(args)
     only = [(key, resolve_variants(values, grid.variants, grid.where) if key == "variant" else values)
             for key, values in _only(args.only)]
@@ -172,6 +176,9 @@ def _run(grid, out: Path, args: argparse.Namespace) -> int:
     if args.dry_run:
         dry_run(plan)
         return 0
+    if args.report_only and not any(run.status == "done" for run in plan.runs):  # it wrote an empty report, exit 0
+        raise ConfigError(f"none of the {len(plan.runs)} runs under {plan.out} has finished yet: nothing to report; "
+                          "run the sweep without --report-only")
     try:
         outcome, reports = run_plan(plan, launcher, quiet=args.quiet, report_only=args.report_only)
     except KeyboardInterrupt:
