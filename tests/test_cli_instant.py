@@ -189,3 +189,23 @@ def test_refusals_name_the_right_command(tmp_path, capsys):
     empty.mkdir()
     assert main(["deploy", "--resume", str(empty)]) == 2
     assert f"start one with `fedstyle deploy --out {empty} ...`" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["deploy", "certs", "--sites", "-1"], "--sites must be 0 or more, got -1"),
+    (["deploy", "certs", "--host", "bad host!"], "--host 'bad host!' is no host name or IP address"),
+    (["deploy", "site", "--superlink", "coord", "--insecure", "--partition-id", "0"],
+     "--superlink coord: give HOST:PORT"),
+    (["deploy", "site", "--superlink", "a:9093", "--insecure", "--partition-id", "-1"],
+     "--partition-id must be 0 or more"),
+    (["deploy", "site", "--superlink", "a:9093", "--root-certificates", "/no/ca.crt", "--partition-id", "0"],
+     "--root-certificates /no/ca.crt is not a file"),
+])
+def test_deploy_refuses_what_flower_would_fail_on_later(tmp_path, capsys, argv, message):
+    """Negative site counts and partition ids, bad host names, a SuperLink address without a port: certificates
+    were written, a SuperNode started."""
+    if argv[1] == "certs":
+        argv = [*argv, "--out", str(tmp_path / "certs")]
+    assert main(argv) == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "certs").exists()

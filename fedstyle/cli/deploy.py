@@ -372,9 +372,41 @@ def _coordinate(args: argparse.Namespace, lock) -> int:
     return 0
 
 
+def check_site_args(args: argparse.Namespace) -> None:
+    """What Flower's SuperNode would take and fail on later, refused here: a negative --partition-id, a
+    --superlink without HOST:PORT, a --root-certificates file that is not there."""
+    from fedstyle.errors import ConfigError
+
+    if args.partition_id < 0:
+        raise ConfigError(f"--partition-id must be 0 or more (the site's client, 0 to sites - 1), got "
+                          f"{args.partition_id}")
+    host, sep, port = args.superlink.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError(f"--superlink {args.superlink}: give HOST:PORT, the address the coordinator printed "
+                          "(e.g. coord.example.org:9093)")
+    if args.root_certificates and not Path(args.root_certificates).is_file():
+        raise ConfigError(f"--root-certificates {args.root_certificates} is not a file; give the ca.crt that "
+                          "`fedstyle deploy certs` wrote on the coordinator")
+
+
+def check_certs_args(args: argparse.Namespace) -> None:
+    """Refused before any key is written: a negative --sites, a --host that is no host name or address."""
+    import re
+
+    from fedstyle.errors import ConfigError
+
+    if args.sites < 0:
+        raise ConfigError(f"--sites must be 0 or more, got {args.sites}")
+    for host in args.host:  # a DNS name (letters, digits, dots, hyphens), an IPv4 or an IPv6 address
+        if not re.fullmatch(r"[A-Za-z0-9.-]+|[0-9A-Fa-f:.]+", host) or host.startswith(("-", ".")):
+            raise ConfigError(f"--host {host!r} is no host name or IP address (e.g. coord.example.org or "
+                              "10.0.0.5)")
+
+
 def _cmd_certs(args: argparse.Namespace) -> int:
     from fedstyle.runtimes.flower.certs import make_certificates
 
+    check_certs_args(args)
     for path in make_certificates(args.out, hosts=args.host, sites=args.sites):
         print(f"wrote {path}")
     return 0
@@ -392,6 +424,7 @@ def _cmd_site(args: argparse.Namespace) -> int:
     require_flower("fedstyle deploy site")
     if args.insecure == bool(args.root_certificates):
         raise ConfigError("give --root-certificates CA.crt (the coordinator's CA) or, without TLS, --insecure")
+    check_site_args(args)
     state_dir = Path(args.state_dir).expanduser().resolve() if args.state_dir else default_state_root()
     privacy = SitePrivacy(min_noise=args.min_noise, max_clip=args.max_clip, budget_delta=args.budget_delta,
                           max_epsilon=math.inf if args.max_epsilon is None else args.max_epsilon)
