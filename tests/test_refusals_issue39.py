@@ -60,6 +60,8 @@ def test_audit_out_that_cannot_be_a_folder_is_refused_before_the_audit(tmp_path,
     monkeypatch.setattr(audit_run_module, "audit_run", never)
     blocker = tmp_path / "report.md"
     blocker.write_text("x")
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "config.json").write_text("{}")  # a run directory by its look; never read here
     for out in (blocker, blocker / "sub"):
         with pytest.raises(ConfigError, match="is a file"):
             audit_run_module.audit_privacy([tmp_path / "run"], out=out)
