@@ -164,6 +164,23 @@ def test_a_damaged_entry_is_decoded_again(damage):
         assert len(said) == 1 and f"is damaged ({path.name}: " in said[0] and said[0].endswith("decoding it again")
 
 
+def test_setting_a_damaged_entry_aside_spares_one_another_process_mended(monkeypatch):
+    """Workers that find the damage together: the first moves it aside and rebuilds; a later one must neither
+    delete that fresh entry nor fail because the damaged one is gone."""
+    import fedstyle.data.cache as cache
+
+    build = CountingBuilder()
+    cached_dataset(RECIPE, build, progress=False)
+    entry = entry_dir(RECIPE)
+    cache._set_aside(entry)  # a sound entry (mended meanwhile): kept
+    assert cache._is_complete(entry) and build.calls == 1
+    (entry / "images_0.npy").write_bytes(b"")
+    cache._set_aside(entry)  # damaged: moved aside and deleted, nothing left beside it
+    assert not entry.exists() and list(entry.parent.iterdir()) == []
+    cache._set_aside(entry)  # already gone: nothing to do
+    assert cached_dataset(RECIPE, build, progress=False).size("alpha") == 5 and build.calls == 2
+
+
 def test_an_entry_that_stays_damaged_is_one_error(monkeypatch):
     """When decoding again does not mend it (a disk that cuts files), the second failure is the error."""
     import fedstyle.data.cache as cache

@@ -81,6 +81,16 @@ def test_a_class_whose_every_image_is_unreadable_is_named(folder):
            "of that domain, which a run refuses" in lines
 
 
+def test_a_class_whose_every_image_is_unreadable_is_named_in_a_split_layout(tmp_path):
+    """DOMAIN/train/CLASS/IMAGE: the class is the file's parent folder, not the second part of its path."""
+    for domain in ("a", "b"):
+        for name in ("cat", "dog"):
+            image(tmp_path / domain / "train" / name / "0.png", 16, 16)
+    (tmp_path / "b" / "train" / "dog" / "0.png").write_bytes(b"not a png")
+    check = check_folder(tmp_path)
+    assert check.counts["b"] == {"cat": 1, "dog": 1} and check.all_unreadable() == [("b", "dog")]
+
+
 def test_a_folder_that_is_not_a_dataset_gets_the_layout_error(tmp_path, capsys):
     image(tmp_path / "loose" / "0.png", 16, 16)  # images straight in a domain folder
     assert main(["data", "check", str(tmp_path), "--quiet"]) == 2

@@ -161,14 +161,14 @@ def test_merging_replaces_a_run_made_again_and_keeps_the_others():
     assert sorted((m["seed"], m["target_acc"]) for m in merged) == [("0", "55.00"), ("1", "60.00"), ("2", "70.00")]
 
 
-def _table_config(table, root: Path, variant: str, seed: int, target: str, rounds: int = 16) -> dict:
+def _table_config(table, root: Path, variant: str, seed: int, target: str, rounds: int = 16,
+                  overrides=()) -> dict:
     """The config.json a run of the table's grid at ``root`` writes (as the runner resolves it)."""
     from fedstyle.experiments.build import simulation_noise
     from fedstyle.experiments.grid import plan_grid
 
-    run = next(r for r in plan_grid(table.grid([("rounds", rounds)]), root, without_data=True,
-                                    only=[("variant", [variant]), ("dataset", ["digits4"]), ("seed", [str(seed)]),
-                                          ("target", [target])]).runs)
+    run = next(r for r in plan_grid(table.grid([*overrides, ("rounds", rounds)]), root, load_data=False,
+                                    only=[("variant", [variant]), ("seed", [str(seed)]), ("target", [target])]).runs)
     config = run.config.to_dict()
     config["hparams"] = simulation_noise(METHODS.get(run.config.method).resolve(run.config.hparams))
     config["selection"] = run.config.resolved_selection()
@@ -234,6 +234,33 @@ def test_export_refuses_a_run_of_other_settings_and_merges_nothing(tmp_path, cha
                                           r"was merged"):
         export_runs(table, root, csv_dir)
     assert csv_path(table, csv_dir).read_text() == before
+
+
+def test_export_checks_runs_against_the_sweeps_set(tmp_path):
+    """`leaderboard run --set local_steps=1 --csv-dir D` trained its runs, then its export refused them as "other
+    settings" (it planned the table without the --set); export takes the --set the runs were made with."""
+    table = load_table("p2p")
+    root, csv_dir = tmp_path / "runs", tmp_path / "csv"
+    changed = [("local_steps", 1)]
+    _finished_run(root, "syn", 0, 0.7, config=_table_config(table, root, "dsgd", 0, "syn", overrides=changed))
+    with pytest.raises(ConfigError, match=r"local_steps \(1 there, 15 here\)"):
+        export_runs(table, root, csv_dir)
+    path, added = export_runs(table, root, csv_dir, overrides=changed)
+    assert added == 1 and [l["target"] for l in read_rows(path)] == ["syn"]
+
+
+def test_export_reads_no_images(tmp_path, monkeypatch):
+    """Checking the runs' settings needs the grid, not the datasets (fashion4's idx files may be elsewhere)."""
+    import fedstyle.experiments.build as build
+
+    def no_data(*_args, **_kwargs):
+        raise AssertionError("export loaded a dataset")
+
+    table = load_table("p2p")
+    root = tmp_path / "runs"
+    _finished_run(root, "syn", 0, 0.7, config=_table_config(table, root, "dsgd", 0, "syn"))
+    monkeypatch.setattr(build, "load_config_dataset", no_data)
+    assert export_runs(table, root, tmp_path / "csv")[1] == 1
 
 
 def test_export_takes_one_budget_per_folder(tmp_path):
@@ -619,6 +646,17 @@ def test_show_refuses_before_writing_anything(tmp_path, capsys):
     assert main(["leaderboard", "show", "--out", str(out), "--csv-dir", str(csv_dir)]) == 2
     assert f"{p2p} has no column target_acc" in capsys.readouterr().err
     assert not out.exists()
+    # a results page (or the README) whose generated block has lost its end marker: refused before any write
+    out.mkdir()
+    (out / "topic.md").write_text("<!-- leaderboard-claim:CCST:start -->\nold line\n")
+    readme.write_text("<!-- leaderboard:start -->\n<!-- leaderboard:end -->\n<!-- readme-claims:start -->\n")
+    assert main(["leaderboard", "show", "--out", str(out), "--no-figures"]) == 2
+    assert "<!-- leaderboard-claim:CCST:start --> has no <!-- leaderboard-claim:CCST:end --> after it" \
+        in capsys.readouterr().err
+    (out / "topic.md").write_text("no markers\n")
+    assert main(["leaderboard", "show", "--out", str(out), "--no-figures", "--readme", str(readme)]) == 2
+    assert "<!-- readme-claims:start --> has no <!-- readme-claims:end -->" in capsys.readouterr().err
+    assert sorted(p.name for p in out.iterdir()) == ["topic.md"]  # nothing written
 
 
 def test_the_readme_update_replaces_what_lies_between_the_markers(tmp_path):

@@ -67,9 +67,9 @@ def test_audit_out_that_cannot_be_a_folder_is_refused_before_the_audit(tmp_path,
             audit_run_module.audit_privacy([tmp_path / "run"], out=out)
 
 
-@pytest.mark.parametrize("label", ["two\nlines", "a | b", "tab\there"])
+@pytest.mark.parametrize("label", ["two\nlines", "tab\there"])
 def test_a_label_that_would_break_the_reports_tables_is_refused(label):
     """A --label with a newline broke report.md's table (found by the bad-input audit of 2026-11-29)."""
-    with pytest.raises(ConfigError, match="must be one line of printable text without '|'"):
+    with pytest.raises(ConfigError, match="must be one line of printable text"):
         RunConfig(dataset="digits4", label=label).validate()
-    RunConfig(dataset="digits4", label="CCST (overall, K=3) → λ 0.5").validate()
+    RunConfig(dataset="digits4", label="CCST (overall, K=3) | lr 0.1").validate()  # Markdown escapes the bar

@@ -302,8 +302,9 @@ def test_a_diverged_decoder_is_an_error_and_nothing_is_written(tmp_path):
     from fedstyle.style.transfer.decoder_training import DecoderTrainingConfig, train_decoder
 
     pool = torch.randint(0, 256, (16, 3, 16, 16), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    # step 1's loss is finite (it comes before the first update); the weights are not: found at the end, step 3
     config = DecoderTrainingConfig(steps=3, batch_size=4, image_size=16, width=4, lr=1e30, datasets=(), photos=False)
-    with pytest.raises(NonFiniteLossError, match=r"diverged by step \d .*nothing was written. Lower --lr \(now 1e\+30"):
+    with pytest.raises(NonFiniteLossError, match=r"diverged by step 3 .*nothing was written. Lower --lr \(now 1e\+30"):
         train_decoder(config, out=tmp_path / "d.safetensors", device="cpu", quiet=True, pool=pool)
     assert not list(tmp_path.iterdir())
 
@@ -311,7 +312,8 @@ def test_a_diverged_decoder_is_an_error_and_nothing_is_written(tmp_path):
 @pytest.mark.parametrize("backend, options, message", [
     ("lite", {"bogus": "1"}, "the lite backend takes no option 'bogus'; its options: decoder_weights, "),
     ("fft", {"decoder_weights": "x"}, "the fft backend takes no option 'decoder_weights'; its options: band"),
-    ("lite", {"batch_size": "abc"}, r"--hp batch_size=abc: batch_size takes a number \(default 128\)"),
+    ("lite", {"batch_size": "abc"}, r"--hp batch_size=abc: batch_size takes a whole number \(default 128\)"),
+    ("lite", {"batch_size": "64.5"}, r"--hp batch_size=64.5: batch_size takes a whole number"),
 ])
 def test_style_demo_options_are_checked_against_the_backend(backend, options, message):
     """--hp names and values a backend does not take were TypeErrors and ValueErrors from its constructor."""

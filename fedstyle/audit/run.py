@@ -39,7 +39,7 @@ from fedstyle.audit.surfaces import (Surface, amplitude_surface, averaged_surfac
 from fedstyle.errors import ConfigError
 from fedstyle.experiments.build import Experiment, build_experiment
 from fedstyle.experiments.checkpoint import CHECKPOINT, load_checkpoint
-from fedstyle.experiments.rundir import METRICS, read_metrics_file, read_run_config, read_summary
+from fedstyle.experiments.rundir import CONFIG, DONE, METRICS, read_metrics_file, read_run_config, read_summary
 from fedstyle.style.privacy import StylePrivacy
 from fedstyle.federation.client import load_weights
 from fedstyle.registry import Registry
@@ -142,10 +142,8 @@ def audit_run(run_dir: str | Path, settings: AuditSettings | None = None, device
     if device is not None:
         config = config.updated(device=device)
     exp = build_experiment(config, progress=False)
+    check_trained_weights(run_dir)
     checkpoint = load_checkpoint(run_dir)
-    if checkpoint is None and (run_dir / "done").exists():  # a finished run's trained weights are gone
-        raise ConfigError(f"{run_dir} is a finished run without its checkpoint ({CHECKPOINT}): the audit would attack "
-                          "the initial weights, not the trained ones; restore the file, or run it again")
     rounds = 0
     if checkpoint is not None:
         exp.simulator.load_state_tensors({k: v.to(exp.device) for k, v in checkpoint[0].items()})
@@ -199,6 +197,13 @@ def defence_of(exp: Experiment) -> dict[str, float | str]:
     return {k: (v if isinstance(v, str) else float(v)) for k, v in exp.algorithm.hp.items() if k.startswith("dp_")}
 
 
+def check_trained_weights(run_dir: Path) -> None:
+    """A finished run whose checkpoint is gone: the audit would attack the initial weights (with exit 0)."""
+    if (run_dir / DONE).exists() and not (run_dir / CHECKPOINT).exists():
+        raise ConfigError(f"{run_dir} is a finished run without its checkpoint ({CHECKPOINT}): the audit would attack "
+                          "the initial weights, not the trained ones; restore the file, or run it again")
+
+
 def check_report_folder(out: Path) -> None:
     """Refuse, before any attack runs (minutes), a report folder that cannot be made: a path that is a file,
     or one below a file or a folder this process may not write to."""
@@ -239,11 +244,12 @@ def audit_privacy(run_dirs: list[str | Path], *, settings: AuditSettings | None 
         raise ConfigError("give at least one run directory to audit")
     if out is None and len(run_dirs) > 1:
         raise ConfigError("several run directories need one output folder for their joint report (out=...)")
-    for run_dir in run_dirs:  # before the report folder: a file given as the run made "--out FILE/audit" the error
-        if not (Path(run_dir) / "config.json").is_file():
-            what = "a file" if Path(run_dir).is_file() else ("a folder without config.json" if Path(run_dir).is_dir()
-                                                            else "not there")
+    # before the report folder (a file given as the run made "--out FILE/audit" the error) and before any attack
+    for run_dir in map(Path, run_dirs):
+        if not (run_dir / CONFIG).is_file():
+            what = "a file" if run_dir.is_file() else f"a folder without {CONFIG}" if run_dir.is_dir() else "not there"
             raise ConfigError(f"{run_dir} is no run directory ({what}); give the folder `fedstyle run --out` wrote")
+        check_trained_weights(run_dir)
     out = Path(out) if out is not None else Path(run_dirs[0]) / "audit"
     check_report_folder(out)
     if settings is not None and settings.canary:

@@ -74,7 +74,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     failed = 0
     for planned in plans:
         outcome, path, added = run_table(planned, launcher, quiet=args.quiet, csv_dir=args.csv_dir,
-                                         export_only=args.export_only)
+                                         export_only=args.export_only, overrides=overrides)
         failed += len(outcome.failed) if outcome else 0
         print(f"{planned.table.key}: {added} finished runs merged into {path}")
     if failed:
@@ -87,9 +87,12 @@ def _cmd_export(args: argparse.Namespace) -> int:
     from fedstyle.experiments.leaderboard.run import export_runs
     from fedstyle.experiments.leaderboard.tables import load_table
 
+    from fedstyle.experiments.grid import parse_override
+
     table = load_table(args.table, args.grid_dir)
+    overrides = [parse_override(item) for item in args.overrides]
     for root in args.roots:
-        path, merged = export_runs(table, root, args.csv_dir, csv=args.csv)
+        path, merged = export_runs(table, root, args.csv_dir, csv=args.csv, overrides=overrides)
         print(f"{table.key}: {merged} finished runs below {root} merged into {path}")
     return 0
 
@@ -100,10 +103,9 @@ def _cmd_show(args: argparse.Namespace) -> int:
     from fedstyle.experiments.leaderboard.page import write_show
 
     start = time.perf_counter()
-    if args.readme:
-        from fedstyle.experiments.leaderboard.page import check_readme
+    from fedstyle.experiments.leaderboard.page import check_markers
 
-        check_readme(args.readme)  # before the page and figures are written
+    check_markers(args.out, args.readme)  # before the page and figures are written
     written = write_show(args.out, args.grid_dir, args.csv_dir, figures=not args.no_figures)
     for path in written:
         print(f"wrote {path}")
@@ -170,6 +172,9 @@ def add_leaderboard_command(sub: argparse._SubParsersAction) -> None:
     export.add_argument("--grid-dir", type=Path, default=GRID_DIR,
                         help="the tables' sweep files (default: %(default)s)")
     export.add_argument("--csv-dir", type=Path, default=CSV_DIR, help="the per-seed CSVs (default: %(default)s)")
+    export.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="the --set the sweep ran with (repeatable): its runs are checked against the table's "
+                        "settings with these changes (the number of rounds is read from the runs)")
     export.add_argument("--csv", metavar="NAME", help="merge into CSV_DIR/NAME.csv instead of the table's (the "
                         "budget's FedAvg runs: --csv leaderboard-budget)")
     export.set_defaults(func=_cmd_export)

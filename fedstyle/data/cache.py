@@ -50,7 +50,7 @@ import torch
 
 from fedstyle.data.contract import DomainDataset
 from fedstyle.errors import ConfigError, DataError
-from fedstyle.io import disk_full, free_text, human_bytes, make_staging_dir, remove_leftovers, reserve
+from fedstyle.io import disk_full, free_text, human_bytes, make_staging_dir, remove_leftovers, reserve, temp_prefix
 
 CACHE_ENV = "FEDSTYLE_CACHE"
 #: number of decoding processes for a cold cache (default: the CPUs this process may use)
@@ -414,9 +414,27 @@ def cached_dataset(
         return load_entry(target)
     except DamagedEntryError as err:  # damaged since it was written (edited, cut short): decoded again, once
         warnings.warn(f"{err}; decoding it again", stacklevel=2)
-        shutil.rmtree(target, ignore_errors=True)
-        _build_entry(recipe, build, target)
+        _set_aside(target)
+        if not _is_complete(target):  # another process may have rebuilt it meanwhile
+            _build_entry(recipe, build, target)
         return load_entry(target)
+
+
+def _set_aside(target: Path) -> None:
+    """Move a damaged entry out of the way under a name of this process, then delete it. Processes that found
+    the damage together rename it at most once between them (rmtree in place could delete the fresh entry
+    another one has just built); one whose rename finds nothing goes on to build or read theirs."""
+    aside = target.parent / f"{temp_prefix(target.name)}damaged.tmp"
+    try:
+        load_entry(target)  # mended by another process since we looked: keep it
+        return
+    except DamagedEntryError:
+        pass
+    try:
+        os.replace(target, aside)
+    except OSError:  # gone already (set aside by another process), or a fresh one in its place
+        return
+    shutil.rmtree(aside, ignore_errors=True)
 
 
 def _is_complete(directory: Path) -> bool:

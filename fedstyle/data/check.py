@@ -43,8 +43,6 @@ class FolderCheck:
     unreadable: list[tuple[str, str]] = field(default_factory=list)
     #: files that are not images (.jpg, .jpeg, .png) inside class folders
     ignored: int = 0
-    #: domain -> its folder's name below root (they differ for a named benchmark's spellings)
-    _folder_names: dict[str, str] = field(default_factory=dict)
 
     @property
     def classes(self) -> list[str]:
@@ -69,10 +67,10 @@ class FolderCheck:
 
     def all_unreadable(self) -> list[tuple[str, str]]:
         """(domain, class) whose every image is unreadable: ``--skip-bad-images`` would empty them, and a run
-        refuses a class missing from a domain."""
-        bad = Counter(tuple(Path(name).parts[:2]) for name, _ in self.unreadable)
+        refuses a class missing from a domain. A file is DOMAIN/[SPLIT/]CLASS/IMAGE below the root."""
+        bad = Counter((Path(name).parts[0], Path(name).parts[-2]) for name, _ in self.unreadable)
         return [(d, c) for d, per_class in self.counts.items() for c, n in per_class.items()
-                if n and bad.get((self._folder_names.get(d, d), c), 0) >= n]
+                if n and bad.get((d, c), 0) >= n]
 
     def too_few(self) -> list[str]:
         """Why no run can train on the folder at all: fewer than 2 domains or 2 classes."""
@@ -113,7 +111,6 @@ def check_folder(root: str | os.PathLike, progress: bool = False) -> FolderCheck
     for domain, folder in folders.items():
         listing = scan_domain(folder)
         check.counts[domain] = {c: len(files) for c, files in sorted(listing.files.items())}
-        check._folder_names[domain] = Path(folder).name
         check.ignored += listing.ignored
         paths += [p for c in sorted(listing.files) for p in listing.files[c]]
     workers = max(1, min(8, os.cpu_count() or 1))  # PIL releases the GIL while decoding

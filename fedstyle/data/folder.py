@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shlex
 import re
 import sys
 import warnings
@@ -562,7 +563,9 @@ def load_folder_benchmark(
     )
     if pick_per_class is not None:
         dataset.info.update(per_class=int(pick_per_class), per_class_seed=0)
-    check_skipped(dataset, benchmark.name, skip_bad_images, listed_by=f"fedstyle data check {root}")
+    # `data check` reads the generic layout (a named benchmark's root may hold split lists it does not know)
+    listed_by = f"fedstyle data check {shlex.quote(str(root))}" if benchmark.name == "folder" else ""
+    check_skipped(dataset, benchmark.name, skip_bad_images, listed_by=listed_by)
     if official_splits:
         from fedstyle.data.split_lists import attach_split_lists
 

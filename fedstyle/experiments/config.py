@@ -273,9 +273,9 @@ class RunConfig:
                                   f"{', '.join(map(str, choices))}")
         checks = [
             (self.rounds >= 1, "--rounds must be at least 1"),
-            (self.label is None or (self.label.isprintable() and "|" not in self.label),  # one cell of a table
-             f"--label {self.label!r} must be one line of printable text without '|' (it names a row of the "
-             "report's tables)"),
+            (self.label is None or self.label.isprintable(),  # one cell of a table (Markdown escapes its '|')
+             f"--label {self.label!r} must be one line of printable text (it names a row of the report's "
+             "tables)"),
             (self.local_epochs >= 1 or self.local_steps > 0, "--local-epochs must be at least 1"),
             (self.local_steps >= 0, "--local-steps must be >= 0"),
             (self.batch_size >= 2, "--batch-size must be at least 2 (BatchNorm needs two samples)"),

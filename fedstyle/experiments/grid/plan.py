@@ -89,18 +89,23 @@ class _Datasets:
     names, so its runs are listed (marked, see :meth:`missing`) instead of refused.
     """
 
-    def __init__(self, progress: bool, without_data: bool = False):
+    def __init__(self, progress: bool, without_data: bool = False, load: bool = True):
         self.progress = progress
         self.without_data = without_data
+        self.load = load
         self.loaded: dict[tuple, Any] = {}
         self.checked: set[tuple] = set()
 
     def get(self, config: RunConfig):
         from fedstyle.data.folder import BENCHMARKS
+        from fedstyle.data.registry import DATASETS
         from fedstyle.experiments.build import load_config_dataset
 
         key = (config.dataset, config.data_root, config.resolution, config.skip_bad_images, config.per_class,
                config.official_splits, config.image_column, config.domain_column, config.label_column)
+        known = DATASETS.get(config.dataset).domains if config.dataset in DATASETS else None
+        if key not in self.loaded and not self.load and known:  # the configs only: no images read
+            self.loaded[key] = _AbsentData(tuple(known), "")
         if key not in self.loaded:
             try:
                 self.loaded[key] = load_config_dataset(config, progress=self.progress)
@@ -184,18 +189,20 @@ def _describe(parts: Sequence[tuple[str, str]]) -> str:
 
 
 def plan_grid(grid: Grid, out: str | Path, *, progress: bool = False,
-              only: Sequence[tuple[str, Sequence[str]]] = (), without_data: bool = False) -> Plan:
+              only: Sequence[tuple[str, Sequence[str]]] = (), without_data: bool = False,
+              load_data: bool = True) -> Plan:
     """Expand ``grid`` into runs under ``out`` and validate every one before anything runs.
 
     Each run's RunConfig is typed and checked (``RunConfig.validate``), its method's
     hyperparameters resolved, its topology and runtime checked, its split and partition built on the
     dataset (loaded once per dataset); a run directory that already holds a run of other settings is
-    an error. ``only`` keeps the values listed per key (``variant``, ``seed``, ``target`` or a
+    an error. ``load_data=False``: a dataset whose domains the registry knows is not loaded, and its runs'
+    splits are not checked (the runs' configurations alone: what ``leaderboard export`` compares). ``only`` keeps the values listed per key (``variant``, ``seed``, ``target`` or a
     crossed key). Raises one ConfigError naming the first bad run. ``without_data`` (a dry run) lists the
     runs of a named benchmark whose images are not there, each with ``data_missing`` saying why, unchecked.
     """
     out = Path(out)
-    datasets = _Datasets(progress, without_data)
+    datasets = _Datasets(progress, without_data, load=load_data)
     only_values = _check_only(grid, only)
     variants = [v for v in grid.variants if "variant" not in only_values or v.name in only_values["variant"]]
     declared = {v.name: {h.name for h in METHODS.get(v.method).declared_hparams()} for v in grid.variants}

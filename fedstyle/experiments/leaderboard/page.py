@@ -71,17 +71,39 @@ def load_claims(boards: dict[str, Board], grid_dir: Path = GRID_DIR, csv_dir: Pa
     return claim_rows(boards, grid_dir, csv_dir, classes)
 
 
-def check_readme(path: Path) -> None:
-    """A ConfigError, before anything is written, when ``path`` is no file with README's leaderboard markers."""
+def unpaired_marker(text: str) -> str:
+    """The first ``<!-- NAME:start -->`` of ``text`` with no ``<!-- NAME:end -->`` after it (empty when every
+    generated block is closed): the block could not be written, and the error would come after other files."""
+    import re
+
+    for match in re.finditer(r"<!-- ([^>]*?):start -->", text):
+        if f"<!-- {match.group(1)}:end -->" not in text[match.end():]:
+            return match.group(0)
+    return ""
+
+
+def check_markers(out_dir: Path, readme: Path | None = None) -> None:
+    """A ConfigError, before anything is written, for a file ``leaderboard show`` writes into whose generated
+    blocks are not all closed (the results pages, the method cards, ``readme``), or a ``readme`` that is missing
+    or lacks the table's markers."""
     from fedstyle.errors import ConfigError
 
-    path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"--readme {path}: no such file; give the README.md to update")
-    text = path.read_text()
-    if README_START not in text or README_END not in text.split(README_START, 1)[1]:
-        raise ConfigError(f"--readme {path} has no {README_START} ... {README_END} markers; add them where the "
-                          "leaderboard's table goes")
+    out_dir = Path(out_dir)
+    files = sorted(out_dir.glob("*.md")) + sorted((out_dir.parent / METHODS_DIR).glob("*.md"))
+    if readme is not None:
+        readme = Path(readme)
+        if not readme.is_file():
+            raise ConfigError(f"--readme {readme}: no such file; give the README.md to update")
+        text = readme.read_text()
+        if README_START not in text or README_END not in text.split(README_START, 1)[1]:
+            raise ConfigError(f"--readme {readme} has no {README_START} ... {README_END} markers; add them where "
+                              "the leaderboard's table goes")
+        files.append(readme)
+    for path in files:
+        start = unpaired_marker(path.read_text(encoding="utf-8"))
+        if start:
+            raise ConfigError(f"{path}: {start} has no {start.replace(':start', ':end')} after it; add it where "
+                              "the generated block ends (nothing was written)")
 
 
 def write_readme(path: Path, family_of: dict[str, str], grid_dir: Path = GRID_DIR, csv_dir: Path = CSV_DIR

@@ -90,7 +90,7 @@ def check_only(grids: Sequence, only: Sequence[tuple[str, Sequence[str]]]) -> No
     for grid in grids:
         for key, values in _crossed(grid).items():
             known.setdefault(key, set()).update(values)
-        seeds.update(grid.seeds, *(v.seeds or () for v in grid.variants))
+        seeds.update(grid.seeds or (), *(v.seeds or () for v in grid.variants))
     for key, values in only:
         if key == "seed":
             strange = [v for v in values if not v.isdigit() or int(v) not in seeds]
@@ -149,13 +149,14 @@ def plan_table(table: Table, runs_root: Path, *, only: Sequence[tuple[str, Seque
 
 
 def export_runs(table: Table, root: Path, csv_dir: Path = CSV_DIR, *, echo: Callable[[str], None] = print,
-               csv: str | None = None) -> tuple[Path, int]:
+               csv: str | None = None, overrides: Sequence = ()) -> tuple[Path, int]:
     """Merge every finished run below ``root`` (a sweep of the table's file: made by ``fedstyle leaderboard run``
-    or by ``fedstyle sweep FILE --out root``) into the table's CSV (or into ``csv_dir/<csv>.csv``: the budget's
-    runs). Only runs of the table's own settings are merged: the table's grid is planned at ``root`` (with the
-    runs' number of rounds, which each line keeps) and a run folder holding other settings (another method,
-    step count or hyperparameter) is a ConfigError, so no other experiment's numbers replace a kept line; a run
-    outside the grid's folders is left out, and said. Returns the CSV's path and the runs merged."""
+    or by ``fedstyle sweep FILE --out root``, with ``overrides`` its ``--set``) into the table's CSV (or into
+    ``csv_dir/<csv>.csv``: the budget's runs). Only runs of the table's settings are merged: the table's grid is
+    planned at ``root`` (with the runs' number of rounds, which each line keeps; no images are read) and a run
+    folder holding other settings (another method, step count or hyperparameter) is a ConfigError, so no other
+    experiment's numbers replace a kept line; a run outside the grid's folders is left out, and said. Returns
+    the CSV's path and the runs merged."""
     from fedstyle.experiments.report.per_seed import merge_rows, record_rows, write_rows
     from fedstyle.experiments.report.runs import collect
 
@@ -168,7 +169,7 @@ def export_runs(table: Table, root: Path, csv_dir: Path = CSV_DIR, *, echo: Call
         records = collect([str(root)])
     except DataError:  # no finished run there yet
         records = []
-    planned = _plan_for_export(table, root, records) if records else []
+    planned = _plan_for_export(table, root, records, overrides) if records else []
     variant_of = {Path(run.run_dir).resolve(): run.variant for run in planned}
     new, merged, strangers = [], 0, []
     for record in records:
@@ -191,41 +192,29 @@ def export_runs(table: Table, root: Path, csv_dir: Path = CSV_DIR, *, echo: Call
     return path, merged
 
 
-def _plan_for_export(table: Table, root: Path, records: Sequence) -> list:
-    """The table's runs planned at ``root`` with the finished runs' number of rounds (the budget's runs have
-    their own); every run folder there checked against the table's settings."""
+def _plan_for_export(table: Table, root: Path, records: Sequence, overrides: Sequence = ()) -> list:
+    """The table's runs planned at ``root`` with ``overrides`` and the finished runs' number of rounds (the
+    budget's runs have their own); every run folder there checked against those settings, no images read."""
     from fedstyle.experiments.grid import plan_grid
 
-    rounds = sorted({int(r.config.get("rounds", 0)) for r in records})
+    variants = {variant for variant, _, _ in table.rows()}
+    # the rounds of the runs in the table's rows' folders (a stray run's do not count)
+    ours = [r for r in records if Path(r.path).resolve().relative_to(root.resolve()).parts[:1] in
+            {(v,) for v in variants}]
+    rounds = sorted({int(r.config.get("rounds", 0)) for r in ours})
     if len(rounds) > 1:
         raise ConfigError(f"{root} holds runs of {' and '.join(map(str, rounds))} rounds; export the runs of each "
                           "budget from a folder of their own")
-    grid = table.grid([("rounds", rounds[0])])
+    grid = table.grid([*overrides, *([("rounds", rounds[0])] if rounds else [])])
     try:
-        return plan_grid(grid, root, without_data=True, only=_datasets_only(grid, {r.dataset for r in records})).runs
+        return plan_grid(grid, root, without_data=True, load_data=False).runs
     except ConfigError as err:
         raise ConfigError(f"{err}. Nothing was merged into the table's CSV: its lines are the table's own "
-                          f"settings (benchmarks/leaderboard/{table.key}.toml)") from None
-
-
-def _datasets_only(grid, datasets: set[str]) -> list[tuple[str, list[str]]]:
-    """``--only`` items keeping each crossed axis's values that set a dataset of ``datasets`` (or none), so the
-    plan loads only the datasets of the runs it checks."""
-    only = []
-    for axis in grid.axes:
-        keep = []
-        for index, label in enumerate(axis.labels):
-            applied: dict = {}
-            axis.apply(applied, index)
-            if applied.get("dataset", next(iter(datasets))) in datasets:
-                keep.append(label)
-        if len(keep) < len(axis.labels):
-            only.append((axis.name, keep))
-    return only
+                          f"settings (benchmarks/leaderboard/{table.key}.toml, and --set)") from None
 
 
 def run_table(table_plan: TablePlan, launcher=None, *, quiet: bool = False, csv_dir: Path = CSV_DIR,
-              export_only: bool = False):
+              export_only: bool = False, overrides: Sequence = ()):
     """Run what the table's CSV lacks (sweep machinery), then merge the finished runs into the CSV.
     Returns (the sweep outcome or None, the CSV's path, the runs added to it)."""
     from fedstyle.experiments.grid import Plan
@@ -237,8 +226,8 @@ def run_table(table_plan: TablePlan, launcher=None, *, quiet: bool = False, csv_
         rows = [row for row in plan.rows if any(r.row == row for r in table_plan.to_run)]
         remaining = Plan(plan.grid, plan.out, list(table_plan.to_run), rows)
         outcome, _ = run_plan(remaining, launcher, quiet=quiet)
-    path, added = export_runs(table_plan.table, table_plan.plan.out, csv_dir) if table_plan.plan.out.is_dir() \
-        else (csv_path(table_plan.table, csv_dir), 0)
+    path, added = export_runs(table_plan.table, table_plan.plan.out, csv_dir, overrides=overrides) \
+        if table_plan.plan.out.is_dir() else (csv_path(table_plan.table, csv_dir), 0)
     return outcome, path, added
 
 

@@ -78,9 +78,13 @@ def _read_meta_file(grid_dir: Path) -> dict[str, Any]:
 
 
 def read_toml(path: Path) -> dict[str, Any]:
-    """A TOML file of the leaderboard's folder; bad TOML is a ConfigError naming the file and the place."""
+    """A TOML file of the leaderboard's folder; bad TOML is a ConfigError naming the file and the place. (Not
+    fedstyle.experiments.grid's read_toml: importing that package loads every method and torch, and `leaderboard
+    show` answers without them.)"""
     try:
         return tomllib.loads(Path(path).read_text())
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path} is not a text file; give a TOML file") from None
     except tomllib.TOMLDecodeError as err:
         raise ConfigError(f"{path} is not valid TOML: {err}; mend it (`git diff {path}` shows what changed)") from None
 

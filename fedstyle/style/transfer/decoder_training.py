@@ -225,7 +225,7 @@ def train_decoder(
     running = None
     bar = tqdm(range(config.steps), desc=f"decoder {config.stage}", unit="step", disable=quiet,
                dynamic_ncols=True, file=sys.stderr)
-    for _ in bar:
+    for step, _ in enumerate(bar):
         picks = torch.randint(pool.shape[0], (2, config.batch_size), generator=generator, device=dev)
         content = random_resized_crop(pool[picks[0]].float() / 255.0, generator)
         style = random_resized_crop(pool[picks[1]].float() / 255.0, generator)
@@ -237,8 +237,8 @@ def train_decoder(
         schedule.step()
         values = torch.stack([content_loss.detach(), style_loss.detach()])
         running = values if running is None else 0.98 * running + 0.02 * values
-        if bar.n % 50 == 0:  # one device sync per 50 steps: a diverged run stops early, not after all its steps
-            _check_finite(running, bar.n + 1, config)
+        if step % 50 == 0:  # one device sync per 50 steps: a diverged run stops early, not after all its steps
+            _check_finite(running, step + 1, config)
             if not quiet:
                 bar.set_postfix(content=f"{running[0].item():.4f}", style=f"{running[1].item():.4f}")
     bar.close()

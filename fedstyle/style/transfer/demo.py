@@ -54,8 +54,8 @@ def typed_options(backend: str, options: dict) -> dict:
         try:
             typed[name] = {"true": True, "false": False}[value.lower()] if kind is bool else kind(value)
         except (KeyError, ValueError):
-            raise ConfigError(f"--hp {name}={value}: {name} takes {'true or false' if kind is bool else 'a number'} "
-                              f"(default {default})") from None
+            takes = {bool: "true or false", int: "a whole number"}.get(kind, "a number")
+            raise ConfigError(f"--hp {name}={value}: {name} takes {takes} (default {default})") from None
     return typed
 
 
