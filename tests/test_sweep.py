@@ -606,3 +606,29 @@ def test_an_idle_workers_signal_stops_the_next_job(monkeypatch):
     launchers._stop_run_on_signal(15, None)  # between runs: nothing to interrupt, no exception
     with pytest.raises(KeyboardInterrupt):
         launchers._attempt_in_worker("a", None, os.getppid())
+
+
+def test_a_run_that_diverges_in_a_sweep_is_named_with_the_settings_to_change(tiny_root, tmp_path, capsys):
+    """The sweep said "run the same command again" for a run that diverged, which repeats the divergence."""
+    from fedstyle.algorithms import METHODS
+    from fedstyle.algorithms.fedavg import FedAvg
+
+    class NaNAverage(FedAvg):
+        name = "nan_average"
+
+        def aggregate(self, server, updates):
+            weights = super().aggregate(server, updates)
+            key = next(k for k, v in weights.items() if v.is_floating_point())
+            weights[key] = weights[key] * float("nan")
+            return weights
+
+    METHODS.add(NaNAverage.name, NaNAverage)
+    try:
+        grid = write_grid(tmp_path, tiny_root, top='seeds = [0]\ntargets = ["grey"]',
+                          variants='[[variant]]\nname = "nan"\nmethod = "nan_average"\n')
+        assert main(["sweep", str(grid), "--out", str(tmp_path / "out"), "--quiet"]) == 1
+    finally:
+        METHODS._items.pop(NaNAverage.name)
+    err = capsys.readouterr().err
+    assert "1 run(s) diverged, e.g. nan/seed0/grey: training diverged in round 1" in err
+    assert "lower their lr in the sweep file (or --set lr=...)" in err and "run the same command again" not in err

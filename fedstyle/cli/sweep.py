@@ -205,8 +205,18 @@ def _run(grid, out: Path, args: argparse.Namespace) -> int:
         print(f"{len(outcome.finished)} runs ran in {outcome.seconds:.0f} s; {len(plan.runs) - missing} of "
               f"{len(plan.runs)} finished; {len(outcome.failed)} failed; {len(outcome.locked)} in use elsewhere")
     if outcome.failed:
-        print(f"fedstyle: error: {len(outcome.failed)} run(s) failed (tracebacks in {plan.out / 'sweep.log'}); "
-              "fix the cause and run the same command again to finish them", file=sys.stderr)
+        from fedstyle.experiments.rundir import diverged_note
+
+        # the folder's diverged.txt, or (diverged before its first checkpoint: the folder is gone) the error's words
+        diverged = [r for r in outcome.failed if diverged_note(r.run_dir) or "diverged" in r.error]
+        if len(diverged) < len(outcome.failed):
+            print(f"fedstyle: error: {len(outcome.failed) - len(diverged)} run(s) failed (tracebacks in "
+                  f"{plan.out / 'sweep.log'}); fix the cause and run the same command again to finish them",
+                  file=sys.stderr)
+        if diverged:  # running the same command again repeats a divergence: the settings must change
+            print(f"fedstyle: error: {len(diverged)} run(s) diverged, e.g. {diverged[0].name}: {diverged[0].error}; "
+                  "running them again repeats it: lower their lr in the sweep file (or --set lr=...), into another "
+                  "--out or after deleting their folders", file=sys.stderr)
     if outcome.locked:
         print(f"fedstyle: {len(outcome.locked)} run(s) are being run by another process; run the same command "
               "again after it ends to report them", file=sys.stderr)
