@@ -593,6 +593,37 @@ def test_show_renders_without_torch(tmp_path):
     assert (tmp_path / "leaderboard.md").exists()
 
 
+def test_show_prints_the_tables_and_claims_before_the_files(tmp_path, capsys):
+    """`fedstyle leaderboard show` answers "which method?" in the terminal (it printed 13 file paths only)."""
+    from fedstyle.cli.main import main
+    from fedstyle.experiments.leaderboard.page import load_boards
+
+    assert main(["leaderboard", "show", "--out", str(tmp_path), "--no-figures"]) == 0
+    out = capsys.readouterr().out
+    boards = load_boards()
+    for board in boards.values():  # each table with its runs, its best row first
+        done = board.runs_expected() - board.runs_missing()
+        assert f"{board.title} ({done} of {board.runs_expected()} runs)" in out
+        first = out.split(f"{board.title} (", 1)[1].splitlines()[2]
+        assert first.startswith(board.best.label) and first.rstrip().endswith("best")
+    assert "The papers' claims" in out and "  CCST: CCST > FedAvg: " in out and "**" not in out
+    assert out.index("The papers' claims") < out.index(f"wrote {tmp_path / 'leaderboard.md'} and 6 files beside it")
+    assert main(["leaderboard", "show", "--out", str(tmp_path), "--no-figures", "--quiet"]) == 0
+    assert capsys.readouterr().out.startswith(f"wrote {tmp_path / 'leaderboard.md'}")
+
+
+def test_the_text_table_aligns_the_readmes_columns(small_board):
+    from fedstyle.experiments.leaderboard.render import text_table
+
+    lines = text_table(small_board).splitlines()
+    assert lines[0].split() == ["Method", "Rank", "d1", "avg", "d2", "avg", "Avg", "Src-val", "Seeds", "vs", "best"]
+    end = lines[0].index(" Avg ") + len(" Avg")  # numbers are right-aligned under their header
+    for line, row in zip(lines[1:], small_board.ordered_rows()):
+        if row.average is not None:
+            assert line[end - len(f"{row.average:.1f}"):end] == f"{row.average:.1f}" and line[end] == " "
+    assert lines[1].startswith("A ") and lines[1].endswith("best") and "**" not in lines[1]
+
+
 def test_per_benchmark_leaders_and_the_run_time_behind_a_table(small_board):
     from fedstyle.experiments.leaderboard.board import dataset_leaders
 

@@ -100,22 +100,30 @@ def _cmd_export(args: argparse.Namespace) -> int:
 def _cmd_show(args: argparse.Namespace) -> int:
     import time
 
-    from fedstyle.experiments.leaderboard.page import write_show
+    from fedstyle.experiments.leaderboard.page import (check_markers, load_boards, load_claims, terminal_text,
+                                                       write_show)
 
     start = time.perf_counter()
-    from fedstyle.experiments.leaderboard.page import check_markers
-
     check_markers(args.out, args.readme)  # before the page and figures are written
-    written = write_show(args.out, args.grid_dir, args.csv_dir, figures=not args.no_figures)
-    for path in written:
-        print(f"wrote {path}")
+    boards = load_boards(args.grid_dir, args.csv_dir)
+    claims = load_claims(boards, args.grid_dir, args.csv_dir)
+    if not args.quiet:
+        print(terminal_text(boards, claims))
+    written = write_show(args.out, args.grid_dir, args.csv_dir, figures=not args.no_figures, boards=boards,
+                         claims=claims)
+    page, made = written[0], [p for p in written[1:] if p.parent == Path(args.out) and p.name.startswith("leaderboard")]
+    edited = [p for p in written[1:] if p not in made]  # tracked pages changed between their markers
+    print(f"wrote {page} and {len(made)} files beside it (each table's CSV and LaTeX"
+          f"{'' if args.no_figures else ', its rank diagram as PNG and PDF'})")
+    for path in edited:
+        print(f"updated {path}")
     if args.readme:
         from fedstyle.cli import catalog
         from fedstyle.experiments.leaderboard.page import write_readme
 
         family_of = {name: entry["family"] for name, entry in catalog.load()["methods"].items()}
         changed = write_readme(args.readme, family_of, args.grid_dir, args.csv_dir)
-        print(f"wrote in {args.readme}: {', '.join(changed)}" if changed else f"unchanged: {args.readme}")
+        print(f"updated in {args.readme}: {', '.join(changed)}" if changed else f"unchanged: {args.readme}")
     print(f"rendered from the CSVs in {time.perf_counter() - start:.1f} s")
     return 0
 
@@ -193,6 +201,7 @@ def add_leaderboard_command(sub: argparse._SubParsersAction) -> None:
     show.add_argument("--grid-dir", type=Path, default=GRID_DIR, help="the tables' sweep files (default: %(default)s)")
     show.add_argument("--csv-dir", type=Path, default=CSV_DIR, help="the per-seed CSVs (default: %(default)s)")
     show.add_argument("--no-figures", action="store_true", help="no diagrams (the page only)")
+    show.add_argument("--quiet", action="store_true", help="print only what was written, not the tables")
     show.add_argument("--readme", type=Path, metavar="README.md", help="also write, between the file's markers: the "
                       "multi-source table and its summary (<!-- leaderboard:start --> ... :end -->), each method "
                       "family's leading row (<!-- leading:FAMILY:start --> ... :end -->) and the papers' claims "

@@ -389,16 +389,34 @@ def render_page(boards: dict[str, Board], claim_rows, budget: str = "") -> str:
     return "\n".join(out).rstrip("\n") + "\n"
 
 
+def terminal_text(boards: dict[str, Board], claims) -> str:
+    """What ``fedstyle leaderboard show`` prints first: each table's averages (the README's columns) with its
+    runs and per-benchmark leaders, then each paper's claim as the README reads it."""
+    from fedstyle.experiments.leaderboard.render import text_table
+
+    out = []
+    for board in boards.values():
+        done = board.runs_expected() - board.runs_missing()
+        out += [f"{board.title} ({done} of {board.runs_expected()} runs)", text_table(board).rstrip("\n"),
+                leaders_text(board).replace("**", "").split(" Summed run time", 1)[0], ""]
+    out.append("The papers' claims (where each is read: docs/results/index.md)")
+    for line in readme_claims(boards, claims).splitlines()[2:]:
+        paper, claim, reading, where = (cell.strip() for cell in line.strip("|").split("|"))
+        out.append(f"  {paper}: {claim}: {reading.replace('**', '')} ({where})")
+    return "\n".join(out) + "\n"
+
+
 def write_show(out_dir: Path = DEFAULT_OUT, grid_dir: Path = GRID_DIR, csv_dir: Path = CSV_DIR,
-               figures: bool = True) -> list[Path]:
-    """Everything ``fedstyle leaderboard show`` writes; returns the paths."""
+               figures: bool = True, boards: dict[str, Board] | None = None, claims=None) -> list[Path]:
+    """Everything ``fedstyle leaderboard show`` writes; returns the paths. ``boards`` and ``claims``: loaded
+    already (:func:`load_boards`, :func:`load_claims`)."""
     from fedstyle.experiments.leaderboard.cdplot import draw_cd
     from fedstyle.experiments.leaderboard.render import csv_table, latex_table
     from fedstyle.io import atomic_write_text
 
     out_dir = Path(out_dir)
-    boards = load_boards(grid_dir, csv_dir)
-    claims = load_claims(boards, grid_dir, csv_dir)
+    boards = load_boards(grid_dir, csv_dir) if boards is None else boards
+    claims = load_claims(boards, grid_dir, csv_dir) if claims is None else claims
     out_dir.mkdir(parents=True, exist_ok=True)  # after the CSVs have been read: a refusal leaves no folder
     written = []
     for board in boards.values():

@@ -73,6 +73,20 @@ def markdown_table(board: Board, compact: bool = False) -> str:
     return "\n".join(lines) + "\n"
 
 
+def text_table(board: Board) -> str:
+    """The README's compact table as aligned plain text, for the terminal (``fedstyle leaderboard show``)."""
+    rows = [header(board, compact=True)]
+    rows += [row_cells(board, row, bold=lambda text: text, compact=True) for row in board.ordered_rows()]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    last = len(widths) - 1
+
+    def line(cells: list[str]) -> str:
+        return "  ".join(c.ljust(w) if i in (0, last) else c.rjust(w)
+                         for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
+
+    return "\n".join(line(r) for r in rows) + "\n"
+
+
 def csv_table(board: Board) -> str:
     """The table as CSV: numbers unrounded, each cell's mean, std and seeds in three columns."""
     buffer = io.StringIO()
