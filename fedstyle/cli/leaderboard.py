@@ -122,7 +122,7 @@ def _cmd_show(args: argparse.Namespace) -> int:
         from fedstyle.experiments.leaderboard.page import write_readme
 
         family_of = {name: entry["family"] for name, entry in catalog.load()["methods"].items()}
-        changed = write_readme(args.readme, family_of, args.grid_dir, args.csv_dir)
+        changed = write_readme(args.readme, family_of, args.grid_dir, args.csv_dir, boards=boards, claims=claims)
         print(f"updated in {args.readme}: {', '.join(changed)}" if changed else f"unchanged: {args.readme}")
     print(f"rendered from the CSVs in {time.perf_counter() - start:.1f} s")
     return 0

@@ -58,8 +58,9 @@ def check_new_run_dir(out: Path) -> None:
         return
     entries = [e for e in out.iterdir() if e.name != LOCK_NAME and not e.name.endswith(".tmp")]
     if (out / CONFIG).exists():
-        if diverged_note(out):
-            raise ConfigError(f"{out} holds a run that diverged ({diverged_note(out)}); delete it or choose another "
+        note = diverged_note(out)
+        if note:
+            raise ConfigError(f"{out} holds a run that diverged ({note}); delete it or choose another "
                               "--out, with a lower --lr")
         raise ConfigError(f"{out} already holds a run; continue it with `{resume_command(out)}` "
                           "or choose another --out")

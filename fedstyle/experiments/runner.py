@@ -199,8 +199,9 @@ def resume_experiment(out: str | Path, *, quiet: bool = False, device: str | Non
         raise ConfigError(f"resuming cannot change {unknown[0]!r}: it would change the result; start a new run")
     read_run_config(out)  # a clear error for a directory that holds no run, before locking it
     refuse_deployment(out)  # a run keeps its runtime: a deployment resumes on a federation
-    if diverged_note(out) and not restart:
-        raise ConfigError(f"{out}: the run diverged ({diverged_note(out)}); resuming repeats it (the same seeds): "
+    note = diverged_note(out)
+    if note and not restart:
+        raise ConfigError(f"{out}: the run diverged ({note}); resuming repeats it (the same seeds): "
                           f"start a new run with a lower --lr in another --out, or delete {out}")
     with DirectoryLock(out):
         clean_leftovers(out)

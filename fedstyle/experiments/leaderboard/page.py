@@ -106,21 +106,21 @@ def check_markers(out_dir: Path, readme: Path | None = None) -> None:
                               "the generated block ends (nothing was written)")
 
 
-def write_readme(path: Path, family_of: dict[str, str], grid_dir: Path = GRID_DIR, csv_dir: Path = CSV_DIR
-                 ) -> list[str]:
+def write_readme(path: Path, family_of: dict[str, str], grid_dir: Path = GRID_DIR, csv_dir: Path = CSV_DIR,
+                 boards: dict[str, Board] | None = None, claims=None) -> list[str]:
     """Everything ``leaderboard show --readme`` puts between the markers of ``path``: the multi-source table and its
     summary, each family's leading line (``family_of``: method -> family), the papers' claims; the boards are
-    loaded once. Returns what changed, one phrase each."""
+    loaded once (``boards``, ``claims``: the caller's, when it has them). Returns what changed, one phrase each."""
     from fedstyle.experiments.leaderboard.leading import readme_lines
     from fedstyle.experiments.leaderboard.tables import read_meta
 
-    boards = load_boards(grid_dir, csv_dir)
+    boards = load_boards(grid_dir, csv_dir) if boards is None else boards
     changed = []
     if update_readme(path, readme_block(boards=boards)):
         changed.append("the multi-source table and its summary")
     lines = readme_lines(boards, read_meta(grid_dir), family_of)
     changed += [f"the {family} family's leading line" for family in update_readme_leading(path, lines)]
-    if update_readme_claims(path, boards, load_claims(boards, grid_dir, csv_dir)):
+    if update_readme_claims(path, boards, load_claims(boards, grid_dir, csv_dir) if claims is None else claims):
         changed.append("the papers' claims")
     return changed
 
@@ -191,10 +191,10 @@ def _fully_judged(judgement) -> bool:
     return bool(judgement.links) and all(not l.status.startswith("not judged") for l in judgement.links)
 
 
-def readme_claims(boards: dict[str, Board], claims) -> str:
-    """README's claims table: one line per paper, its headline claim read on the leaderboard's cells where every
+def claim_readings(boards: dict[str, Board], claims) -> list[tuple[str, str, str, str]]:
+    """(paper, claim, reading, where) per paper: its headline claim read on the leaderboard's cells where every
     link of it is judged there, else on the paper's preset runs where one is, else why it is not judged."""
-    lines = ["| Paper | Claim | Reading by the rule | Where |", "|:--|:--|:--|:--|"]
+    readings = []
     for claim in claims:
         board = boards.get(claim.table)
         label = {r.variant: r.label for r in board.rows} if board is not None else {}
@@ -205,7 +205,15 @@ def readme_claims(boards: dict[str, Board], claims) -> str:
         else:
             judgement, where = claim.leaderboard, "—"
         names, reading = labelled_reading(judgement, label if judgement is claim.leaderboard else {})
-        lines.append(f"| {claim.paper} | {names} | {bold_verdict(reading)} | {where} |")
+        readings.append((claim.paper, names, reading, where))
+    return readings
+
+
+def readme_claims(boards: dict[str, Board], claims) -> str:
+    """README's claims table: one line per paper (:func:`claim_readings`), the deciding verdicts in bold."""
+    lines = ["| Paper | Claim | Reading by the rule | Where |", "|:--|:--|:--|:--|"]
+    lines += [f"| {paper} | {names} | {bold_verdict(reading)} | {where} |"
+              for paper, names, reading, where in claim_readings(boards, claims)]
     return "\n".join(lines) + "\n"
 
 
@@ -400,9 +408,8 @@ def terminal_text(boards: dict[str, Board], claims) -> str:
         out += [f"{board.title} ({done} of {board.runs_expected()} runs)", text_table(board).rstrip("\n"),
                 leaders_text(board).replace("**", "").split(" Summed run time", 1)[0], ""]
     out.append("The papers' claims (where each is read: docs/results/index.md)")
-    for line in readme_claims(boards, claims).splitlines()[2:]:
-        paper, claim, reading, where = (cell.strip() for cell in line.strip("|").split("|"))
-        out.append(f"  {paper}: {claim}: {reading.replace('**', '')} ({where})")
+    out += [f"  {paper}: {names}: {reading} ({where})"
+            for paper, names, reading, where in claim_readings(boards, claims)]
     return "\n".join(out) + "\n"
 
 

@@ -196,7 +196,8 @@ def collect(run_dirs: Sequence[str | os.PathLike], *, include_incomplete: bool =
     if not run_dirs:
         raise ConfigError("no run directories given; pass run directories or a folder containing them")
     found, unfinished = _find_run_dirs(Path(d) for d in run_dirs)
-    listing = "\n  ".join(f"{d}{f' (diverged: {diverged_note(d)})' if diverged_note(d) else ''}" for d in unfinished)
+    notes = {d: diverged_note(d) for d in unfinished}
+    listing = "\n  ".join(f"{d}{f' (diverged: {notes[d]})' if notes[d] else ''}" for d in unfinished)
     roots = ", ".join(str(d) for d in run_dirs)
     if not found and unfinished:
         raise DataError(f"no finished run under {roots}: {len(unfinished)} run(s) without summary.json: "
