@@ -10,6 +10,21 @@ import torch
 from fedstyle.errors import ConfigError
 
 
+def parse_device_name(name: str) -> torch.device | None:
+    """The device ``name`` names (None for ``auto``), checked as a name only: whether this machine has it is
+    :func:`resolve_device`'s question. A plan made here for a GPU machine (a sweep's ``--dry-run --device
+    cuda``) is a valid plan; ``banana`` or ``xpu`` is refused before any run is planned."""
+    if name == "auto":
+        return None
+    try:
+        device = torch.device(name)
+    except (RuntimeError, TypeError):
+        raise ConfigError(f"--device {name!r} is not a device; use cpu, cuda, cuda:N, mps or auto") from None
+    if device.type not in ("cpu", "cuda", "mps"):  # xpu, meta, ...: torch knows them, fedstyle's runs are not made for them
+        raise ConfigError(f"--device {name}: fedstyle runs on cpu, cuda, cuda:N or mps (auto picks one)")
+    return device
+
+
 def resolve_device(name: str | torch.device) -> torch.device:
     """``auto`` -> CUDA, else MPS, else CPU; a name is checked (CUDA asked for but absent is an error).
 
@@ -17,16 +32,13 @@ def resolve_device(name: str | torch.device) -> torch.device:
     """
     if isinstance(name, torch.device):
         return name
-    if name == "auto":
+    device = parse_device_name(name)
+    if device is None:
         if torch.cuda.is_available():
             return torch.device("cuda")
         if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
             return torch.device("mps")
         return torch.device("cpu")
-    try:
-        device = torch.device(name)
-    except RuntimeError:
-        raise ConfigError(f"--device {name!r} is not a device; use cpu, cuda, cuda:N, mps or auto") from None
     if device.type == "cuda":
         if not torch.cuda.is_available():
             raise ConfigError(f"--device {name} asked for CUDA but this torch sees no GPU; use --device cpu or auto")
@@ -37,8 +49,6 @@ def resolve_device(name: str | torch.device) -> torch.device:
         if getattr(torch.backends, "mps", None) is None or not torch.backends.mps.is_available():
             raise ConfigError(f"--device {name} asked for Apple's MPS, which this machine or torch lacks; use "
                               "--device cpu or auto")
-    elif device.type != "cpu":  # xpu, meta, ...: torch knows them, fedstyle's runs are not made for them
-        raise ConfigError(f"--device {name}: fedstyle runs on cpu, cuda, cuda:N or mps (auto picks one)")
     return device
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fedstyle.devices import resolve_device
+from fedstyle.devices import parse_device_name, resolve_device
 from fedstyle.errors import ConfigError
 
 
@@ -38,3 +38,13 @@ def test_an_accelerator_this_machine_lacks_is_refused(monkeypatch):
     monkeypatch.setattr(torch.backends.mps, "is_available", lambda: False)
     with pytest.raises(ConfigError, match="Apple's MPS, which this machine or torch lacks"):
         resolve_device("mps")
+
+
+def test_a_name_is_checked_apart_from_this_machine(monkeypatch):
+    """A plan for a GPU machine is valid here (parse_device_name); only resolve_device asks for the GPU."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert parse_device_name("cuda:1") == torch.device("cuda:1") and parse_device_name("auto") is None
+    with pytest.raises(ConfigError, match="is not a device"):
+        parse_device_name("banana")
+    with pytest.raises(ConfigError, match="fedstyle runs on cpu, cuda, cuda:N or mps"):
+        parse_device_name("xpu")

@@ -391,6 +391,24 @@ def test_report_only_without_a_finished_run_and_an_out_that_is_a_file_are_refuse
     assert f"--out {a_file} is a file" in capsys.readouterr().err
 
 
+def test_a_device_no_run_can_use_is_refused_before_any_run(tiny_root, tmp_path, capsys, monkeypatch):
+    """--device banana was accepted by a dry run and, without one, failed every run one by one (24 failures and an
+    empty report); a GPU this machine lacks fails every run the same way, so it is refused up front too, while a
+    dry run may plan a GPU sweep here."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    grid = write_grid(tmp_path, tiny_root, top='seeds = [0]\ntargets = ["grey"]')
+    out = tmp_path / "out"
+    for extra in (["--dry-run"], []):
+        assert main(["sweep", str(grid), "--out", str(out), "--device", "banana", "--quiet", *extra]) == 2
+        assert "--device 'banana' is not a device" in capsys.readouterr().err and not out.exists()
+    assert main(["sweep", str(grid), "--out", str(out), "--device", "cuda", "--quiet"]) == 2
+    assert "asked for CUDA but this torch sees no GPU" in capsys.readouterr().err and not out.exists()
+    assert main(["sweep", str(grid), "--out", str(out), "--device", "cuda", "--dry-run"]) == 0
+    assert "fedavg/seed0/grey" in capsys.readouterr().out
+
+
 def test_dry_run_lists_every_run(tiny_root, tmp_path):
     plan = make_plan(tiny_root, tmp_path, top='seeds = [0]\ntargets = ["grey", "red"]')
     lines = []

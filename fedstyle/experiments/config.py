@@ -320,6 +320,9 @@ class RunConfig:
             if not ok:
                 raise ConfigError(message)
         self.check_scale_settings()
+        from fedstyle.devices import parse_device_name
+
+        parse_device_name(self.device)  # the name; whether this machine has it is checked when the run starts
         from fedstyle.experiments.tracking import check_trackers
 
         check_trackers(self)
