@@ -644,10 +644,12 @@ def test_the_budget_paragraph_rereads_the_rule_from_the_runs():
     still_gaining = runs({("d1", 8): 70.0, ("d1", 16): 80.0, ("d1", 32): 85.0, ("d2", 8): 60, ("d2", 16): 60.5,
                           ("d2", 32): 61.0})
     text = budget_text(rule, still_gaining, 32)
-    assert "gains 8→16: +10.0 / +0.5; 16→32: +5.0 / +0.5" in text and "It gives **32** (its cap" in text
+    assert "| Benchmark | 8 rounds | 16 rounds | 32 rounds | gain 8→16 | gain 16→32 |" in text
+    assert "| d1 | 70.0 | 80.0 | 85.0 | +10.0 | +5.0 |" in text and "| d2 | 60.0 | 60.5 | 61.0 | +0.5 | +0.5 |" in text
+    assert "It gives **32**, its cap." in text
     flat = runs({("d1", 8): 70.0, ("d1", 16): 70.5, ("d1", 32): 71.0, ("d2", 8): 60, ("d2", 16): 60.5,
                  ("d2", 32): 61.0})
-    assert "It gives **8**; the tables use 32: rerun the budget or change `rounds`." in budget_text(rule, flat, 32)
+    assert "It gives **8**. The tables use 32: rerun the budget or change `rounds`." in budget_text(rule, flat, 32)
 
 
 def test_show_refuses_before_writing_anything(tmp_path, capsys):

@@ -247,8 +247,8 @@ def _missing_section(board: Board) -> list[str]:
     if board.runs_missing() == board.runs_expected():
         return [f"No run yet: every one of its {board.runs_expected()} runs fills with "
                 f"`fedstyle leaderboard run --only {board.key}` (resumable; `--dry-run` first)."]
-    lines = [f"{board.runs_missing()} of {board.runs_expected()} runs missing, per row with the command that runs "
-             "them (it skips what the CSV holds):", ""]
+    lines = [f"{board.runs_missing()} of {board.runs_expected()} runs are missing. Each row's command runs them; "
+             "it skips what the CSV holds.", "", "| Row | Runs | Missing | Command |", "|:--|--:|:--|:--|"]
     for m in board.missing:
         cells: dict[str, list[int]] = {}
         for cell, seed in m.pairs:
@@ -260,7 +260,7 @@ def _missing_section(board: Board) -> list[str]:
         else:
             where = "; ".join(f"{name} seed{'s' if len(s) > 1 else ''} {', '.join(map(str, s))}"
                               for name, s in cells.items())
-        lines.append(f"- {m.label} ({len(m.pairs)} runs): {where} — `{m.command}`")
+        lines.append(f"| {m.label.replace('|', chr(92) + '|')} | {len(m.pairs)} | {where} | `{m.command}` |")
     return lines
 
 
@@ -280,26 +280,34 @@ def budget_text(rule: dict, lines, rounds: int) -> str:
     mean = {key: statistics.fmean(v) for key, v in by.items()}
     figures = "; ".join(f"{d} " + " / ".join(f"{mean[(d, r)]:.1f} ({r})" for r in levels if (d, r) in mean)
                         for d in datasets)
-    gains, chosen = [], None
+    gains: dict[str, list[float]] = {d: [] for d in datasets}
+    steps, chosen = [], None
     for r in rule["candidates"]:
         step = [mean[(d, 2 * r)] - mean[(d, r)] for d in datasets if (d, r) in mean and (d, 2 * r) in mean]
         if len(step) == len(datasets):
-            gains.append(f"{r}→{2 * r}: " + " / ".join(f"{g:+.1f}" for g in step))
+            steps.append(r)
+            for d, g in zip(datasets, step):
+                gains[d].append(g)
             if chosen is None and all(g <= rule["gain"] for g in step):
                 chosen = r
     chosen = chosen or rule["cap"]
     n = {len(v) for v in by.values()}
+    head = ["Benchmark", *(f"{r} rounds" for r in levels), *(f"gain {r}→{2 * r}" for r in steps)]
+    table = [f"| {' | '.join(head)} |", "|:--|" + "--:|" * (len(head) - 1)]
+    for d in datasets:
+        cells = [f"{mean[(d, r)]:.1f}" if (d, r) in mean else "–" for r in levels] + [f"{g:+.1f}" for g in gains[d]]
+        table.append(f"| {d} | {' | '.join(cells)} |")
     text = (f"**The budget.** {rounds} rounds x 15 local steps of batch 64 per client (SGD lr 0.05 cosine, momentum "
-            f"0.9). FedAvg's mean source validation over a benchmark's targets (seed 0, "
-            f"{'/'.join(map(str, sorted(n)))} "
-            f"targets per benchmark; rounds in brackets): {figures}; gains {'; '.join(gains)} "
-            f"(`benchmarks/per_seed/{rule['csv']}.csv`). The rule, written before the grid ran: the smallest R of "
+            f"0.9). The table gives FedAvg's mean source validation over a benchmark's targets (seed 0, "
+            f"{'/'.join(map(str, sorted(n)))} targets per benchmark; `benchmarks/per_seed/{rule['csv']}.csv`).\n\n"
+            + "\n".join(table) + "\n\n"
+            f"The rule was written before the grid ran. It takes the smallest R of "
             f"{', '.join(map(str, rule['candidates']))} whose gain from R to 2R is at most {rule['gain']:g} point on "
             f"every benchmark, else {rule['cap']}. It gives **{chosen}**")
     if chosen == rule["cap"]:
-        text += (" (its cap: FedAvg is still gaining there, so the budget stops where the rule stops, not where "
-                 "FedAvg stops)")
-    text += "." if chosen == rounds else f"; the tables use {rounds}: rerun the budget or change `rounds`."
+        text += (", its cap. FedAvg is still gaining there: the budget stops where the rule stops, not where "
+                 "FedAvg stops")
+    text += "." if chosen == rounds else f". The tables use {rounds}: rerun the budget or change `rounds`."
     return text
 
 
@@ -352,13 +360,17 @@ def board_section(board: Board) -> list[str]:
     done = board.runs_expected() - board.runs_missing()
     held_out = ("target" if board.cells and board.cells[0].kind == "target"
                 else "domains, mean over a source’s targets")
+    settings = [part.strip() for part in board.description.split(";") if part.strip()]
     out = [f"## {board.title}", "",
-           f"{board.description[:1].upper()}{board.description[1:]}; **{board.rounds} rounds** "
-           f"(`benchmarks/leaderboard/{board.key}.toml`). {done} of {board.runs_expected()} runs in "
-           f"`benchmarks/per_seed/{board.csv}.csv`.", "", markdown_table(board).rstrip("\n"), "",
-           f"Cells: accuracy (%) on the held-out {held_out}, "
-           f"mean ± sample std over seeds; **Avg** over every cell (the best in bold); Src-val: the selected "
-           f"models' source validation, averaged as Avg is; Seeds: per cell. {STANDING_HELP}."]
+           f"{done} of {board.runs_expected()} runs are in `benchmarks/per_seed/{board.csv}.csv`. "
+           f"Its settings (`benchmarks/leaderboard/{board.key}.toml`):", "",
+           *(f"- {part[:1].upper()}{part[1:]}" for part in settings), f"- **{board.rounds} rounds**", "",
+           markdown_table(board).rstrip("\n"), "",
+           f"- Cells: accuracy (%) on the held-out {held_out}, mean ± sample std over seeds.",
+           "- **Avg**: the mean over every cell; the best is in bold.",
+           "- Src-val: the selected models' source validation, averaged as Avg is.",
+           "- Seeds: the runs behind each cell.",
+           f"- {STANDING_HELP}"]
     out += ["", leaders_text(board)]
     if board.other_budget_lines:
         out += ["", f"{board.other_budget_lines} CSV lines of another number of rounds are left out."]

@@ -14,9 +14,9 @@ import io
 
 from fedstyle.experiments.leaderboard.board import Board, BoardRow, fmt
 
-STANDING_HELP = ("**vs best**: the best row minus this row, mean over the (cell, seed) pairs both have and its 95 % "
-                 "t interval; *tied* when the interval contains 0 (the rule cannot tell the row from the best), "
-                 "*below* when it lies above 0")
+STANDING_HELP = ("**vs best**: the best row minus this row, as the mean over the (cell, seed) pairs both have. "
+                 "Its 95 % t interval follows. *Tied*: the interval contains 0, so the rule cannot tell the row "
+                 "from the best. *Below*: the interval lies above 0.")
 
 
 def seeds_text(board: Board, row: BoardRow) -> str:
