@@ -1,5 +1,6 @@
-"""The README, which is also the docs site's home page, and the results index read at once: median sentence at
-most 15 words, none over 40 (issue 52).
+"""Every page of the docs reads at once: median sentence at most 15 words, none over 40 (issue 52 for the README,
+which is also the docs site's home page, and the results index; every other page since). The changelog is left
+out: it keeps the readings it replaced as they were written.
 
 How a sentence is found (the rule this test measures by):
 
@@ -22,7 +23,10 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PAGES = ("README.md", "docs/results/index.md")
+#: history as it was written (a page of record), not a page a user reads to learn the tool
+NOT_MEASURED = ("docs/results/changelog.md",)
+PAGES = ("README.md", *sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "docs").rglob("*.md")
+                              if p.relative_to(ROOT).as_posix() not in NOT_MEASURED))
 MEDIAN_MAX, LONGEST_MAX = 15, 40
 ABBREVIATIONS = ("e.g.", "i.e.", "et al.", "Eq.", "Eqs.", "vs.", "etc.", "Fig.", "cf.", "No.")
 
