@@ -5,6 +5,7 @@ made at build time (docs/tools/site_hooks.py), so the README's links are checked
 from __future__ import annotations
 
 import importlib.util
+import re
 import shutil
 import subprocess
 import sys
@@ -56,3 +57,42 @@ def test_mkdocs_build_strict(tmp_path):
     assert result.returncode == 0, f"mkdocs build --strict failed:\n{result.stderr[-4000:]}"
     home = (tmp_path / "site" / "index.html").read_text(encoding="utf-8")
     assert "Results at a glance" in home and 'href="results/' in home  # the README, its links seen from docs/
+
+
+#: a line inside a rendered paragraph that Markdown should have made a list item, a table row or a code fence:
+#: a list with no blank line before it, or continued with fewer than 4 spaces, renders as "- text" run into a paragraph
+_LEAKED = re.compile(r"\s*(?:[-*+] |\d+[.)] |\|.*\||```)")
+
+
+def leaked_lines(markdown_text: str, extensions: list) -> list[str]:
+    """The lines of ``markdown_text`` that render as plain paragraph text though they were meant as structure."""
+    import markdown
+
+    html = markdown.markdown(markdown_text, extensions=extensions)
+    return [line.strip() for _, para in re.findall(r"<(p|li)>(.*?)</\1>", html, flags=re.S)
+            for line in para.split("\n")[1:] if _LEAKED.match(line)]
+
+
+def _site_extensions() -> list:
+    import yaml
+
+    config = yaml.safe_load((ROOT / "mkdocs.yml").read_text(encoding="utf-8"))
+    return [next(iter(e)) if isinstance(e, dict) else e for e in config["markdown_extensions"]]
+
+
+def test_lists_tables_and_code_render_as_written():
+    """Every page renders its lists, tables and code as such on the site (Python-Markdown, the site's extensions).
+    A list straight after a paragraph line, or a list item's code or sub-list indented by 2 spaces, shows as
+    literal "- ..." lines in a paragraph; mkdocs --strict does not notice."""
+    if importlib.util.find_spec("markdown") is None or importlib.util.find_spec("pymdownx") is None:
+        pytest.skip("mkdocs-material (Markdown, pymdown-extensions) is not installed: pip install -c constraints.txt "
+                    "-e '.[test]'")
+    extensions = _site_extensions()
+    assert leaked_lines("A paragraph:\n- one\n- two\n", extensions) == ["- one", "- two"]  # the rule can fail
+    assert leaked_lines("A paragraph:\n\n- one\n- two\n", extensions) == []
+    assert leaked_lines("- an item\n\n  its text\n  - a sub-item\n", extensions) == ["- a sub-item"]
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+    broken = {page.relative_to(ROOT).as_posix(): lines for page in pages
+              if (lines := leaked_lines(page.read_text(encoding="utf-8"), extensions))}
+    assert not broken, ("these lines render as paragraph text; put a blank line before the list, or indent a list "
+                        f"item's code and sub-lists by 4 spaces: {broken}")

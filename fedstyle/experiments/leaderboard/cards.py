@@ -52,8 +52,8 @@ def card_block(method: str, boards: Mapping[str, Board], claims: Sequence[ClaimR
             if variants & {link.better, link.worse}:
                 papers, _ = links.setdefault((claim.table, link.better, link.worse), ([], link.text()))
                 papers.append(claim.paper)
-    out += ["", "Place: among the table's ranked rows, by Avg. vs best: the best row minus this one, over the "
-            "(cell, seed) pairs both have. Its 95 % interval follows."]
+    out += ["", "Place: among the table's ranked rows, by Avg. vs best: the mean difference, best row minus this one, "
+            "over the (cell, seed) pairs both have; its 95 % interval in brackets."]
     out += ["", "The papers' claims that involve these rows, on the leaderboard's cells:", ""]
     out += [f"- `{better} > {worse}` ({' and '.join(papers)}): {text}"
             for (_, better, worse), (papers, text) in links.items()] or ["- none"]

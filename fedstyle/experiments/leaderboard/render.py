@@ -14,8 +14,8 @@ import io
 
 from fedstyle.experiments.leaderboard.board import Board, BoardRow, fmt
 
-STANDING_HELP = ("**vs best**: the best row minus this row, as the mean over the (cell, seed) pairs both have. "
-                 "Its 95 % t interval follows. *Tied*: the interval contains 0, so the rule cannot tell the row "
+STANDING_HELP = ("**vs best**: the mean difference, best row minus this row, over the (cell, seed) pairs both have; "
+                 "its 95 % t interval in brackets. *Tied*: the interval contains 0, so the rule cannot tell the row "
                  "from the best. *Below*: the interval lies above 0.")
 
 
