@@ -1,6 +1,6 @@
 """FedSAM (Qu, Li, Duan, Liu, Tang, Lu, ICML'22): FedAvg whose local steps are sharpness-aware (SAM).
 
-One local step at weights w on the mini-batch xi (../shared/notes/baselines.md §2):
+One local step at weights w on the mini-batch xi (the paper's local SAM step):
 
     g     = grad L(w; xi)                                   first forward-backward pass
     eps   = rho · g / (||g||_2 + delta)                     one L2 norm over all parameters jointly

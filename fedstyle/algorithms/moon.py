@@ -3,7 +3,8 @@
 The model is backbone -> projection head (:class:`fedstyle.models.necks.ProjectionNeck`: pooled
 features h (d) -> Linear(d, d) -> ReLU -> Linear(d, out_dim) = z) -> classifier on z; head and
 classifier are aggregated like the backbone. On the Digits-DG ConvNet h is the flattened last map
-(256 features at 32 x 32). Per mini-batch on client i in round t (../shared/notes/baselines.md §3):
+(256 features at 32 x 32). Per mini-batch on client i in round t (the paper's Algorithm 1, as the
+authors' code runs it):
 
     z      = R_w(x)                 the local model being trained (train mode: style ops, batch BN)
     z_glob = R_{w^t}(x)             the global model received this round     (frozen, eval mode)
