@@ -20,7 +20,7 @@ def parse_device_name(name: str) -> torch.device | None:
         device = torch.device(name)
     except (RuntimeError, TypeError):
         raise ConfigError(f"--device {name!r} is not a device; use cpu, cuda, cuda:N, mps or auto") from None
-    if device.type not in ("cpu", "cuda", "mps"):  # xpu, meta, ...: torch knows them, fedstyle's runs are not made for them
+    if device.type not in ("cpu", "cuda", "mps"):  # xpu, meta, ...: torch knows them; fedstyle's runs are not for them
         raise ConfigError(f"--device {name}: fedstyle runs on cpu, cuda, cuda:N or mps (auto picks one)")
     return device
 
