@@ -209,3 +209,63 @@ def test_deploy_refuses_what_flower_would_fail_on_later(tmp_path, capsys, argv, 
     assert main(argv) == 2
     assert message in capsys.readouterr().err
     assert not (tmp_path / "certs").exists()
+
+
+#: whole words the docs write for a value the reader picks, and a value of the right type to parse in their place
+DOC_PLACEHOLDERS = {"K": "0"}  # `--partition-id K`: site K of a deployment
+_SHELL_ENDS = {"|", "&&", "||", ";", ">", ">>", "2>&1", "&"}
+
+
+def _doc_commands() -> list[tuple[str, str]]:
+    """(page, command) of every ``fedstyle ...`` line in a code block of the README and docs/: continuation lines
+    joined, ``VAR=value`` prefixes, comments, shell operators, the tours' explanations and ``...`` dropped.
+    Transcripts (``$ fedstyle ...``) are left out: they show refusals on purpose."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    out = []
+    for page in [root / "README.md", *sorted((root / "docs").rglob("*.md"))]:
+        in_code, pending = False, ""
+        for line in page.read_text(encoding="utf-8").splitlines():
+            if line.strip().startswith(("```", "~~~")):
+                in_code, pending = not in_code, ""
+                continue
+            if not in_code:
+                continue
+            text = pending + line.strip()
+            if text.endswith("\\"):
+                pending = text[:-1] + " "
+                continue
+            pending = ""
+            text = re.sub(r"^(?:[A-Z_]+=\S*\s+)+", "", text).removeprefix(".venv/bin/")
+            if text.startswith("fedstyle ") and not re.match(r"fedstyle(?: [\w-]+)*: ", text):  # not its output
+                out.append((page.relative_to(root).as_posix(), re.split(r"\s{3,}", text)[0]))
+    return out
+
+
+@pytest.mark.parametrize("page, command", _doc_commands())
+def test_every_command_in_the_docs_parses(page, command, capsys):
+    """The docs name only commands and options the parser takes: a renamed option leaves no page lying."""
+    import shlex
+
+    from fedstyle.cli.main import build_parser
+
+    words = []
+    for word in shlex.split(command, comments=True)[1:]:
+        if word in _SHELL_ENDS:
+            break
+        if word != "...":
+            words.append(DOC_PLACEHOLDERS.get(word, word))
+    try:
+        build_parser().parse_args(words)
+    except SystemExit as exit:  # --help and --version exit 0; a refusal exits 2
+        assert exit.code == 0, f"{page}: `{command}` is refused: {capsys.readouterr().err}"
+
+
+def test_the_docs_command_reader_finds_the_commands():
+    """The reader above finds what the docs hold (it cannot pass by finding nothing)."""
+    commands = _doc_commands()
+    assert len(commands) > 100
+    assert ("docs/cli.md", "fedstyle leaderboard run --workers 2") in commands
+    assert not any("--rouns" in command for _, command in commands)  # a transcript and its output
