@@ -951,6 +951,21 @@ def test_the_progress_line_adds_up_every_tables_runs_and_time(small_board):
     assert f"{int(2 * runs)} runs on " in text and f"{2 * seconds / 3600:.1f} h" in text
 
 
+def test_the_per_benchmark_line_gives_each_unseparated_rows_gap_with_its_interval(small_board):
+    """"Tied" said nothing of why: a row 12.9 points behind read as tied; the line now gives the lead and its
+    interval, which contains 0 (d1: B trails A by 1 - noise = -1, 3, 0 per cell over 9 pairs)."""
+    from fedstyle.experiments.leaderboard.board import dataset_gap
+    from fedstyle.experiments.leaderboard.page import leaders_text
+
+    best = next(r for r in small_board.rows if r.variant == "a")
+    b = next(r for r in small_board.rows if r.variant == "b")
+    gap = dataset_gap(small_board, "d1", best, b)
+    assert gap.low < 0 < gap.high and gap.n == 9
+    assert (f"d1: **A** leads ({best.dataset_average['d1']:.1f}). On d1's pairs alone, the rule does not tell it "
+            f"from (its lead, 95 % interval): B ({b.dataset_average['d1']:.1f}; {gap.mean:+.1f} [{gap.low:+.1f}, "
+            f"{gap.high:+.1f}])") in leaders_text(small_board)
+
+
 def test_a_lone_ranked_row_is_called_the_only_one_not_the_leader():
     from fedstyle.experiments.leaderboard.page import leaders_text
 

@@ -238,13 +238,18 @@ def dataset_leaders(board: Board, dataset: str) -> tuple[BoardRow | None, list[B
     if not ranked:
         return None, []
     best = max(ranked, key=lambda r: r.dataset_average[dataset])
+    tied = [r for r in ranked if r is not best and dataset_gap(board, dataset, best, r).status != "holds"]
+    return best, sorted(tied, key=lambda r: -r.dataset_average[dataset])
+
+
+def dataset_gap(board: Board, dataset: str, better: BoardRow, worse: BoardRow):
+    """The rule's paired verdict on ``better`` > ``worse`` over ``dataset``'s (cell, seed) pairs."""
     names = {c.name for c in board.cells if c.dataset == dataset}
 
     def only(row: BoardRow) -> Values:
         return {k: v for k, v in row.values.items() if k[0] in names}
 
-    tied = [r for r in ranked if r is not best and judge_paired(only(best), only(r)).status != "holds"]
-    return best, sorted(tied, key=lambda r: -r.dataset_average[dataset])
+    return judge_paired(only(better), only(worse))
 
 
 def fmt(value: float | None, digits: int = 1) -> str:

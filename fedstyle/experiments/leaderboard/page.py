@@ -313,7 +313,7 @@ def budget_text(rule: dict, lines, rounds: int) -> str:
 
 def leaders_text(board: Board) -> str:
     """Per benchmark: the row that leads and the rows the rule cannot tell from it; the run time behind the table."""
-    from fedstyle.experiments.leaderboard.board import dataset_leaders
+    from fedstyle.experiments.leaderboard.board import dataset_gap, dataset_leaders
 
     parts = []
     for dataset in board.datasets:
@@ -325,12 +325,24 @@ def leaders_text(board: Board) -> str:
             parts.append(f"{dataset}: {best.label} is the only ranked row so far "
                          f"({best.dataset_average[dataset]:.1f})")
             continue
-        ties = ", ".join(f"{r.label} ({r.dataset_average[dataset]:.1f})" for r in tied) or "none"
-        parts.append(f"{dataset}: **{best.label}** leads ({best.dataset_average[dataset]:.1f}); tied with it by the "
-                     f"rule: {ties}")
+        ties = ", ".join(f"{r.label} ({r.dataset_average[dataset]:.1f}; {_gap(dataset_gap(board, dataset, best, r))})"
+                         for r in tied)
+        alone = (f"the rule does not tell it from (its lead, 95 % interval): {ties}" if ties
+                 else "the rule puts every other ranked row below it")
+        parts.append(f"{dataset}: **{best.label}** leads ({best.dataset_average[dataset]:.1f}). On {dataset}'s pairs "
+                     f"alone, {alone}")
     time = run_time_text(board.run_time)
     spent = f" Summed run time of its runs (each run's own wall time; parallel runs overlap): {time}." if time else ""
     return "**Per benchmark.** " + ". ".join(parts) + "." + spent
+
+
+def _gap(verdict) -> str:
+    """A lead over a row as "+12.8 [-0.6, +26.4]" (one pair: no interval)."""
+    if verdict.mean is None:
+        return "no common pairs"
+    if verdict.low is None:
+        return f"{verdict.mean:+.1f}, one pair"
+    return f"{verdict.mean:+.1f} [{verdict.low:+.1f}, {verdict.high:+.1f}]"
 
 
 def run_time_text(run_time: dict[str, list[float]]) -> str:
@@ -370,6 +382,8 @@ def board_section(board: Board) -> list[str]:
            "- **Avg**: the mean over every cell; the best is in bold.",
            "- Src-val: the selected models' source validation, averaged as Avg is.",
            "- Seeds: the runs behind each cell.",
+           "- Rank: the row's mean rank over the cells (1 = best), as the Friedman test ranks them. Rows are sorted "
+           "by Avg.",
            f"- {STANDING_HELP}"]
     out += ["", leaders_text(board)]
     if board.other_budget_lines:
@@ -388,7 +402,7 @@ def render_page(boards: dict[str, Board], claim_rows, budget: str = "") -> str:
     from fedstyle.experiments.leaderboard.render import markdown_table
 
     out = [GENERATED, "", "# Leaderboard", "",
-           "Every method side by side on every leave-one-domain-out target of digits4 and fashion4 (issue 51), "
+           "Every method side by side on every leave-one-domain-out target of digits4 and fashion4, "
            "seeds 0–2, the model selected on source validation, one shared budget; three tables because the "
            "settings differ. Rendered by `fedstyle leaderboard show` from the kept per-seed CSVs; "
            "`fedstyle leaderboard run` fills them.", "",
