@@ -39,8 +39,8 @@ def assert_disjoint_complete(split, dataset):
         assert torch.equal(idx, torch.arange(dataset.size(d)))
 
 
-def test_registry_lists_the_three_protocols():
-    assert PROTOCOLS.names() == ["lodo", "ltdo", "single_source"]
+def test_registry_lists_the_protocols():
+    assert PROTOCOLS.names() == ["all", "lodo", "ltdo", "single_source"]  # sorted
 
 
 def test_lodo_one_and_several_targets(pacs_like):
@@ -136,3 +136,17 @@ def test_split_is_seeded_and_independent_of_the_fold(pacs_like):
     # A domain's train/val split does not depend on which other domain is held out.
     other_fold = make_split(pacs_like, "lodo", targets=["cartoon"], seed=3)
     assert torch.equal(a.val["photo"], other_fold.val["photo"])
+
+
+def test_protocol_all_trains_on_every_domain_and_holds_none_out(pacs_like):
+    """The model to deploy once a method is chosen: every domain a source, split as in any fold, nothing held out."""
+    split = make_split(pacs_like, "all", seed=3)
+    assert split.sources == pacs_like.domains and split.targets == [] and split.heldout == {}
+    assert_disjoint_complete(split, pacs_like)
+    lodo = make_split(pacs_like, "lodo", targets=["sketch"], seed=3)
+    for d in lodo.sources:  # a domain's split is the same in every fold, this one included
+        assert torch.equal(split.train[d], lodo.train[d]) and torch.equal(split.val[d], lodo.val[d])
+    with pytest.raises(ConfigError, match="protocol 'all' trains on every domain and holds none out; drop --target"):
+        make_split(pacs_like, "all", targets=["sketch"])
+    with pytest.raises(ConfigError, match="--source 'photo' is not used by protocol 'all'"):
+        make_split(pacs_like, "all", source="photo")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -225,3 +226,30 @@ def test_a_run_failing_in_its_setup_leaves_no_run_directory(tiny_config, tmp_pat
     with pytest.raises(ConfigError):
         run_experiment(bad, tmp_path / "empty", quiet=True)
     assert (tmp_path / "empty").is_dir() and not any((tmp_path / "empty").iterdir())
+
+
+def test_protocol_all_trains_the_model_to_deploy_and_a_report_refuses_it(tiny_config, tmp_path, capsys):
+    """--protocol all: every domain trains, the model is selected on source validation, and summary.json says so
+    (no targets, no target average, the source validation it was chosen on); a report, which compares held-out
+    accuracy, refuses such runs by name and writes nothing."""
+    from fedstyle.cli.main import main
+    from fedstyle.experiments.config import RunConfig
+    from fedstyle.experiments.runner import run_experiment
+
+    config = tiny_config.updated(protocol="all", targets=[])
+    summary = run_experiment(config, tmp_path / "all", quiet=True)
+    assert summary["protocol"] == "all" and summary["targets"] == {}
+    assert summary["target_avg"] == {"selected": None, "last": None}
+    rows = [json.loads(line) for line in (tmp_path / "all" / "metrics.jsonl").read_text().splitlines()]
+    evaluated = [r for r in rows if "source_val_acc" in r]
+    domains = sorted(p.name for p in Path(config.data_root).iterdir() if p.is_dir())
+    assert len(domains) == 4 and sorted(evaluated[-1]["source_val_acc"]) == domains  # the target trains too
+    assert evaluated[-1]["target_acc"] == {}
+    chosen = next(r for r in evaluated if r["round"] == summary["selected_round"])
+    assert summary["source_val"]["selected"] == pytest.approx(sum(chosen["source_val_acc"].values()) / 4)
+    assert main(["report", str(tmp_path / "all"), "--out", str(tmp_path / "report")]) == 2
+    assert "hold no domain out (--protocol all)" in capsys.readouterr().err and not (tmp_path / "report").exists()
+    with pytest.raises(ConfigError, match="no target to test on; drop --target grey"):
+        RunConfig.from_mapping({**config.to_dict(), "targets": ["grey"]}).validate()
+    with pytest.raises(ConfigError, match="no target to select on"):
+        config.updated(selection="oracle", allow_oracle=True).validate()

@@ -189,7 +189,12 @@ def print_summary(summary: dict, out: Path) -> None:
     targets = ", ".join(
         f"{d} {100 * v['selected']:.1f}% (last {100 * v['last']:.1f}%)" for d, v in summary["targets"].items()
     )
-    print(f"{summary['label']} on {summary['dataset']}: {targets}")
+    if summary["targets"]:
+        print(f"{summary['label']} on {summary['dataset']}: {targets}")
+    else:  # --protocol all: the model to deploy, trained on every domain
+        val = summary.get("source_val", {}).get("selected")
+        print(f"{summary['label']} on {summary['dataset']}: trained on every domain, none held out (--protocol all)"
+              + (f"; source validation {100 * val:.1f}%" if val is not None else ""))
     print(f"  selection: {summary['selection_rule']}, round {summary['selected_round']} of {summary['rounds']}; "
           f"{summary['seconds']:.1f} s; {summary['bytes_up'] / 1e6:.1f} MB up, {summary['bytes_down'] / 1e6:.1f} MB down")
     if "device_target_acc_last" in summary:  # peer-to-peer: the devices' own models and their agreement

@@ -90,7 +90,8 @@ class RunConfig:
     domain_column: str | None = _opt(None, "hf: datasets: the column whose values are the domains (default: domain)")
     label_column: str | None = _opt(None, "hf: datasets: the class label column (default: label)")
     # protocol
-    protocol: str = _opt("lodo", "evaluation protocol", choices=("lodo", "ltdo", "single_source"))
+    protocol: str = _opt("lodo", "evaluation protocol (all: train on every domain, none held out: the model to "
+                         "deploy)", choices=("lodo", "ltdo", "single_source", "all"))
     targets: list = _opt([], "held-out test domain (repeatable)", flag="--target", repeat=True)
     val_domain: str | None = _opt(None, "ltdo: the held-out validation domain")
     source: str | None = _opt(None, "single_source: the one training domain")
@@ -333,6 +334,10 @@ class RunConfig:
         if selection == "oracle" and self.target_eval == "end":
             raise ConfigError("--selection oracle selects on every round's target accuracy; --target-eval end "
                               "measures the targets only at the end: drop one of them")
+        if self.protocol == "all" and (selection == "oracle" or self.targets):
+            raise ConfigError("--protocol all holds no domain out: it has no target to "
+                              + ("select on; use --selection source_val or last" if selection == "oracle"
+                                 else f"test on; drop --target {' '.join(self.targets)}"))
         if selection == "heldout_val" and self.protocol != "ltdo":
             raise ConfigError("--selection heldout_val needs --protocol ltdo with a --val-domain")
         if selection == "source_val" and self.val_fraction == 0:

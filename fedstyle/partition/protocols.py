@@ -6,6 +6,8 @@
   one validation domain are held out whole; the rest are sources (PACS "ac-p-s": train A, C;
   validation domain P; test domain S).
 * ``single_source`` (FedGCA): one source domain; every other domain (or the given ones) is a target.
+* ``all``: every domain is a source and none is held out: the model to deploy once a protocol above has chosen
+  the method. It is selected on source validation (or the last round); no target accuracy is measured.
 
 Each source domain is split into train / in-domain validation indices, stratified per class with
 a seeded generator of its own (seed, domain name), so a domain's split is the same in every fold.
@@ -102,6 +104,16 @@ def _single_source(domains, targets, val_domain, source):
     if not targets:
         targets = [d for d in domains if d != source]
     return [source], targets, None
+
+
+@PROTOCOLS.register("all")
+def _all(domains, targets, val_domain, source):
+    _reject("--val-domain", val_domain, "all", "ltdo")
+    _reject("--source", source, "all", "single_source")
+    if targets:
+        raise ConfigError(f"protocol 'all' trains on every domain and holds none out; drop --target "
+                          f"{' '.join(targets)} (or use --protocol lodo to test on it)")
+    return list(domains), [], None
 
 
 def _check_names(dataset: DomainDataset, names: Sequence[str], option: str) -> None:

@@ -221,6 +221,17 @@ def collect(run_dirs: Sequence[str | os.PathLike], *, include_incomplete: bool =
             stacklevel=2,
         )
         records = [r for r in records if r.complete]
+    # --protocol all: the model to deploy, trained on every domain; a report compares held-out accuracy
+    untested = [r for r in records if not r.summary["targets"]]
+    if untested:
+        listing = "\n  ".join(str(r.path) for r in untested)
+        if len(untested) == len(records):
+            raise DataError(f"the run(s) under {roots} hold no domain out (--protocol all), and a report compares "
+                            "held-out accuracy; each run's source validation is in its summary.json (source_val). "
+                            "Compare methods with --protocol lodo, ltdo or single_source")
+        warnings.warn(f"{len(untested)} run(s) hold no domain out (--protocol all) and are not reported:\n  "
+                      f"{listing}", stacklevel=2)
+        records = [r for r in records if r.summary["targets"]]
     return records
 
 
