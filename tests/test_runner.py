@@ -253,3 +253,30 @@ def test_protocol_all_trains_the_model_to_deploy_and_a_report_refuses_it(tiny_co
         RunConfig.from_mapping({**config.to_dict(), "targets": ["grey"]}).validate()
     with pytest.raises(ConfigError, match="no target to select on"):
         config.updated(selection="oracle", allow_oracle=True).validate()
+
+
+def test_a_dry_run_says_what_the_run_would_train_on_and_writes_nothing(tiny_root, tmp_path, capsys):
+    """`fedstyle run --dry-run`: the resolved model, the budget, each source's train / validation images, the
+    targets and the partition (the same split and clients as the run builds: compared with its partition.json),
+    and nothing on disk; a setting the run would refuse is refused the same way."""
+    args = ["run", "--method", "fedavg", "--dataset", "folder", "--data-root", str(tiny_root), "--target", "grey",
+            "--rounds", "1", "--local-steps", "2", "--batch-size", "8", "--min-client-size", "2", "--resolution",
+            "16", "--device", "cpu", "--quiet"]
+    assert main([*args, "--dry-run", "--out", str(tmp_path / "never")]) == 0
+    said = capsys.readouterr().out
+    assert not (tmp_path / "never").exists()
+    assert "FedAvg (fedavg) on folder, protocol lodo, seed 0" in said and "model: convnet at 16 px; 3 classes" in said
+    assert "budget: 1 rounds x 2 local steps of batch 8" in said and "targets (test images): grey 36" in said
+    assert said.rstrip().endswith("nothing trained or written; drop --dry-run (and give --out DIR) to train it")
+    assert main([*args, "--out", str(tmp_path / "run")]) == 0
+    partition = json.loads((tmp_path / "run" / "partition.json").read_text())
+    header = next(line.split() for line in said.splitlines() if line.split()[:1] == ["client"])
+    rows = [line.split() for line in said.splitlines()
+            if line.startswith("    ") and len(line.split()) == len(header) and line.split()[0].isdigit()]
+    assert len(rows) == 3
+    table = {int(r[0]): {d: int(n) for d, n in zip(header[1:-1], r[1:-1]) if int(n)} for r in rows}
+    assert table == {c["client"]: c["domains"] for c in partition["clients"]}  # the run's own clients
+    assert main(["run", "--resume", str(tmp_path / "run"), "--dry-run"]) == 2
+    assert "--dry-run says what a new run would train on; --resume DIR continues one" in capsys.readouterr().err
+    assert main([*args, "--dry-run", "--protocol", "ltdo"]) == 2
+    assert "protocol 'ltdo' needs exactly one --target and one --val-domain" in capsys.readouterr().err

@@ -31,6 +31,8 @@ summary.json and finally `done` into --out. --method takes a method name (`fedst
 a preset's variant name or a row label (`fedstyle reproduce --list PAPER`).
 
 examples:
+  # what a run would train on (model, budget, domains, clients), nothing trained or written
+  fedstyle run --method ccst --dataset folder --data-root my_images --target site_b --dry-run
   # leave MNIST out; 6 single-domain clients, half of them each round
   fedstyle run --method fedavg --dataset digits4 --target mnist --partition per_domain \\
       --clients 6 --fraction 0.5 --rounds 2 --out runs/x
@@ -74,12 +76,20 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from fedstyle.experiments.runner import resume_experiment, run_experiment
 
     stop_on_sigterm()
+    if args.dry_run and args.resume:
+        raise ConfigError("--dry-run says what a new run would train on; --resume DIR continues one: give one of them")
     if args.restart and not args.resume:
         raise ConfigError("--restart starts a run directory over; give it with --resume DIR")
     if args.resume:
         check_resume_flags(args)
         summary = resume_experiment(args.resume, quiet=args.quiet, restart=args.restart, **resume_settings(args))
         out = Path(args.resume)
+    elif args.dry_run:
+        from fedstyle.experiments.preview import preview_run
+
+        print(preview_run(config_from_args(args), progress=not args.quiet))
+        print("nothing trained or written; drop --dry-run (and give --out DIR) to train it")
+        return 0
     else:
         if not args.out:
             raise ConfigError("give --out DIR for the run directory (or --resume DIR to continue one)")
@@ -202,6 +212,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_run_flags(run, resume_help="continue the interrupted run in DIR (its config.json is used)")
     run.add_argument("--download", action="store_true", help="with --pretrained: fetch torchvision's ResNet file "
                      "from its official URL into the torch hub cache (its hash checked) when it is not there")
+    run.add_argument("--dry-run", action="store_true", help="say what the run would train on (model, budget, "
+                     "domains, split, clients) and stop: nothing is trained or written; --out is not needed")
     run.set_defaults(func=_cmd_run)
 
     report = sub.add_parser("report", help="paper-style table over run directories (mean ± std over seeds)",
