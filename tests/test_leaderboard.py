@@ -973,3 +973,16 @@ def test_a_lone_ranked_row_is_called_the_only_one_not_the_leader():
     board = build_board("multi_source", "Small", "target", SMALL_TABLE, lines, SMALL_DATASETS)
     text = leaders_text(board)
     assert "d1: A is the only ranked row so far (" in text and "leads" not in text
+
+
+def test_a_rows_own_settings_are_named_on_the_page(committed):
+    """A row run with settings `fedstyle run --method NAME` alone would not set (FedCCRL's lr, FedDyn's momentum)
+    is listed with them under its table's settings, read from the sweep file."""
+    boards, _ = committed
+    board = boards["multi_source"]
+    assert board.row_settings["FedCCRL"] == "lr 0.0167" and board.row_settings["FedDyn"] == "momentum 0.0"
+    assert board.row_settings["FedGCA"] == "alpha=0.1, beta=0.1" and "FedAvg" not in board.row_settings
+    from fedstyle.experiments.leaderboard.page import board_section
+
+    assert "- Rows with settings of their own: FedCCRL lr 0.0167; FedDyn momentum 0.0;" in "\n".join(
+        board_section(board))

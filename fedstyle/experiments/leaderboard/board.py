@@ -115,6 +115,8 @@ class Board:
     csv: str = ""
     #: device -> (runs, seconds of run time) of the lines that count
     run_time: dict[str, list[float]] = field(default_factory=dict)
+    #: row label -> the settings and hyperparameters its variant sets beside the table's base ("lr 0.0167")
+    row_settings: dict[str, str] = field(default_factory=dict)
 
     @property
     def datasets(self) -> list[str]:
@@ -166,6 +168,11 @@ def build_board(key: str, title: str, kind: str, table_text: str, lines: Sequenc
     rows.sort(key=lambda row: row.method)  # by method (the registry's order), a method's rows in the file's order
     by_variant = {row.variant: row for row in rows}
     board = Board(key, title, str(spec.get("description", "")), cells, seeds, rounds, rows)
+    for variant in spec.get("variant", []):  # what `fedstyle run --method NAME` alone would not set
+        own = [f"{k} {v}" for k, v in variant.items() if k not in ("name", "label", "method", "hparams")]
+        own += [f"{k}={v}" for k, v in variant.get("hparams", {}).items()]
+        if own:
+            board.row_settings[str(variant.get("label", variant["name"]))] = ", ".join(own)
     by_name = {c.name: c for c in cells}
     per_source: dict[tuple[str, str, int], list[float]] = {}
     run_source_val: dict[tuple[str, str, str, int], float] = {}  # one value per run (a run has a line per target)

@@ -376,7 +376,9 @@ def board_section(board: Board) -> list[str]:
     out = [f"## {board.title}", "",
            f"{done} of {board.runs_expected()} runs are in `benchmarks/per_seed/{board.csv}.csv`. "
            f"Its settings (`benchmarks/leaderboard/{board.key}.toml`):", "",
-           *(f"- {part[:1].upper()}{part[1:]}" for part in settings), f"- **{board.rounds} rounds**", "",
+           *(f"- {part[:1].upper()}{part[1:]}" for part in settings), f"- **{board.rounds} rounds**",
+           *([f"- Rows with settings of their own: {'; '.join(f'{k} {v}' for k, v in board.row_settings.items())}"]
+             if board.row_settings else []), "",
            markdown_table(board).rstrip("\n"), "",
            f"- Cells: accuracy (%) on the held-out {held_out}, mean ± sample std over seeds.",
            "- **Avg**: the mean over every cell; the best is in bold.",
