@@ -977,12 +977,28 @@ def test_a_lone_ranked_row_is_called_the_only_one_not_the_leader():
 
 def test_a_rows_own_settings_are_named_on_the_page(committed):
     """A row run with settings `fedstyle run --method NAME` alone would not set (FedCCRL's lr, FedDyn's momentum)
-    is listed with them under its table's settings, read from the sweep file."""
+    is listed with them under its table's settings, read from the sweep file; the base's settings are not."""
     boards, _ = committed
     board = boards["multi_source"]
-    assert board.row_settings["FedCCRL"] == "lr 0.0167" and board.row_settings["FedDyn"] == "momentum 0.0"
-    assert board.row_settings["FedGCA"] == "alpha=0.1, beta=0.1" and "FedAvg" not in board.row_settings
+    assert board.row_settings == {"FedCCRL": "lr 0.0167", "FedDyn": "momentum 0.0"}
     from fedstyle.experiments.leaderboard.page import board_section
 
-    assert "- Rows with settings of their own: FedCCRL lr 0.0167; FedDyn momentum 0.0;" in "\n".join(
-        board_section(board))
+    assert ("- Rows with run settings of their own: FedCCRL lr 0.0167; FedDyn momentum 0.0 (each row's method "
+            "options are in the sweep file)") in board_section(board)
+
+
+def test_run_refuses_a_gpu_this_machine_lacks_before_any_run(monkeypatch, tmp_path, capsys):
+    """`leaderboard run --device cuda` on a machine without one failed every run of the grid one by one."""
+    import torch
+
+    import fedstyle.experiments.leaderboard.run as lb_run
+    from fedstyle.cli.main import main
+    from fedstyle.experiments.leaderboard.run import TablePlan
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    runs = [SimpleNamespace(config=SimpleNamespace(device="cuda"), status="new")]
+    monkeypatch.setattr(lb_run, "plan_table", lambda table, *a, **k: TablePlan(table, SimpleNamespace(runs=runs),
+                                                                               to_run=runs))
+    monkeypatch.setattr(lb_run, "run_table", lambda *a, **k: pytest.fail("a run started"))
+    assert main(["leaderboard", "run", "--only", "p2p", "--device", "cuda", "--runs", str(tmp_path)]) == 2
+    assert "asked for CUDA but this torch sees no GPU" in capsys.readouterr().err

@@ -261,7 +261,7 @@ def test_a_dry_run_says_what_the_run_would_train_on_and_writes_nothing(tiny_root
     and nothing on disk; a setting the run would refuse is refused the same way."""
     args = ["run", "--method", "fedavg", "--dataset", "folder", "--data-root", str(tiny_root), "--target", "grey",
             "--rounds", "1", "--local-steps", "2", "--batch-size", "8", "--min-client-size", "2", "--resolution",
-            "16", "--device", "cpu", "--quiet"]
+            "16", "--device", "cpu", "--data-copies", "2", "--quiet"]
     assert main([*args, "--dry-run", "--out", str(tmp_path / "never")]) == 0
     said = capsys.readouterr().out
     assert not (tmp_path / "never").exists()
@@ -278,5 +278,7 @@ def test_a_dry_run_says_what_the_run_would_train_on_and_writes_nothing(tiny_root
     assert table == {c["client"]: c["domains"] for c in partition["clients"]}  # the run's own clients
     assert main(["run", "--resume", str(tmp_path / "run"), "--dry-run"]) == 2
     assert "--dry-run says what a new run would train on; --resume DIR continues one" in capsys.readouterr().err
+    assert main([*args, "--dry-run", "--topology", "ring"]) == 2
+    assert "method 'fedavg' runs on star, not --topology ring" in capsys.readouterr().err
     assert main([*args, "--dry-run", "--protocol", "ltdo"]) == 2
     assert "protocol 'ltdo' needs exactly one --target and one --val-domain" in capsys.readouterr().err

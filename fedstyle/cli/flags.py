@@ -201,7 +201,8 @@ def print_summary(summary: dict, out: Path) -> None:
         devices = ", ".join(f"{d} {100 * v['mean']:.1f} ± {100 * v['std']:.1f}%"
                             for d, v in summary["device_target_acc_last"].items())
         print(f"  devices (last round, mean ± std): {devices}; consensus distance "
-              f"{summary['consensus_distance_last']:.3g}")
+              f"{summary['consensus_distance_last']:.3g}" if devices else  # --protocol all: no target to show
+              f"  consensus distance (last round): {summary['consensus_distance_last']:.3g}")
     edge = summary.get("traffic", {}).get("per_edge_iteration")
     if edge:
         print(f"  per edge and iteration: weights {edge['model_bytes']:,.0f} bytes, share "

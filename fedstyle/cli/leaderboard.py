@@ -70,6 +70,12 @@ def _cmd_run(args: argparse.Namespace) -> int:
             print(line)
         print(f"estimate's basis ({cost.date}): {' '.join(cost.basis.split())}")
         return 0
+    if not args.export_only:
+        from fedstyle.devices import resolve_device
+
+        # this machine runs them: a device it lacks would fail every run the same way, one by one
+        for device in sorted({run.config.device for planned in plans for run in planned.to_run}):
+            resolve_device(device)
     stop_on_sigterm()
     failed = 0
     for planned in plans:

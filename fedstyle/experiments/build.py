@@ -160,7 +160,8 @@ def check_source_validation(config: RunConfig, split: Split) -> None:
                     "or pass --selection last")
 
 
-def build_experiment(config: RunConfig, progress: bool = True) -> Experiment:
+def check_method_settings(config: RunConfig) -> None:
+    """What a run refuses before it loads data: its settings, the method's topology and its defence's copies."""
     config.validate()
     method_cls = METHODS.get(config.method)
     if config.topology not in method_cls.topologies:
@@ -172,7 +173,11 @@ def build_experiment(config: RunConfig, progress: bool = True) -> Experiment:
         raise ConfigError(f"method {config.method!r} runs on {', '.join(method_cls.topologies)}, not --topology "
                           f"{config.topology}; {fix}")
     check_defence_copies(config, method_cls.resolve(config.hparams))  # fail on a bad --hp before loading data
-    device = resolve_device(config.device)
+
+
+def plan_data(config: RunConfig, progress: bool = True) -> tuple[RunConfig, DomainDataset, Split, list]:
+    """The run's data as it trains on it: the dataset, the config with every 'auto' resolved, the protocol's split
+    and the partition's clients (the seeds of the run). ``fedstyle run --dry-run`` shows exactly this."""
     dataset = load_config_dataset(config, progress)
     config = resolve_config(config, dataset)
     split = make_split(
@@ -184,6 +189,14 @@ def build_experiment(config: RunConfig, progress: bool = True) -> Experiment:
         config.partition, split, dataset, num_clients=config.clients, alpha=config.alpha, lam=config.lam,
         min_size=config.min_client_size, seed=derive_seed(config.seed, "partition"), copies=config.data_copies,
     )
+    return config, dataset, split, specs
+
+
+def build_experiment(config: RunConfig, progress: bool = True) -> Experiment:
+    check_method_settings(config)
+    method_cls = METHODS.get(config.method)
+    device = resolve_device(config.device)
+    config, dataset, split, specs = plan_data(config, progress)
     mean, std = dataset.mean, dataset.std
     if config.pretrained:
         norm = input_normalization(config.backbone)

@@ -7,32 +7,29 @@ model, trains nothing and writes nothing: a long job's backbone, domains and cli
 
 from __future__ import annotations
 
-from fedstyle.experiments.build import check_source_validation, load_config_dataset, resolve_config
+from fedstyle.experiments.build import check_method_settings, plan_data
 from fedstyle.experiments.config import RunConfig
 
 
 def preview_run(config: RunConfig, progress: bool = True) -> str:
-    """The text ``fedstyle run --dry-run`` prints for ``config``: settings, split, partition."""
+    """The text ``fedstyle run --dry-run`` prints for ``config``: settings, split, partition. It refuses what the
+    run refuses before training (:func:`check_method_settings`, the runtime, the device), and builds the data with
+    the run's own step (:func:`~fedstyle.experiments.build.plan_data`)."""
     from fedstyle.algorithms import METHODS
-    from fedstyle.partition import format_partition_table, make_partition, make_split
-    from fedstyle.seeding import derive_seed
+    from fedstyle.algorithms.base import Algorithm
+    from fedstyle.devices import resolve_device
+    from fedstyle.experiments.runner import check_backend
+    from fedstyle.partition import format_partition_table
 
-    config.validate()
+    check_method_settings(config)
+    check_backend(config)
+    resolve_device(config.device)
     method = METHODS.get(config.method)
     hparams = method.resolve(config.hparams)
-    dataset = load_config_dataset(config, progress=progress)
-    config = resolve_config(config, dataset)
-    split = make_split(dataset, config.protocol, targets=list(config.targets), val_domain=config.val_domain,
-                       source=config.source, val_fraction=config.val_fraction, seed=config.seed)
-    check_source_validation(config, split)
-    clients = make_partition(config.partition, split, dataset, num_clients=config.clients, alpha=config.alpha,
-                             lam=config.lam, min_size=config.min_client_size,
-                             seed=derive_seed(config.seed, "partition"))
+    config, dataset, split, clients = plan_data(config, progress)
     steps = f"{config.local_steps} local steps" if config.local_steps else \
         f"{config.local_epochs} local epoch{'s' if config.local_epochs > 1 else ''}"
     side = config.input_resolution or dataset.resolution
-    from fedstyle.algorithms.base import Algorithm
-
     # the method's own options, and the options every method has where they differ from their defaults
     common = {h.name: h.default for h in Algorithm.declared_hparams()}
     shown = ", ".join(f"{k}={v}" for k, v in hparams.items() if k not in common or v != common[k])
@@ -50,10 +47,10 @@ def preview_run(config: RunConfig, progress: bool = True) -> str:
     if split.targets:
         lines.append("  targets (test images): " + ", ".join(f"{d} {len(split.heldout[d])}" for d in split.targets))
     else:
-        lines.append("  targets: none (--protocol all: every domain trains; the model is selected on source "
-                     "validation)")
+        lines.append(f"  targets: none (--protocol all: every domain trains; selection {config.resolved_selection()})")
     if split.val_domain:
         lines.append(f"  validation domain: {split.val_domain} {len(split.heldout[split.val_domain])}")
-    lines += [f"  partition {config.partition} ({len(clients)} clients, {config.topology} topology):",
+    copies = f", each image {config.data_copies} times" if config.data_copies > 1 else ""
+    lines += [f"  partition {config.partition} ({len(clients)} clients, {config.topology} topology{copies}):",
               *("    " + line for line in format_partition_table(clients, dataset).splitlines())]
     return "\n".join(lines)

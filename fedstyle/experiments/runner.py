@@ -335,7 +335,7 @@ def train_experiment(exp: Experiment, out: Path, *, quiet: bool, checkpoint,
                     if on_checkpoint is not None:
                         on_checkpoint(done_rounds)
                     postfix.update(src=f"{mean(record['source_val_acc'].values()):.3f}")
-                    if "target_acc" in record:
+                    if record.get("target_acc"):  # none under --target-eval end's early rows or --protocol all
                         postfix.update(tgt=f"{mean(record['target_acc'].values()):.3f}")
                 reporter.step(postfix)
     except KeyboardInterrupt:

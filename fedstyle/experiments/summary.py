@@ -150,7 +150,9 @@ def divergence_warnings(records: list[dict[str, Any]], num_classes: int, lr: flo
     uniform = math.log(max(2, num_classes))
     first, last = rows[0]["train_loss"], rows[-1]["train_loss"]
     chance = 1.0 / max(1, num_classes)
-    accuracy = mean(measured[-1]["target_acc"].values())
+    # --protocol all holds no target: its source validation is the accuracy it has
+    which = "target_acc" if measured[-1]["target_acc"] else "source_val_acc"
+    accuracy = mean(measured[-1].get(which, {}).values())
     out = []
     if last > 100 * uniform:
         out.append(f"the training loss reached {last:.3g}, far above a uniform guess's {uniform:.2f}: training "
@@ -159,7 +161,8 @@ def divergence_warnings(records: list[dict[str, Any]], num_classes: int, lr: flo
         out.append(f"the training loss grew from {first:.3g} to {last:.3g}: training likely diverged; lower --lr "
                    f"(now {lr:g})")
     if accuracy <= chance + 0.02 and (last > first or last > uniform):
-        out.append(f"target accuracy {accuracy:.3f} is at chance ({chance:.3f}) and the loss did not fall: the "
+        out.append(f"{'target' if which == 'target_acc' else 'source-validation'} accuracy {accuracy:.3f} is at "
+                   f"chance ({chance:.3f}) and the loss did not fall: the "
                    f"model learned nothing; lower --lr (now {lr:g}) or train longer")
     return out
 

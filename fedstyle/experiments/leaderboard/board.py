@@ -157,6 +157,15 @@ def expected_cells(spec: Mapping[str, Any], kind: str, datasets: Mapping[str, Ma
     return cells
 
 
+def own_settings(variant: Mapping[str, Any], base: Mapping[str, Any]) -> list[str]:
+    """The run settings a table's row sets other than the table's base ("lr 0.0167"): what `fedstyle run --method
+    NAME` with the table's settings would not do. A method's own options (``hparams``) are left to the sweep file:
+    telling a pinned default from a change needs the method registry, which imports torch, and the page renders
+    without it."""
+    return [f"{k} {v}" for k, v in variant.items()
+            if k not in ("name", "label", "method", "hparams") and base.get(k) != v]
+
+
 def build_board(key: str, title: str, kind: str, table_text: str, lines: Sequence[Mapping[str, str]],
                 datasets: Mapping[str, Mapping[str, Any]], *, where: str = "", rank: bool = True) -> Board:
     """A :class:`Board` from a table's sweep file text and its CSV lines (see the module docstring)."""
@@ -168,9 +177,8 @@ def build_board(key: str, title: str, kind: str, table_text: str, lines: Sequenc
     rows.sort(key=lambda row: row.method)  # by method (the registry's order), a method's rows in the file's order
     by_variant = {row.variant: row for row in rows}
     board = Board(key, title, str(spec.get("description", "")), cells, seeds, rounds, rows)
-    for variant in spec.get("variant", []):  # what `fedstyle run --method NAME` alone would not set
-        own = [f"{k} {v}" for k, v in variant.items() if k not in ("name", "label", "method", "hparams")]
-        own += [f"{k}={v}" for k, v in variant.get("hparams", {}).items()]
+    for variant in spec.get("variant", []):
+        own = own_settings(variant, spec.get("base", {}))
         if own:
             board.row_settings[str(variant.get("label", variant["name"]))] = ", ".join(own)
     by_name = {c.name: c for c in cells}

@@ -377,8 +377,8 @@ def board_section(board: Board) -> list[str]:
            f"{done} of {board.runs_expected()} runs are in `benchmarks/per_seed/{board.csv}.csv`. "
            f"Its settings (`benchmarks/leaderboard/{board.key}.toml`):", "",
            *(f"- {part[:1].upper()}{part[1:]}" for part in settings), f"- **{board.rounds} rounds**",
-           *([f"- Rows with settings of their own: {'; '.join(f'{k} {v}' for k, v in board.row_settings.items())}"]
-             if board.row_settings else []), "",
+           *([f"- Rows with run settings of their own: {'; '.join(f'{k} {v}' for k, v in board.row_settings.items())}"
+              " (each row's method options are in the sweep file)"] if board.row_settings else []), "",
            markdown_table(board).rstrip("\n"), "",
            f"- Cells: accuracy (%) on the held-out {held_out}, mean ± sample std over seeds.",
            "- **Avg**: the mean over every cell; the best is in bold.",

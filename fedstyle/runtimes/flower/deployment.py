@@ -372,8 +372,9 @@ class Federation(Supervisor):
                     if done_rounds > shown:
                         bar.update(done_rounds - shown)
                         shown = done_rounds
-                        # --target-eval end: the targets only at the end, source validation before
-                        key, name = ("target_acc", "tgt") if "target_acc" in evals[-1] else ("source_val_acc", "src")
+                        # --target-eval end: the targets only at the end, source validation before (and always
+                        # under --protocol all, which has no target)
+                        key, name = ("target_acc", "tgt") if evals[-1].get("target_acc") else ("source_val_acc", "src")
                         acc = evals[-1].get(key, {})
                         bar.set_postfix({name: f"{sum(acc.values()) / max(1, len(acc)):.3f}"}, refresh=True)
                 if finished:
