@@ -74,7 +74,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
         from fedstyle.devices import resolve_device
 
         # this machine runs them: a device it lacks would fail every run the same way, one by one
-        for device in sorted({run.config.device for planned in plans for run in planned.to_run}):
+        for device in sorted({run.config.device for planned in plans for run in planned.to_run
+                              if run.status != "done"}):  # a finished run in its folder is only exported
             resolve_device(device)
     stop_on_sigterm()
     failed = 0
