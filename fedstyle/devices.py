@@ -5,6 +5,8 @@ It sits at the package's bottom (torch and fedstyle.errors only) so every subpac
 
 from __future__ import annotations
 
+from typing import Iterable
+
 import torch
 
 from fedstyle.errors import ConfigError
@@ -23,6 +25,13 @@ def parse_device_name(name: str) -> torch.device | None:
     if device.type not in ("cpu", "cuda", "mps"):  # xpu, meta, ...: torch knows them; fedstyle's runs are not for them
         raise ConfigError(f"--device {name}: fedstyle runs on cpu, cuda, cuda:N or mps (auto picks one)")
     return device
+
+
+def require_devices(names: Iterable[str]) -> None:
+    """Each device a batch of runs names is on this machine (:func:`resolve_device`): a sweep refuses a missing GPU
+    once, before any run, instead of failing every run the same way."""
+    for name in sorted(set(names)):
+        resolve_device(name)
 
 
 def resolve_device(name: str | torch.device) -> torch.device:

@@ -71,12 +71,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
         print(f"estimate's basis ({cost.date}): {' '.join(cost.basis.split())}")
         return 0
     if not args.export_only:
-        from fedstyle.devices import resolve_device
+        from fedstyle.devices import require_devices
 
-        # this machine runs them: a device it lacks would fail every run the same way, one by one
-        for device in sorted({run.config.device for planned in plans for run in planned.to_run
-                              if run.status != "done"}):  # a finished run in its folder is only exported
-            resolve_device(device)
+        require_devices(run.config.device for planned in plans for run in planned.to_run
+                        if run.status != "done")  # a finished run in its folder is only exported
     stop_on_sigterm()
     failed = 0
     for planned in plans:

@@ -177,11 +177,10 @@ def _run(grid, out: Path, args: argparse.Namespace) -> int:
         dry_run(plan)
         return 0
     if args.launcher != "ray" and not args.report_only:
-        from fedstyle.devices import resolve_device
+        from fedstyle.devices import require_devices
 
-        # this machine runs them: a device it lacks fails every run the same way (a Ray cluster's nodes may differ)
-        for device in sorted({run.config.device for run in plan.runs if run.status != "done"}):
-            resolve_device(device)
+        # this machine runs them (a Ray cluster's nodes may differ)
+        require_devices(run.config.device for run in plan.runs if run.status != "done")
     if args.report_only and not any(run.status == "done" for run in plan.runs):  # it wrote an empty report, exit 0
         raise ConfigError(f"none of the {len(plan.runs)} runs under {plan.out} has finished yet: nothing to report; "
                           "run the sweep without --report-only")

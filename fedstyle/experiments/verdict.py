@@ -105,6 +105,10 @@ class PairedVerdict:
     def n(self) -> int:
         return len(self.differences)
 
+    def interval(self) -> str:
+        """The mean difference and its 95 % interval, "+3.5 [+1.5, +5.6]" (tables and claim lines); needs one."""
+        return f"{self.mean:+.1f} [{self.low:+.1f}, {self.high:+.1f}]"
+
     def text(self) -> str:
         """One line: the mean difference, its interval, the count in favour, the sign test, the cells."""
         where = f"{', '.join(self.cells)}" if self.cells else "no cell"

@@ -31,7 +31,7 @@ class Link:
         v = self.verdict
         if v is None or v.low is None:
             return self.status
-        return f"{self.status} ({v.mean:+.1f} [{v.low:+.1f}, {v.high:+.1f}], {v.n} pairs)"
+        return f"{self.status} ({v.interval()}, {v.n} pairs)"
 
 
 @dataclass

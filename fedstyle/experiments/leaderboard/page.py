@@ -342,7 +342,7 @@ def _gap(verdict) -> str:
         return "no common pairs"
     if verdict.low is None:
         return f"{verdict.mean:+.1f}, one pair"
-    return f"{verdict.mean:+.1f} [{verdict.low:+.1f}, {verdict.high:+.1f}]"
+    return verdict.interval()
 
 
 def run_time_text(run_time: dict[str, list[float]]) -> str:

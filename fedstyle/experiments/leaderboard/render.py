@@ -36,7 +36,7 @@ def standing(board: Board, row: BoardRow) -> str:
     if v is None or v.low is None:
         return "not judged"
     word = "tied" if row.tied else "below"
-    return f"{word}: {v.mean:+.1f} [{v.low:+.1f}, {v.high:+.1f}]"
+    return f"{word}: {v.interval()}"
 
 
 def cell_text(board: Board, row: BoardRow, cell) -> str:
