@@ -251,3 +251,74 @@ def test_data_show_draws_any_splits_and_names_a_corrupt_row_by_where_it_is(hf_ho
     assert code == 2 and len(err.splitlines()) == 1 and "object at 0x" not in err
     assert err.startswith(f"fedstyle: error: cannot read image {where} (UnidentifiedImageError: cannot identify "
                           f"image file {where})")
+
+
+def _closed_port() -> int:
+    import socket
+
+    with socket.socket() as sock:  # bound then closed: nothing listens there
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture
+def hub_unreachable_online(hf_home, monkeypatch):
+    """Offline mode off, no proxy, and the Hub's endpoint a local port that refuses connections."""
+    import datasets
+    import huggingface_hub.constants as hub_constants
+
+    for name in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(hub_constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(hub_constants, "ENDPOINT", f"http://127.0.0.1:{_closed_port()}")
+    return hf_home
+
+
+def test_an_unreachable_hub_reads_the_cache_offline_at_once(hub_unreachable_online, tmp_path, monkeypatch):
+    # Online, the library retries each request with back-off (about 26 s) before it reads its cache; the
+    # probe sees the refused connection and the load runs in offline mode from the start.
+    import datasets
+    import huggingface_hub.constants as hub_constants
+
+    cache_as_hub("flwrlabs/pacs", write_parquet(tmp_path / "repo", {"train": tiny_pacs_rows(per_class=1)}))
+    modes, real_load = [], datasets.load_dataset
+
+    def spy(*args, **kwargs):
+        modes.append((datasets.config.HF_HUB_OFFLINE, hub_constants.HF_HUB_OFFLINE))
+        return real_load(*args, **kwargs)
+
+    monkeypatch.setattr(datasets, "load_dataset", spy)
+    dataset = load_dataset("hf:flwrlabs/pacs", resolution=8, progress=False)
+    assert [dataset.size(d) for d in dataset.domains] == [7, 7, 7, 7]
+    assert modes == [(True, True)]
+    assert (datasets.config.HF_HUB_OFFLINE, hub_constants.HF_HUB_OFFLINE) == (False, False)  # restored
+
+
+def test_an_unreachable_hub_without_the_dataset_names_the_host_and_the_fix(hub_unreachable_online):
+    import huggingface_hub.constants as hub_constants
+
+    with pytest.raises(DataError) as err:
+        load_dataset("hf:flwrlabs/pacs", progress=False)
+    message = str(err.value)
+    port = hub_constants.ENDPOINT.rsplit(":", 1)[1]
+    assert "\n" not in message and f"cannot reach the Hugging Face Hub for hf:flwrlabs/pacs (127.0.0.1:{port}" in message
+    assert "HF_HOME" in message
+
+
+def test_the_probe_opens_one_connection_and_stands_aside_behind_a_proxy(monkeypatch):
+    import socket
+
+    from fedstyle.data.hub import hub_unreachable
+
+    for name in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(1)
+        assert hub_unreachable(f"http://127.0.0.1:{server.getsockname()[1]}") is None
+    closed = f"http://127.0.0.1:{_closed_port()}"
+    assert hub_unreachable(closed).startswith("127.0.0.1:")
+    assert hub_unreachable("https://no-such-host.invalid").startswith("no-such-host.invalid:443: ")
+    monkeypatch.setenv("HTTPS_PROXY", "http://proxy.example:3128")
+    assert hub_unreachable(closed) is None

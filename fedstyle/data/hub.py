@@ -15,7 +15,10 @@ Where the data comes from is the ``datasets`` library's business, so its cache a
 ``datasets.load_dataset(NAME)`` reads ``HF_DATASETS_CACHE`` (under ``HF_HOME``) and, with ``HF_HUB_OFFLINE=1``
 (or ``HF_DATASETS_OFFLINE=1``), never touches the network and takes the cached copy. Offline, a dataset that
 is only in the hub cache (``hf download NAME --repo-type dataset`` fills ``HF_HUB_CACHE``) is read from that
-snapshot. ``hf:DIR`` reads a local folder of data files or a ``save_to_disk`` folder.
+snapshot. ``hf:DIR`` reads a local folder of data files or a ``save_to_disk`` folder. Without
+offline mode, one connection to the Hub's host (3 s at most) comes first: where it fails, the load runs
+offline at once (cache or snapshot), since the library would retry every request with back-off for about
+26 s before reading the same cache. Behind a proxy (``HTTPS_PROXY``, ``ALL_PROXY``) the probe is skipped.
 
 Images are decoded once into fedstyle's uint8 cache like every folder dataset (the same decoder: RGB,
 antialiased bilinear resize to ``resolution``), keyed by the Hugging Face fingerprint of every split (the
@@ -30,9 +33,11 @@ import contextlib
 import io
 import os
 import re
+import socket
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import numpy as np
 import torch
@@ -105,6 +110,55 @@ def _cached_snapshot(repo: str) -> str | None:
         return None
 
 
+PROBE_SECONDS = 3.0
+PROXY_VARIABLES = ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")
+
+
+def hub_unreachable(endpoint: str, seconds: float = PROBE_SECONDS) -> str | None:
+    """Why the Hub at ``endpoint`` cannot be reached (its host does not resolve, or refuses or ignores a
+    connection within ``seconds``), or None when a connection opens or a proxy is set (a proxy reaches
+    hosts this machine cannot, so a direct connection says nothing)."""
+    if any(os.environ.get(name) for name in PROXY_VARIABLES):
+        return None
+    parts = urlsplit(endpoint)
+    if not parts.hostname:
+        return None  # not a URL this probe understands: let the library try
+    port = parts.port or (80 if parts.scheme == "http" else 443)
+    try:
+        socket.create_connection((parts.hostname, port), timeout=seconds).close()
+    except OSError as err:  # gaierror (no such host), refused, timed out
+        return f"{parts.hostname}:{port}: {_one_line(err) or type(err).__name__}"
+    return None
+
+
+@contextlib.contextmanager
+def _offline(datasets):
+    """Offline mode for this load only: the two libraries read these module constants at call time."""
+    from huggingface_hub import constants
+
+    saved = datasets.config.HF_HUB_OFFLINE, constants.HF_HUB_OFFLINE
+    datasets.config.HF_HUB_OFFLINE = constants.HF_HUB_OFFLINE = True
+    try:
+        yield
+    finally:
+        datasets.config.HF_HUB_OFFLINE, constants.HF_HUB_OFFLINE = saved
+
+
+def _load_named(datasets, repo: str):
+    """``load_dataset(repo)``; offline at once where the Hub is unreachable; the hub-cache snapshot last."""
+    from huggingface_hub import constants
+
+    unreachable = None if datasets.config.HF_HUB_OFFLINE else hub_unreachable(constants.ENDPOINT)
+    try:
+        with _offline(datasets) if unreachable else contextlib.nullcontext():
+            return datasets.load_dataset(repo)
+    except (ConnectionError, FileNotFoundError) as err:
+        snapshot = _cached_snapshot(repo)
+        if snapshot is None:
+            raise DataError(_not_found(datasets, repo, err, unreachable)) from None
+        return datasets.load_dataset(snapshot)
+
+
 def open_hub_dataset(repo: str, progress: bool = True):
     """The ``DatasetDict`` of ``repo`` (Hub name or local folder) through the library's cache and offline mode."""
     datasets = _import_datasets()
@@ -120,13 +174,7 @@ def open_hub_dataset(repo: str, progress: bool = True):
             if not REPO_NAME.match(repo):
                 raise ConfigError(f"--dataset hf:{repo}: give hf:OWNER/NAME (a Hugging Face dataset, e.g. "
                                   "hf:flwrlabs/pacs) or hf:DIR (an existing local folder)")
-            try:
-                loaded = datasets.load_dataset(repo)
-            except (ConnectionError, FileNotFoundError) as err:
-                snapshot = _cached_snapshot(repo)
-                if snapshot is None:
-                    raise DataError(_not_found(datasets, repo, err)) from None
-                loaded = datasets.load_dataset(snapshot)
+            loaded = _load_named(datasets, repo)
     if isinstance(loaded, datasets.Dataset):
         loaded = datasets.DatasetDict({"train": loaded})
     if not sum(len(split) for split in loaded.values()):
@@ -143,8 +191,12 @@ def _unreadable_folder(repo: str, err: BaseException) -> str:
             "(parquet, arrow, an imagefolder) or one written by save_to_disk")
 
 
-def _not_found(datasets, repo: str, err: BaseException) -> str:
+def _not_found(datasets, repo: str, err: BaseException, unreachable: str | None = None) -> str:
     cache = datasets.config.HF_DATASETS_CACHE
+    if unreachable:
+        return (f"cannot reach the Hugging Face Hub for hf:{repo} ({unreachable}) and it is not in the cache "
+                f"({cache}); check the network (or HF_ENDPOINT, or HTTPS_PROXY), or copy a cache holding it and "
+                "point HF_HOME at it")
     if datasets.config.HF_HUB_OFFLINE:
         return (f"hf:{repo} is not in the Hugging Face cache ({cache}) and offline mode is on (HF_HUB_OFFLINE / "
                 f"HF_DATASETS_OFFLINE); load it once with the network (unset both and rerun, or run `hf download "
