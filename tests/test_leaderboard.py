@@ -293,6 +293,25 @@ def test_the_estimate_scales_each_row_by_the_references_whole_run():
         per_dataset.seconds("t", "ccst", dataset="d3")
 
 
+def test_finished_cpu_runs_replace_the_estimate_for_their_row_dataset_and_rounds():
+    cost = CostModel({"tables": {"t": {"rows_one_round": {"fedavg": 2.0, "feddg_ga": 4.0},
+                                       "reference": "fedavg", "reference_whole": {"d1": 20.0, "d2": 50.0},
+                                       "reference_one_round": 2.0, "reference_rounds": 8}}})
+    cost.learn_finished("t", [
+        {"variant": "feddg_ga", "dataset": "d2", "rounds": "8", "device": "cpu", "seconds": s}
+        for s in ("900", "1000", "1300")] + [
+        {"variant": "feddg_ga", "dataset": "d2", "rounds": "8", "device": "cuda", "seconds": "10"},  # not a CPU's
+        {"variant": "feddg_ga", "dataset": "d2", "rounds": "16", "device": "cpu", "seconds": "5000"},
+    ])
+    how: dict[str, set[str]] = {}
+    assert cost.seconds("t", "feddg_ga", rounds=8, dataset="d2", how=how) == pytest.approx(1000.0)  # the median
+    assert how == {"feddg_ga": {"finished"}}
+    assert cost.seconds("t", "feddg_ga", rounds=8, dataset="d1", how=how) == pytest.approx(40.0)  # none on d1
+    assert cost.seconds("t", "feddg_ga", rounds=16, dataset="d2") == pytest.approx(5000.0)
+    assert cost.seconds("t", "fedavg", rounds=8, dataset="d2", how=how) == pytest.approx(50.0)
+    assert how == {"feddg_ga": {"finished", "estimate"}, "fedavg": {"estimate"}}
+
+
 def test_the_committed_estimate_measures_every_row():
     cost = CostModel.load(GRID_DIR / "cost.json")
     for table in load_tables():
@@ -711,11 +730,19 @@ def test_the_dry_run_counts_runs_and_adds_up_the_estimate():
     table = load_table("p2p")
     runs = [_run("dsgd", "digits4", s) for s in range(3)] + [_run("styleddg", "digits4", 0)]
     planned = TablePlan(table, plan=SimpleNamespace(runs=runs), in_csv=runs[:1], to_run=runs[1:])
-    cost = {"dsgd": 1800.0, "styleddg": 3600.0}
-    lines = dry_run_lines([planned], lambda key, run, unmeasured: cost[run.variant])
+    cost = {("dsgd", 1): 1500.0, ("dsgd", 2): 2100.0, ("styleddg", 0): 3600.0, ("dsgd", 0): 1800.0}
+
+    def estimate(key, run, unmeasured, how):
+        how.setdefault(run.variant, set()).add("finished" if run.variant == "dsgd" else "estimate")
+        return cost[run.variant, run.config.seed]
+
+    lines = dry_run_lines([planned], estimate)
     assert lines[0].startswith("p2p (Peer to peer): 4 runs, every one validated; 1 in leaderboard-p2p.csv, 3 left "
                                "(0 finished in their folders, to export; 0 to resume; 3 new)")
-    assert lines[0].endswith("about 2.0 CPU hours left of 2.5")  # (2 x 1800 + 3600) s left, + 1800 s done
+    assert lines[0].endswith("about 2.0 CPU hours left of 2.5")  # (1500 + 2100 + 3600) s left, + 1800 s done
+    # a row's line gives the mean of its runs left, and where the figure comes from
+    assert lines[1].split() == "dsgd 2 runs x 1800 CPU s (its finished runs' median)".split()
+    assert lines[2].split() == "styleddg 1 runs x 3600 CPU s".split()
     assert lines[-1].startswith("all tables: about 2.0 CPU hours left of 2.5")
 
 

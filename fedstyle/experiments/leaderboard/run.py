@@ -233,14 +233,16 @@ def run_table(table_plan: TablePlan, launcher=None, *, quiet: bool = False, csv_
 
 def dry_run_lines(plans: Sequence[TablePlan], estimate: Callable) -> list[str]:
     """What ``--dry-run`` prints: per table its runs (all validated), how many its CSV holds, how many are
-    left, and the CPU hours of those left and of the whole table by :func:`estimate` (a run's CPU seconds)."""
+    left, and the CPU hours of those left and of the whole table by ``estimate(table, run, unmeasured, how)``
+    (a run's CPU seconds; see :meth:`~fedstyle.experiments.leaderboard.cost.CostModel.seconds`)."""
     lines = []
     total_left = total_all = 0.0
     unmeasured: set[str] = set()
     for tp in plans:
         counts = tp.counts()
-        left = sum(estimate(tp.table.key, run, unmeasured) for run in tp.to_run)
-        whole = sum(estimate(tp.table.key, run, unmeasured) for run in tp.plan.runs)
+        how: dict[str, set[str]] = {}
+        left = sum(estimate(tp.table.key, run, unmeasured, how) for run in tp.to_run)
+        whole = sum(estimate(tp.table.key, run, unmeasured, {}) for run in tp.plan.runs)
         total_left, total_all = total_left + left, total_all + whole
         lines.append(f"{tp.table.key} ({tp.table.title}): {counts['runs']} runs, every one validated; "
                      f"{counts['in_csv']} in {tp.table.csv}.csv, {counts['left']} left ({counts['done']} finished "
@@ -250,12 +252,16 @@ def dry_run_lines(plans: Sequence[TablePlan], estimate: Callable) -> list[str]:
         for run in tp.to_run:
             per_row.setdefault(run.variant, []).append(run)
         for variant, runs in per_row.items():
-            seconds = estimate(tp.table.key, runs[0], unmeasured)
-            lines.append(f"    {variant:<22} {len(runs):4d} runs x {seconds:6.0f} CPU s"
-                         + (" (not measured: the table's median row)" if variant in unmeasured else ""))
+            seconds = sum(estimate(tp.table.key, run, unmeasured, {}) for run in runs) / len(runs)
+            charged = how.get(variant, set())
+            note = (" (not measured: the table's median row)" if variant in unmeasured else
+                    " (its finished runs' median)" if charged == {"finished"} else
+                    " (its finished runs' median where a dataset has them)" if "finished" in charged else "")
+            lines.append(f"    {variant:<22} {len(runs):4d} runs x {seconds:6.0f} CPU s{note}")
         if tp.table.excluded:
             for method, reason in tp.table.excluded.items():
                 lines.append(f"    excluded {method}: {reason}")
-    lines.append(f"all tables: about {total_left / 3600:.1f} CPU hours left of {total_all / 3600:.1f} "
-                 "(one core each, as measured: benchmarks/leaderboard/cost.json)")
+    lines.append(f"all tables: about {total_left / 3600:.1f} CPU hours left of {total_all / 3600:.1f} (one core "
+                 "each: a row's finished CPU runs' median wall seconds on a dataset, else the estimate measured in "
+                 "benchmarks/leaderboard/cost.json)")
     return lines
