@@ -65,11 +65,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
             continue
         plans.append(planned)
     if args.dry_run:
-        from fedstyle.experiments.leaderboard.run import read_csv
-
         cost = CostModel.load(args.grid_dir / "cost.json")
         for planned in plans:
-            cost.learn_finished(planned.table.key, read_csv(planned.table, args.csv_dir))
+            cost.learn_finished(planned.table.key, planned.csv_lines)
         for line in dry_run_lines(plans, cost.run_seconds):
             print(line)
         print(f"estimate's basis ({cost.date}): {' '.join(cost.basis.split())}")

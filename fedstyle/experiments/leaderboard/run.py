@@ -33,6 +33,8 @@ class TablePlan:
     plan: object  # fedstyle.experiments.grid.Plan
     in_csv: list = field(default_factory=list)
     to_run: list = field(default_factory=list)
+    #: the table's CSV lines when planned (the dry run's measured seconds)
+    csv_lines: list = field(default_factory=list)
 
     def counts(self) -> dict[str, int]:
         folders = {"done": 0, "resume": 0, "new": 0}
@@ -141,8 +143,9 @@ def plan_table(table: Table, runs_root: Path, *, only: Sequence[tuple[str, Seque
     if mine is None:
         return None
     plan = plan_grid(grid, Path(runs_root) / table.key, progress=progress, only=mine)
-    held = _held(read_csv(table, csv_dir))
-    out = TablePlan(table, plan)
+    lines = read_csv(table, csv_dir)
+    held = _held(lines)
+    out = TablePlan(table, plan, csv_lines=lines)
     for run in plan.runs:
         (out.in_csv if run_in_csv(run, held) else out.to_run).append(run)
     return out
@@ -241,23 +244,23 @@ def dry_run_lines(plans: Sequence[TablePlan], estimate: Callable) -> list[str]:
     for tp in plans:
         counts = tp.counts()
         how: dict[str, set[str]] = {}
-        left = sum(estimate(tp.table.key, run, unmeasured, how) for run in tp.to_run)
-        whole = sum(estimate(tp.table.key, run, unmeasured, {}) for run in tp.plan.runs)
+        per_row: dict[str, list[float]] = {}
+        for run in tp.to_run:
+            per_row.setdefault(run.variant, []).append(estimate(tp.table.key, run, unmeasured, how))
+        left = sum(sum(seconds) for seconds in per_row.values())
+        whole = left + sum(estimate(tp.table.key, run, unmeasured, {}) for run in tp.in_csv)
         total_left, total_all = total_left + left, total_all + whole
         lines.append(f"{tp.table.key} ({tp.table.title}): {counts['runs']} runs, every one validated; "
                      f"{counts['in_csv']} in {tp.table.csv}.csv, {counts['left']} left ({counts['done']} finished "
                      f"in their folders, to export; {counts['resume']} to resume; {counts['new']} new); "
                      f"about {left / 3600:.1f} CPU hours left of {whole / 3600:.1f}")
-        per_row: dict[str, list] = {}
-        for run in tp.to_run:
-            per_row.setdefault(run.variant, []).append(run)
-        for variant, runs in per_row.items():
-            seconds = sum(estimate(tp.table.key, run, unmeasured, {}) for run in runs) / len(runs)
+        for variant, seconds_each in per_row.items():
+            seconds = sum(seconds_each) / len(seconds_each)
             charged = how.get(variant, set())
             note = (" (not measured: the table's median row)" if variant in unmeasured else
                     " (its finished runs' median)" if charged == {"finished"} else
                     " (its finished runs' median where a dataset has them)" if "finished" in charged else "")
-            lines.append(f"    {variant:<22} {len(runs):4d} runs x {seconds:6.0f} CPU s{note}")
+            lines.append(f"    {variant:<22} {len(seconds_each):4d} runs x {seconds:6.0f} CPU s{note}")
         if tp.table.excluded:
             for method, reason in tp.table.excluded.items():
                 lines.append(f"    excluded {method}: {reason}")
