@@ -320,6 +320,19 @@ def test_pool_clients_replace_and_views_stay_their_own():
         ClientData.from_pool(pool, torch.tensor([10]), TRANSFORM)
 
 
+def test_take_gathers_the_asked_samples_of_pool_and_owned_clients():
+    pool = SamplePool(torch.arange(10, dtype=torch.uint8).view(10, 1, 1, 1).expand(10, 3, 2, 2).contiguous(),
+                      torch.arange(10) + 100, torch.zeros(10, dtype=torch.long))
+    client = ClientData.from_pool(pool, torch.tensor([7, 2, 2, 9, 4]), TRANSFORM)
+    images, labels = client.take(slice(1, 4))
+    assert images[:, 0, 0, 0].tolist() == [2, 2, 9] and labels.tolist() == [102, 102, 109]
+    images, labels = client.take(torch.tensor([4, 0]))
+    assert images[:, 0, 0, 0].tolist() == [4, 7] and labels.tolist() == [104, 107]
+    owned = ClientData(pool.images, pool.labels, pool.domains, TRANSFORM)
+    images, labels = owned.take(slice(8, 20))  # a slice past the end stops at the last sample, as images[8:20]
+    assert images[:, 0, 0, 0].tolist() == [8, 9] and labels.tolist() == [108, 109]
+
+
 def test_data_copies_deal_every_training_sample_k_times(tiny_config):
     from fedstyle.data import load_dataset
     from fedstyle.partition import make_partition, make_split

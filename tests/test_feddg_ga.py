@@ -11,6 +11,7 @@ import torch
 
 from fedstyle.algorithms.context import ClientUpdate, ServerContext
 from fedstyle.algorithms.feddg_ga import WEIGHTS, FedDGGA, adjust_weights
+from fedstyle.errors import ConfigError
 from fedstyle.experiments.runner import run_experiment
 from fedstyle.federation.rounds import FederationSettings
 from fedstyle.federation.star import StarSimulator
@@ -103,7 +104,40 @@ def test_resume_equals_uninterrupted(tiny_config, tmp_path, monkeypatch):
 
 
 def test_accuracy_gap_needs_the_evaluated_local_model():
-    from fedstyle.errors import ConfigError
-
     with pytest.raises(ConfigError, match="metric=acc needs.*local_loss=eval"):
         FedDGGA({"metric": "acc", "local_loss": "train"}, num_classes=2, num_clients=3)
+
+
+@pytest.mark.parametrize("fraction", [0.25, 1.0])
+def test_gap_is_measured_on_a_kept_subset_by_hand(fraction):
+    """gap_fraction: the global model's loss on a subset of the client's images drawn once and kept, by hand
+    through the model's forward pass; 1 measures every image and keeps nothing."""
+    import torch.nn.functional as F
+
+    from fedstyle.algorithms.context import ClientContext, TrainSettings
+    from fedstyle.algorithms.feddg_ga import _BEFORE, _GAP_POSITIONS
+
+    data = make_clients(n=1, per_client=24)[0]
+    algo, model = make_model("feddg_ga", {"gap_fraction": fraction}, n_clients=3)
+    model.eval()
+    state = {_BEFORE: torch.tensor(0.5, dtype=torch.float64)}
+
+    def gap(seed):
+        ctx = ClientContext(client_id=0, data=data, state=state, train=TrainSettings(lr=0.1), round=1, num_clients=3,
+                            device=torch.device("cpu"), seed=seed)
+        return algo.round_query(ctx, model)["gap"]
+
+    first = gap(seed=5)
+    if fraction == 1.0:
+        assert _GAP_POSITIONS not in state
+        positions = torch.arange(24)
+    else:
+        positions = state[_GAP_POSITIONS]
+        assert len(positions) == 6 and len(set(positions.tolist())) == 6 and positions.tolist() == sorted(positions.tolist())
+    with torch.no_grad():
+        by_hand = F.cross_entropy(model(data.transform(data.images[positions], train=False)), data.labels[positions])
+    assert first == pytest.approx(float(by_hand) - 0.5, abs=1e-5)
+    assert gap(seed=6) == first  # another round's seed: the same images
+    with pytest.raises(ConfigError, match="gap_fraction must be above 0"):
+        FedDGGA({"gap_fraction": 0.0}, num_classes=2, num_clients=3)
+

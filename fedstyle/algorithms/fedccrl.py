@@ -123,7 +123,7 @@ class FedCCRL(Algorithm):
         chosen = torch.randperm(len(data), generator=ctx.generator)[: upload_count(len(data), self.hp["upload_ratio"])]
         mus, sigmas = [], []
         for chunk in chosen.sort().values.split(_CHUNK):
-            x = data.transform(data.images[chunk].to(ctx.device), train=False)
+            x = data.transform(data.take(chunk)[0].to(ctx.device), train=False)
             mu, sigma = channel_stats(x.float(), eps=EPS, unbiased=self.unbiased)
             mus.append(mu.flatten(1).cpu())
             sigmas.append(sigma.flatten(1).cpu())
