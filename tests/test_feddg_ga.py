@@ -91,8 +91,10 @@ def test_partial_participation_queries_gaps_and_keeps_a_probability_vector():
     assert moved
 
 
-def test_resume_equals_uninterrupted(tiny_config, tmp_path, monkeypatch):
-    config = tiny_config.updated(method="feddg_ga", partition="per_domain", clients=6, clients_per_round=3, rounds=4)
+@pytest.mark.parametrize("hp", [{}, {"gap_fraction": 0.5}])  # the kept subset is checkpointed with the client
+def test_resume_equals_uninterrupted(tiny_config, tmp_path, monkeypatch, hp):
+    config = tiny_config.updated(method="feddg_ga", partition="per_domain", clients=6, clients_per_round=3, rounds=4,
+                                 hparams=hp)
     full = run_experiment(config, tmp_path / "full", quiet=True)
     resumed = interrupt_and_resume(config, tmp_path / "cut", monkeypatch, at_round=3)
 
