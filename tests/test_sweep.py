@@ -536,6 +536,26 @@ def test_a_finished_run_of_a_method_with_a_style_defence_is_reused(tmp_path):
         run_status(run_dir, planned)
 
 
+def test_a_finished_run_older_than_a_new_option_is_reused_at_its_default(tmp_path):
+    """A method option added after a run (FedDG-GA's gap_fraction, 2026-11-29) is absent from its config.json: the
+    run had the option's default, so the sweep reuses it; planned with another value, it is another run."""
+    from fedstyle.algorithms import METHODS
+    from fedstyle.experiments.config import RunConfig
+    from fedstyle.experiments.grid.plan import run_status
+
+    planned = RunConfig(method="feddg_ga", dataset="digits4", targets=["mnist"])
+    stored = planned.to_dict()
+    stored["hparams"] = {k: v for k, v in METHODS.get("feddg_ga").resolve({}).items() if k != "gap_fraction"}
+    stored["selection"] = planned.resolved_selection()
+    run_dir = tmp_path / "feddg_ga" / "seed0" / "mnist"
+    run_dir.mkdir(parents=True)
+    (run_dir / "config.json").write_text(json.dumps(stored))
+    (run_dir / "done").write_text("")
+    assert run_status(run_dir, planned) == "done"
+    with pytest.raises(ConfigError, match=r"hparams\.gap_fraction"):
+        run_status(run_dir, planned.updated(hparams={"gap_fraction": 0.1}))
+
+
 def test_a_sigterm_to_the_sweep_stops_its_runs_within_seconds(tiny_config, tmp_path):
     """`kill PID` of a sweep (SIGTERM, which the CLI turns into Ctrl-C) stops the runs under way at once, resumable,
     instead of waiting for them to end: the workers get no signal of their own. The runs the pool has queued do not

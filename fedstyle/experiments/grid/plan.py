@@ -160,6 +160,8 @@ def _differences(stored: Mapping[str, Any], planned: RunConfig) -> list[str]:
             continue
         have = stored.get(key, defaults[key])  # a setting newer than the run: its default
         if key == "hparams" and isinstance(have, Mapping):
+            # an option newer than the run: the run had its declared default (a new option keeps the old behaviour)
+            have = {**{h.name: h.default for h in method.declared_hparams() if h.name not in have}, **have}
             out += [f"hparams.{k}" for k in sorted(set(value) | set(have)) if value.get(k) != have.get(k)]
         elif have != value:
             out.append(f"{key} ({have!r} there, {value!r} here)")
