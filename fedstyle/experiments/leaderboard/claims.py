@@ -101,12 +101,15 @@ def judge(says: str, lookup, classes: Mapping[str, int], sources: list[str],
 
 
 def csv_lookup(lines: Sequence[Mapping[str, str]]):
-    """Rows of per-seed CSV lines by label (cells "dataset → target")."""
+    """Rows of per-seed CSV lines by label (cells as :func:`~fedstyle.experiments.report.per_seed.accuracies`
+    pairs them)."""
+    from fedstyle.experiments.report.per_seed import accuracies
+
     def lookup(label: str):
         mine = [l for l in lines if l["label"] == label]
         if not mine:
             return None
-        values = {(f"{l['dataset']} → {l['target']}", int(l["seed"])): float(l["target_acc"]) for l in mine}
+        values = accuracies(mine, label)
         sv: dict[str, list[float]] = {}
         for l in mine:
             if l.get("source_val"):

@@ -14,6 +14,7 @@ from __future__ import annotations
 import csv
 import io
 import math
+import statistics
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
@@ -123,12 +124,27 @@ def merge_rows(kept: Iterable[Mapping[str, str]], new: Iterable[Mapping[str, str
 def accuracies(rows: Iterable[Mapping[str, str]], label: str, dataset: str | None = None,
                cell=None) -> dict[tuple[str, int], float]:
     """(cell, seed) -> target accuracy (%) of one row, the form :func:`~fedstyle.experiments.verdict.judge_paired`
-    takes; a cell is "dataset → target" unless ``cell(row)`` says otherwise."""
+    takes; a cell is "dataset → target" unless ``cell(row)`` says otherwise. A single-source line (its ``source``
+    set) belongs to the cell of its source, "dataset: source →", valued at the mean over its targets, as the
+    leaderboard's single-source table pairs them. Two lines of one row for the same target, source and seed
+    (two budgets in one file, say) are refused: pairing would keep one of them silently."""
     rows = list(rows)
-    name = cell or (lambda r: f"{r['dataset']} → {r['target']}")
-    out = {(name(r), int(r["seed"])): float(r["target_acc"])
-           for r in rows if r["label"] == label and dataset in (None, r["dataset"])}
-    if not out:
+    name = cell or (lambda r: f"{r['dataset']}: {r['source']} →" if r.get("source") else f"{r['dataset']} → {r['target']}")
+    values: dict[tuple[str, int], list[float]] = {}
+    seen: dict[tuple, Mapping[str, str]] = {}
+    for r in rows:
+        if r["label"] != label or dataset not in (None, r["dataset"]):
+            continue
+        run = (r["dataset"], r.get("source", ""), r["target"], int(r["seed"]))
+        if run in seen:
+            differs = [k for k in r if k not in ("target_acc", "source_val", "seconds") and r[k] != seen[run].get(k)]
+            raise ConfigError(f"two lines of {label!r} for {r['dataset']} → {r['target']}, seed {r['seed']}"
+                              f"{f', source {run[1]}' if run[1] else ''}"
+                              f"{' (they differ in ' + ', '.join(differs) + ')' if differs else ''}; "
+                              f"keep one line per run (one file per budget) to pair them")
+        seen[run] = r
+        values.setdefault((name(r), int(r["seed"])), []).append(float(r["target_acc"]))
+    if not values:
         labels = ", ".join(sorted({r["label"] for r in rows}))
         raise ConfigError(f"no row {label!r}{f' on {dataset}' if dataset else ''}; the rows: {labels}")
-    return out
+    return {key: statistics.fmean(accs) for key, accs in values.items()}
