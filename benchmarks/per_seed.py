@@ -99,8 +99,9 @@ def main(argv: list[str] | None = None) -> int:
         else:
             rows = load(args.name)
             for label in sorted({r["label"] for r in rows}):
-                cells = sorted({f"{r['dataset']} → {r['target']}" for r in rows if r["label"] == label})
-                seeds = sorted({int(r["seed"]) for r in rows if r["label"] == label})
+                paired = accuracies(rows, label)  # its cells as judge pairs them (a single-source line: its source)
+                cells = sorted({cell for cell, _ in paired})
+                seeds = sorted({seed for _, seed in paired})
                 print(f"{label}: {', '.join(cells)}; seeds {seeds}")
     except ConfigError as err:
         print(f"per_seed.py: {err}", file=sys.stderr)

@@ -137,7 +137,7 @@ def test_a_csv_without_the_columns_its_reader_needs_names_them(tmp_path):
     assert len(read_rows(path)) == 1  # a reader that needs no particular column
 
 
-def test_single_source_lines_pair_by_source_and_duplicate_runs_are_refused(per_seed, tmp_path):
+def test_single_source_lines_pair_by_source_and_duplicate_runs_are_refused(per_seed, tmp_path, capsys):
     """A single-source line is a (source, target) pair: its cell is the source, valued at the mean over the
     targets, as the leaderboard's table has it. Keyed by target, two sources' lines overwrote each other."""
     rows = ["label,variant,dataset,source,target,seed,rounds,target_acc,source_val,device,seconds"]
@@ -150,6 +150,8 @@ def test_single_source_lines_pair_by_source_and_duplicate_runs_are_refused(per_s
     lines = per_seed.load(path)
     assert per_seed.accuracies(lines, "A") == {("digits4: mnist →", 0): 45.0, ("digits4: syn →", 0): 70.0}
     assert per_seed.accuracies(lines, "B") == {("digits4: mnist →", 0): 37.0, ("digits4: syn →", 0): 65.0}
+    assert per_seed.main(["show", str(path)]) == 0  # show lists the cells judge pairs: sources, not targets
+    assert capsys.readouterr().out.splitlines()[0] == "A: digits4: mnist →, digits4: syn →; seeds [0]"
     path.write_text("\n".join(rows + ["A,v,digits4,mnist,syn,0,64,55.0,91.0,cpu,2.0"]) + "\n")  # a second budget
     with pytest.raises(ConfigError, match=r"two lines of 'A' for digits4 → syn, seed 0, source mnist \(they differ "
                                           r"in rounds\); keep one line per run"):

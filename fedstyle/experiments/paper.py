@@ -41,7 +41,8 @@ from typing import Any, Mapping, Sequence
 
 from fedstyle.errors import ConfigError
 from fedstyle.experiments.rundir import DONE, SUMMARY
-from fedstyle.experiments.verdict import NOT_LEARNED_STATUS, RULE, STATUSES, judge_paired, not_learned_reason
+from fedstyle.experiments.verdict import (NOT_LEARNED_STATUS, RULE, STATUSES, judge_paired, not_learned_reason,
+                                         target_cell)
 
 PRESETS_DIR = Path(__file__).resolve().parent / "presets"
 _ROW = r"[A-Za-z0-9._+@-]+(?:\[[^\]]*\])?"
@@ -262,7 +263,7 @@ def row_stats(runs: Sequence[Any], which: str = "selected") -> dict[str, RowStat
         for target, entry in summary.get("targets", {}).items():
             if isinstance(entry, Mapping) and isinstance(entry.get(which), (int, float)):
                 values.setdefault(key, []).append(100.0 * entry[which])
-                cells.setdefault(run.row, {})[(cell_name(run.config.dataset, target), run.seed)] = 100.0 * entry[which]
+                cells.setdefault(run.row, {})[(target_cell(run.config.dataset, target), run.seed)] = 100.0 * entry[which]
     stats = {row: RowStats(label, per_cell=cells.get(row, {}), source_val=sources.get(row, []),
                            num_classes=classes.get(row)) for row, label in labels.items()}
     for (row, seed), accuracies in values.items():
@@ -273,11 +274,6 @@ def row_stats(runs: Sequence[Any], which: str = "selected") -> dict[str, RowStat
         if (row, seed) not in values and stats[row].per_seed:
             stats[row].partial = True
     return stats
-
-
-def cell_name(dataset: str, target: str) -> str:
-    """A cell of a claim: the dataset and one held-out target."""
-    return f"{dataset} → {target}"
 
 
 @dataclass

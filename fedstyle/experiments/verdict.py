@@ -41,6 +41,17 @@ NOT_LEARNED_MARGIN = 10.0
 NOT_LEARNED_STATUS = "not judged (a row did not learn)"
 
 
+def target_cell(dataset: str, target: str) -> str:
+    """The cell of one held-out target, ``"digits4 → mnistm"``: the key (with a seed) of :data:`Accuracies`."""
+    return f"{dataset} → {target}"
+
+
+def source_cell(dataset: str, source: str) -> str:
+    """The cell of one source domain of a single-source run, ``"digits4: mnist →"``, valued at the mean over the
+    source's targets."""
+    return f"{dataset}: {source} →"
+
+
 def learned(source_val_percent: float, n_classes: int) -> bool:
     """Whether a row's source-validation accuracy (in percent) lies more than :data:`NOT_LEARNED_MARGIN`
     points above chance (100 / n_classes)."""

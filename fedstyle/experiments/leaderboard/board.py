@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 from fedstyle.errors import ConfigError
-from fedstyle.experiments.verdict import PairedVerdict, judge_paired, learned
+from fedstyle.experiments.verdict import PairedVerdict, judge_paired, learned, source_cell, target_cell
 
 #: (cell, seed) -> accuracy in percent
 Values = dict[tuple[str, int], float]
@@ -39,7 +39,7 @@ class Cell:
 
     @property
     def name(self) -> str:
-        return f"{self.dataset} → {self.domain}" if self.kind == "target" else f"{self.dataset}: {self.domain} →"
+        return (target_cell if self.kind == "target" else source_cell)(self.dataset, self.domain)
 
     @property
     def short(self) -> str:

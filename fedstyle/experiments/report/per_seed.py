@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
 from fedstyle.errors import ConfigError
+from fedstyle.experiments.verdict import source_cell, target_cell
 
 COLUMNS = ("label", "variant", "dataset", "target", "seed", "target_acc", "source_val", "device", "seconds")
 
@@ -129,7 +130,8 @@ def accuracies(rows: Iterable[Mapping[str, str]], label: str, dataset: str | Non
     leaderboard's single-source table pairs them. Two lines of one row for the same target, source and seed
     (two budgets in one file, say) are refused: pairing would keep one of them silently."""
     rows = list(rows)
-    name = cell or (lambda r: f"{r['dataset']}: {r['source']} →" if r.get("source") else f"{r['dataset']} → {r['target']}")
+    name = cell or (lambda r: source_cell(r["dataset"], r["source"]) if r.get("source")
+                    else target_cell(r["dataset"], r["target"]))
     values: dict[tuple[str, int], list[float]] = {}
     seen: dict[tuple, Mapping[str, str]] = {}
     for r in rows:

@@ -12,6 +12,7 @@ from typing import Iterable, Sequence
 
 from fedstyle.errors import ConfigError, DataError
 from fedstyle.experiments.report.runs import WHICH, RunRecord
+from fedstyle.experiments.verdict import target_cell
 
 SELECTION_RULES = {
     "source_val": "best mean source-validation accuracy",
@@ -70,7 +71,7 @@ class Row:
 
     def cell_accuracies(self, dataset: str) -> dict[tuple[str, int], float]:
         """(cell "dataset → target", seed) -> accuracy, for :func:`fedstyle.experiments.verdict.judge_paired`."""
-        return {(f"{dataset} → {domain}", seed): acc for seed, domains in self.by_seed.items()
+        return {(target_cell(dataset, domain), seed): acc for seed, domains in self.by_seed.items()
                 for domain, acc in domains.items()}
 
     @property
