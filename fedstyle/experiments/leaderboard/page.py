@@ -311,29 +311,43 @@ def budget_text(rule: dict, lines, rounds: int) -> str:
     return text
 
 
-def leaders_text(board: Board) -> str:
-    """Per benchmark: the row that leads and the rows the rule cannot tell from it; the run time behind the table."""
+def benchmark_leaders(board: Board) -> list[tuple[str, str, list[str] | None]]:
+    """Per benchmark: (dataset, the row that leads with its average, the rows the rule cannot tell from it on that
+    benchmark's pairs alone, each with its average and the leader's lead "+m [low, high]"; None where no two ranked
+    rows compare)."""
     from fedstyle.experiments.leaderboard.board import dataset_gap, dataset_leaders
 
-    parts = []
+    out = []
     for dataset in board.datasets:
         best, tied = dataset_leaders(board, dataset)
         if best is None:
-            parts.append(f"{dataset}: no ranked row yet")
+            out.append((dataset, "no ranked row yet", None))
             continue
+        leads = f"**{best.label}** ({best.dataset_average[dataset]:.1f})"
         if sum(r.ranked and r.dataset_average.get(dataset) is not None for r in board.rows) == 1:
-            parts.append(f"{dataset}: {best.label} is the only ranked row so far "
-                         f"({best.dataset_average[dataset]:.1f})")
+            out.append((dataset, f"{leads}, the only ranked row so far", None))
             continue
-        ties = ", ".join(f"{r.label} ({r.dataset_average[dataset]:.1f}; {_gap(dataset_gap(board, dataset, best, r))})"
-                         for r in tied)
-        alone = (f"the rule does not tell it from (its lead, 95 % interval): {ties}" if ties
-                 else "the rule puts every other ranked row below it")
-        parts.append(f"{dataset}: **{best.label}** leads ({best.dataset_average[dataset]:.1f}). On {dataset}'s pairs "
-                     f"alone, {alone}")
+        out.append((dataset, leads, [f"{r.label} ({r.dataset_average[dataset]:.1f}; "
+                                     f"{_gap(dataset_gap(board, dataset, best, r))})" for r in tied]))
+    return out
+
+
+def leaders_text(board: Board) -> str:
+    """Per benchmark, as a table (a sentence listing six tied rows ran past 100 words): the row that leads and the
+    rows the rule cannot tell from it; then the run time behind the table."""
+    table = ["| Benchmark | Leads (avg) | Not told from it by the rule (avg; its lead, 95 % interval) |",
+             "|:--|:--|:--|", *(f"| {dataset} | {leads} | {_ties(tied)} |" for dataset, leads, tied in benchmark_leaders(board))]
     time = run_time_text(board.run_time)
-    spent = f" Summed run time of its runs (each run's own wall time; parallel runs overlap): {time}." if time else ""
-    return "**Per benchmark.** " + ". ".join(parts) + "." + spent
+    spent = (f"\n\nSummed run time of its runs (each run's own wall time; parallel runs overlap): {time}."
+             if time else "")
+    return ("**Per benchmark.** Each benchmark's leader, judged on that benchmark's pairs alone.\n\n"
+            + "\n".join(table) + spent)
+
+
+def _ties(tied: list[str] | None) -> str:
+    if tied is None:
+        return "—"
+    return ", ".join(tied) or "none: every other ranked row is below it"
 
 
 def _gap(verdict) -> str:
@@ -425,6 +439,14 @@ def render_page(boards: dict[str, Board], claim_rows, budget: str = "") -> str:
     return "\n".join(out).rstrip("\n") + "\n"
 
 
+def _leader_line(dataset: str, leads: str, tied: list[str] | None) -> str:
+    if tied is None:
+        return f"{dataset}: {leads}"
+    if not tied:
+        return f"{dataset}: {leads} leads; the rule puts every other ranked row below it"
+    return f"{dataset}: {leads} leads; the rule does not tell it from {', '.join(tied)}"
+
+
 def terminal_text(boards: dict[str, Board], claims) -> str:
     """What ``fedstyle leaderboard show`` prints first: each table's averages (the README's columns) with its
     runs and per-benchmark leaders, then each paper's claim as the README reads it."""
@@ -434,7 +456,8 @@ def terminal_text(boards: dict[str, Board], claims) -> str:
     for board in boards.values():
         done = board.runs_expected() - board.runs_missing()
         out += [f"{board.title} ({done} of {board.runs_expected()} runs)", text_table(board).rstrip("\n"),
-                leaders_text(board).replace("**", "").split(" Summed run time", 1)[0], ""]
+                *(_leader_line(dataset, leads.replace("**", ""), tied)
+                  for dataset, leads, tied in benchmark_leaders(board)), ""]
     out.append("The papers' claims (where each is read: docs/results/index.md)")
     out += [f"  {paper}: {names}: {reading} ({where})"
             for paper, names, reading, where in claim_readings(boards, claims)]
