@@ -336,7 +336,8 @@ def leaders_text(board: Board) -> str:
     """Per benchmark, as a table (a sentence listing six tied rows ran past 100 words): the row that leads and the
     rows the rule cannot tell from it; then the run time behind the table."""
     table = ["| Benchmark | Leads (avg) | Not told from it by the rule (avg; its lead, 95 % interval) |",
-             "|:--|:--|:--|", *(f"| {dataset} | {leads} | {_ties(tied)} |" for dataset, leads, tied in benchmark_leaders(board))]
+             "|:--|:--|:--|",
+             *(f"| {dataset} | {leads} | {_ties(tied)} |" for dataset, leads, tied in benchmark_leaders(board))]
     time = run_time_text(board.run_time)
     spent = (f"\n\nSummed run time of its runs (each run's own wall time; parallel runs overlap): {time}."
              if time else "")
