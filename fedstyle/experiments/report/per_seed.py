@@ -140,7 +140,7 @@ def accuracies(rows: Iterable[Mapping[str, str]], label: str, dataset: str | Non
         run = (r["dataset"], r.get("source", ""), r["target"], int(r["seed"]))
         if run in seen:
             differs = [k for k in r if k not in ("target_acc", "source_val", "seconds") and r[k] != seen[run].get(k)]
-            raise ConfigError(f"two lines of {label!r} for {r['dataset']} → {r['target']}, seed {r['seed']}"
+            raise ConfigError(f"two lines of {label!r} for {target_cell(r['dataset'], r['target'])}, seed {r['seed']}"
                               f"{f', source {run[1]}' if run[1] else ''}"
                               f"{' (they differ in ' + ', '.join(differs) + ')' if differs else ''}; "
                               f"keep one line per run (one file per budget) to pair them")
