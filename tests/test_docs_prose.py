@@ -98,3 +98,40 @@ def test_sentences_are_short(page):
     longest = [s for p in paragraphs(path.read_text(encoding="utf-8")) for s in sentences(p)
                if len(s.split()) > LONGEST_MAX]
     assert not longest, f"{page}: {len(longest)} sentence(s) over {LONGEST_MAX} words, the first: {longest[0][:200]}"
+
+
+
+#: "(issue 51)": a number in fedstyle's work queue, which a user cannot open. Another project's tracker is cited
+#: with its name and a hash ("DomainBed issue #136"), which this does not match.
+_WORK_QUEUE_ISSUE = re.compile(r"\b[Ii]ssues? \d+")
+
+
+def _cli_help_texts() -> list[tuple[str, str]]:
+    """``--help`` of ``fedstyle`` and of every subcommand, nested ones included."""
+    import argparse
+
+    from fedstyle.cli.main import build_parser
+
+    texts, stack = [], [("fedstyle", build_parser())]
+    while stack:
+        name, parser = stack.pop()
+        texts.append((name, parser.format_help()))
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                stack.extend((f"{name} {sub}", child) for sub, child in action.choices.items())
+    return texts
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_page_names_no_work_queue_issue(page):
+    """A user cannot open the team's work queue, so "(issue 51)" reads as a dead reference: say what it stood for."""
+    lines = [f"{i}: {line.strip()}" for i, line in enumerate((ROOT / page).read_text().splitlines(), 1)
+             if _WORK_QUEUE_ISSUE.search(line)]
+    assert not lines, f"{page} names an issue of fedstyle's work queue:\n" + "\n".join(lines)
+
+
+def test_cli_help_names_no_work_queue_issue():
+    texts = _cli_help_texts()
+    assert len(texts) > 10  # the walk reached the subcommands
+    found = [name for name, text in texts if _WORK_QUEUE_ISSUE.search(text)]
+    assert not found, f"`--help` of {found} names an issue of fedstyle's work queue; say what it stood for"

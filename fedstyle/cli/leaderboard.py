@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 DESCRIPTION = """\
-The leaderboard (issue 51): every method side by side on every leave-one-domain-out target of digits4 and
+The leaderboard: every method side by side on every leave-one-domain-out target of digits4 and
 fashion4, seeds 0-2, in three tables: multi-source star (every star method of the registry, one client per
 source domain), peer to peer (DSGD, DSGD + MixStyle, DSGD + DSU, StyleDDG on StyleDDG's graph) and single
 source (FedGCA and its paper's baselines, each domain the one source). The tables are sweep files,

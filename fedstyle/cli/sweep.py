@@ -67,7 +67,7 @@ examples:
 REPRODUCE_DESCRIPTION = """\
 Run a paper's main table as a sweep on fedstyle's offline stand-in datasets and put the paper's
 own numbers (its dataset named) beside fedstyle's, with a verdict per claim the paper makes (an
-ordering of methods), read by fedstyle's rule (fedstyle/experiments/verdict.py, issue 35):
+ordering of methods), read by fedstyle's rule (fedstyle/experiments/verdict.py):
 """ + textwrap.fill(RULE.replace("**", ""), 100) + """
 Presets are TOML files shipped in fedstyle/experiments/presets/ (`fedstyle reproduce --list`); PAPER
 may also be a path to such a file. Same execution options as `fedstyle sweep`."""
