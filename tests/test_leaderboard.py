@@ -3,6 +3,7 @@ CSVs, its estimate is the measured seconds' arithmetic; and (below) its renderin
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import re
@@ -979,6 +980,18 @@ def test_the_progress_line_adds_up_every_tables_runs_and_time(small_board):
     assert text.startswith(f"**Progress.** {2 * done} of the grid's {2 * small_board.runs_expected()} runs are in "
                            f"(small {done} of {small_board.runs_expected()}; small {done} of ")
     assert f"{int(2 * runs)} runs on " in text and f"{2 * seconds / 3600:.1f} h" in text
+    assert "index.md#machines" not in text  # one device: nothing to compare
+
+
+def test_the_progress_line_points_to_the_device_measurement_when_runs_mix_devices(small_board):
+    """The multi-source table mixes H200 and CPU runs; the line says where their agreement was measured."""
+    from fedstyle.experiments.leaderboard.page import progress_text
+
+    (runs, seconds), = small_board.run_time.values()
+    other = dataclasses.replace(small_board, run_time={"cuda": [runs, seconds]})
+    text = progress_text({"one": small_board, "two": other})
+    assert " runs on cpu, " in text and " runs on cuda, " in text
+    assert "[how much that moves a cell](index.md#machines)" in text
 
 
 def test_the_per_benchmark_line_gives_each_unseparated_rows_gap_with_its_interval(small_board):

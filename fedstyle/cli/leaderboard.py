@@ -167,7 +167,8 @@ def add_leaderboard_command(sub: argparse._SubParsersAction) -> None:
                      help="a table (multi_source, p2p, single_source) or a crossed key's values (variant=fedavg,ccst; "
                      "seed=0; target=mnist; dataset=digits4); repeatable")
     run.add_argument("--workers", type=int, default=1, help="runs at once on this machine (default 1)")
-    run.add_argument("--device", help="cpu, cuda, auto for every run (a result is the same wherever it ran)")
+    run.add_argument("--device", help="cpu, cuda, auto for every run (the same settings wherever it runs; float "
+                     "rounding moves a cell about half as much as a new seed: docs/results/index.md#machines)")
     run.add_argument("--dry-run", action="store_true",
                      help="validate every run, print how many each table has, holds and lacks, and the CPU hours")
     run.add_argument("--export-only", action="store_true", help="run nothing; merge finished run folders into the CSVs")

@@ -377,8 +377,12 @@ def progress_text(boards: dict[str, Board]) -> str:
             total[0] += runs
             total[1] += seconds
     time = run_time_text(spent)
+    # a reader comparing a CUDA cell with a CPU one asks whether the device moved it: the answer is measured
+    # (a re-run of seed-0 cells on the other device), not assumed, and lives on the results index's Machines section
+    devices = (" The same run on another device differs by float rounding; [how much that moves a cell]"
+               "(index.md#machines) was measured." if len(spent) > 1 else "")
     return (f"**Progress.** {sum(done.values())} of the grid's {expected} runs are in ({per_table}). Summed run "
-            f"time (each run's own wall time; runs side by side overlap): {time or 'none yet'}.")
+            f"time (each run's own wall time; runs side by side overlap): {time or 'none yet'}.{devices}")
 
 
 def board_section(board: Board) -> list[str]:
