@@ -1,7 +1,7 @@
 """A real Flower federation on loopback: SuperLink + 2 SuperNodes as processes (free ports, TLS).
 
-Checks: FedDyn (per-client state on the sites) and CCST (a setup-phase method) give the simulator's
-metrics bitwise; a federation stopped mid-run — coordinator and sites — while the sites are a round
+Checks: CCST (a setup-phase method) gives the simulator's metrics bitwise (FedDyn's per-client state across
+a restart is checked message by message in test_flower_policy.py); a federation stopped mid-run — coordinator and sites — while the sites are a round
 ahead of the checkpoint resumes and ends exactly as an uninterrupted run; a SuperNode killed mid-run
 drops out (logged), the run finishes, the restarted site rejoins; no process started is left when a
 deployment returns.
