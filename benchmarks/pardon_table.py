@@ -13,7 +13,7 @@ Scales (per dataset; local training is a fixed number of steps, never epochs, so
 method gets the same optimizer steps: an epoch over CCST's data, original plus K restyled copies,
 would be K + 1 times as many steps as FedAvg's):
 
-* ``full``: the issue's grid — 2 datasets x (4 LODO + 4 LTDO) x 5 methods x 3 seeds = 240 runs,
+* ``full``: the issue's grid — 2 datasets x (4 LODO + 4 LTDO) x 6 methods x 3 seeds = 288 runs,
   plus 2 x 2 x 2 lambda runs x 3 seeds = 24 — with the training shortened to fit a GPU session:
   10 rounds (the paper: 50), 8 local steps of 32 (about 4 epochs of a digits4 client's ~60
   images, half an epoch of a fashion4 client's ~525), evaluation every 2 rounds; ``--rounds``
