@@ -269,3 +269,16 @@ def test_the_docs_command_reader_finds_the_commands():
     assert len(commands) > 100
     assert ("docs/cli.md", "fedstyle leaderboard run --workers 2") in commands
     assert not any("--rouns" in command for _, command in commands)  # a transcript and its output
+
+
+def test_cache_clear_help_lists_every_kind_the_cache_has(capsys):
+    """The help's list is written in the CLI (importing the cache imports torch); it listed five of seven kinds
+    (PARDON's transfers and the client styles were missing) until this test compared it with the cache's."""
+    from fedstyle.cli.main import CACHE_KINDS
+    from fedstyle.data.cache import DERIVED_KINDS
+
+    assert list(CACHE_KINDS) == ["datasets", *DERIVED_KINDS]
+    with pytest.raises(SystemExit):
+        main(["cache", "clear", "--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert all(kind in help_text for kind in CACHE_KINDS)

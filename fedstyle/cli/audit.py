@@ -17,15 +17,15 @@ inverts one plain weight update (gradient inversion of one local SGD step, the l
 the loss at the true images): the verdict line says whether a payload shows more or less of the
 images than the weights the sender already sends.
 
-The run may be finished or still running (its last checkpoint is used). The attacker's public data
-is the run's source-validation split. What each method sends: CCST per-image or dataset styles of a
-style encoder, PARDON its client style, StableFDG its dataset style at a classifier stage every
-round, StyleDDG a batch style at several stages every iteration, FedDG amplitude spectra; other
-methods send only weights and get the baseline rows. Runs trained with the style defence (--hp
-dp_clip=C --hp dp_noise=Z, CCST and StableFDG) are audited with it: the report's eps is over every
-release of the sender that made the most (StableFDG: one each round it was sampled), eps per release
-beside it, and a sender's releases are also attacked averaged; several such runs of one method also
-give OUT/tradeoff.png (target accuracy against leakage). --canary N adds a canary audit of CCST's and
+The run may be finished or still running (its last checkpoint is used). The attacker's public data is the
+run's source-validation split. What each method sends: CCST per-image or dataset styles of a style
+encoder, PARDON its client style, StableFDG its dataset style at a classifier stage every round, StyleDDG
+a batch style at several stages every iteration, FedDG amplitude spectra, FedCCRL per-image input
+statistics every round; other methods send only weights and get the baseline rows. Runs trained with the
+style defence (--hp dp_clip=C --hp dp_noise=Z, CCST and StableFDG) are audited with it: the report's eps
+is over every release of the sender that made the most (StableFDG: one each round it was sampled), eps per
+release beside it, and a sender's releases are also attacked averaged; several such runs of one method
+also give OUT/tradeoff.png (target accuracy against leakage). --canary N adds a canary audit of CCST's and
 StableFDG's payloads (Jagielski et al. 2020): N releases with a planted canary at the clipping norm and N
 without, the receiver's best test on them, and an empirical lower bound on eps (Clopper-Pearson, 95 %)
 beside the analytic eps of the same release."""
@@ -74,7 +74,8 @@ def add_audit_command(sub: argparse._SubParsersAction) -> None:
                                    "style payloads, beside gradient inversion of its weight updates",
                                    description=PRIVACY_DESCRIPTION, epilog=PRIVACY_EPILOG,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
-    privacy.add_argument("run_dirs", nargs="+", type=Path, metavar="RUN_DIR", help="run directories (fedstyle run --out)")
+    privacy.add_argument("run_dirs", nargs="+", type=Path, metavar="RUN_DIR",
+                         help="run directories (fedstyle run --out)")
     privacy.add_argument("--out", type=Path, default=None, help="report folder (default RUN_DIR/audit; required "
                          "for several runs)")
     privacy.add_argument("--victims", type=int, default=4, help="senders whose payloads are inverted (default 4; "

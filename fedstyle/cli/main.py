@@ -68,6 +68,11 @@ a 5-minute tour:
 """
 
 
+#: `fedstyle cache clear`'s kinds, written here because --help must not import torch (fedstyle.data.cache does);
+#: tests/test_cli_instant.py checks it against fedstyle.data.cache.DERIVED_KINDS
+CACHE_KINDS = ("datasets", "ccst", "pardon", "client_styles", "feddg_fft", "style", "adain")
+
+
 def _cmd_run(args: argparse.Namespace) -> int:
     from fedstyle.errors import ConfigError
 
@@ -261,8 +266,8 @@ def build_parser() -> argparse.ArgumentParser:
     cache.set_defaults(func=_cmd_cache, cache_command="list")
     cache_sub = cache.add_subparsers(dest="cache_command", metavar="ACTION")
     cache_sub.add_parser("list", help="entries and sizes by kind (the default)")
-    clear = cache_sub.add_parser("clear", help="delete kinds of entries: datasets, ccst, feddg_fft, style, adain")
-    clear.add_argument("kinds", nargs="*", metavar="KIND", help="datasets, ccst, feddg_fft, style or adain")
+    clear = cache_sub.add_parser("clear", help=f"delete kinds of entries: {', '.join(CACHE_KINDS)}")
+    clear.add_argument("kinds", nargs="*", metavar="KIND", help=f"{', '.join(CACHE_KINDS[:-1])} or {CACHE_KINDS[-1]}")
     clear.add_argument("--all", action="store_true", help="everything")
 
     data = sub.add_parser("data", help="list datasets, draw one as a PNG grid, check a folder of images, or download "

@@ -302,7 +302,8 @@ def add_sweep_commands(sub: argparse._SubParsersAction) -> None:
                            help=f"{FROM_SCRATCH} (default: a small network trained from scratch, the benchmark "
                            "tables' setting), pretrained (an ImageNet-pretrained EfficientNet-Lite0 fine-tuned with "
                            "the paper's optimiser, closer to the papers; slower) or paper-<dataset> (the paper's own "
-                           "setting on the real data: see --data-root)")
+                           "setting on the real data: see --data-root); `fedstyle reproduce --list PAPER` lists a "
+                           "preset's tracks, e.g. CCST's pretrained-batchstats and pretrained-fixbn")
     _execution_flags(reproduce, "runs/reproduce/<paper>-<scale>, or <paper>-<track>-<scale>")
     from fedstyle.cli.real_data import REAL_DATA_EPILOG, add_real_data_flags
 
