@@ -1,6 +1,6 @@
 """CCST benchmark (issue 3 §4): ``fedstyle reproduce ccst --scale full`` on digits4, plus the setup table.
 
-Rows: FedAvg, MixStyle, FedDG (amplitude exchange), CCST with single-image and overall styles at
+Rows: FedAvg, MixStyle, FedDG (amplitude exchange), JiGen, RSC, CCST with single-image and overall styles at
 K = 1, 2, 3, CCST (overall, K = 3) + MixStyle — the preset fedstyle/experiments/presets/ccst.toml,
 which also puts the paper's numbers beside fedstyle's and checks its claims. Setting (as
 benchmarks/RESULTS.md): leave-one-domain-out, one client per source domain, ConvNet, 8 rounds x 15
