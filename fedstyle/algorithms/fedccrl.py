@@ -77,7 +77,7 @@ class FedCCRL(Algorithm):
 
     name = "fedccrl"
     family = "style-sharing"
-    shares = "weights; each round, per-image input statistics of a random 10 % (upload_ratio) of its images"
+    shares = "weights; each round, per-image input statistics of a random share of its images (upload_ratio, 10 %)"
     label = "FedCCRL"
     summary = ("clients share per-image input statistics; each restyles its images towards other clients' (MixStyle), "
                "perturbs them (AugMix) and aligns representations (SupCon) and predictions (JS) with the originals")
