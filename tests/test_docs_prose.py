@@ -100,7 +100,6 @@ def test_sentences_are_short(page):
     assert not longest, f"{page}: {len(longest)} sentence(s) over {LONGEST_MAX} words, the first: {longest[0][:200]}"
 
 
-
 #: "(issue 51)": a number in fedstyle's work queue, which a user cannot open. Another project's tracker is cited
 #: with its name and a hash ("DomainBed issue #136"), which this does not match.
 _WORK_QUEUE_ISSUE = re.compile(r"\b[Ii]ssues? \d+")
