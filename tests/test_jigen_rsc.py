@@ -274,23 +274,23 @@ def test_issue25_baselines_train_with_a_style_op_firing_at_three_stages(method, 
     assert styled[0].train_loss != pytest.approx(results["none"][0].train_loss, rel=1e-6)
 
 
+
+def _weights_after_two_rounds(method: str, hp: dict) -> dict:
+    algo, model = make_model(method, hp=hp)
+    sim = StarSimulator(algo, model, make_clients(3), SETTINGS, seed=0, device=CPU)
+    for round_index in range(2):
+        sim.run_round(round_index)
+    return sim.server.weights
+
+
 def test_jigen_without_jigsaw_loss_or_shuffled_tiles_is_fedavg_bitwise():
     """alpha = 0 and beta = 1 (every image ordered, the jigsaw CE weighted 0) leave Eq. 1's object CE alone: the
     shared weights after two rounds equal FedAvg's bit for bit (the jigsaw head draws after the network, so the
     shared initial weights and the data order are FedAvg's). The method card says so; this keeps it true."""
-    weights = {}
-    for method, hp in (("fedavg", {}), ("jigen", {"jig_weight": 0.0, "bias_whole_image": 1.0})):
-        algo, model = make_model(method, hp=hp)
-        sim = StarSimulator(algo, model, make_clients(3), SETTINGS, seed=0, device=CPU)
-        for round_index in range(2):
-            sim.run_round(round_index)
-        weights[method] = sim.server.weights
-    fedavg, jigen = weights["fedavg"], weights["jigen"]
+    fedavg = _weights_after_two_rounds("fedavg", {})
+    jigen = _weights_after_two_rounds("jigen", {"jig_weight": 0.0, "bias_whole_image": 1.0})
     assert set(jigen) - set(fedavg) == {"jigsaw_head.weight", "jigsaw_head.bias"}
     assert all(torch.equal(value, jigen[name]) for name, value in fedavg.items())
     # and the check can fail: the default beta (0.9) shuffles some images, which moves the weights
-    algo, model = make_model("jigen", hp={"jig_weight": 0.0})
-    sim = StarSimulator(algo, model, make_clients(3), SETTINGS, seed=0, device=CPU)
-    for round_index in range(2):
-        sim.run_round(round_index)
-    assert not all(torch.equal(value, sim.server.weights[name]) for name, value in fedavg.items())
+    shuffled = _weights_after_two_rounds("jigen", {"jig_weight": 0.0})
+    assert not all(torch.equal(value, shuffled[name]) for name, value in fedavg.items())
