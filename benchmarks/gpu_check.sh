@@ -10,7 +10,8 @@
 # The machine has python 3.12 with torch + CUDA and nothing else of ours.
 #
 # Usage: bash benchmarks/gpu_check.sh [SECONDS]   (default 480: everything, setup included, stops by then)
-# Results: $OUT/gpu_check.json (rewritten after every row), $OUT/gpu_check.md, $OUT/gpu_check.log
+# Results: $OUT/deterministic.json (benchmarks/deterministic_check.py), $OUT/gpu_check.json (rewritten after every
+# row), $OUT/gpu_check.md, $OUT/gpu_check.log
 # ($OUT defaults to /tmp/gpu_check). gpu_check.py stops itself at its deadline and kills its own
 # process group, so no worker outlives the call; the outer timeout is only a backstop.
 set -u
@@ -23,6 +24,9 @@ mkdir -p /usr/share/datasets/fashion-mnist && cp .gpu/fashion/*-ubyte* /usr/shar
     echo "gpu_check.sh: no Fashion-MNIST idx files in .gpu/fashion (carry .gpu)"; exit 1; }
 nvidia-smi --query-gpu=name,memory.total,driver_version,utilization.gpu --format=csv,noheader
 python3 -c "import torch, os; print('torch', torch.__version__, 'cuda', torch.cuda.is_available(), 'cpus', os.cpu_count())"
+# first (about 100 s): does a run repeat bit for bit on this GPU, with and without --deterministic?
+timeout -s KILL 150 python3 benchmarks/deterministic_check.py --device cuda --out "$RESULTS/deterministic.json" 2>&1 |
+    tail -n 8
 SETUP=$(( $(date +%s) - T0 )); DEADLINE=$(( LIMIT - SETUP - 15 ))
 echo "setup done at ${SETUP} s; gpu_check deadline ${DEADLINE} s"
 timeout -s KILL $(( DEADLINE + 20 )) python3 benchmarks/gpu_check.py --device cuda --deadline "$DEADLINE" \

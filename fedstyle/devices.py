@@ -5,6 +5,7 @@ It sits at the package's bottom (torch and fedstyle.errors only) so every subpac
 
 from __future__ import annotations
 
+import os
 from typing import Iterable
 
 import torch
@@ -77,3 +78,25 @@ def inference_batch(device: str | torch.device, accelerator_batch: int) -> int:
     if torch.device(device).type == "cpu":
         return min(accelerator_batch, CPU_INFERENCE_BATCH)
     return accelerator_batch
+
+
+#: cuBLAS's workspace setting that makes its matrix products repeat bit for bit (CUDA >= 10.2; NVIDIA's cuBLAS
+#: documentation, "Results reproducibility"); read when cuBLAS starts, so it is set before the first product
+CUBLAS_DETERMINISTIC_WORKSPACE = ":4096:8"
+
+
+def use_deterministic_kernels() -> None:
+    """Make this process's torch pick deterministic kernels (``--deterministic``): a GPU run then repeats bit
+    for bit on the same machine, at some cost in speed.
+
+    It turns on ``torch.use_deterministic_algorithms`` with ``warn_only=True``: an op without a deterministic
+    kernel warns (naming itself) instead of stopping the run, so the warning says where a run may still vary.
+    It also turns off cuDNN's benchmark autotuner (which may pick a different convolution algorithm per run)
+    and sets ``CUBLAS_WORKSPACE_CONFIG`` unless it is set. The CPU's kernels are deterministic already: a CPU
+    run's results are the same with it as without it (tested). It stays on for the rest of the process, as
+    torch's own switch does; every process of a run (the simulator, each Flower site) turns it on itself.
+    """
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_DETERMINISTIC_WORKSPACE)
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.backends.cudnn.deterministic = True
+    torch.backends.cudnn.benchmark = False

@@ -1,0 +1,76 @@
+"""``--deterministic``: torch's deterministic kernels for the run's process; the CPU's results do not change."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from fedstyle.devices import CUBLAS_DETERMINISTIC_WORKSPACE, use_deterministic_kernels
+from fedstyle.experiments.runner import run_experiment
+from run_records import evaluations
+
+
+@pytest.fixture
+def torch_switches(monkeypatch):
+    """Restore torch's process-wide switches (and CUBLAS_WORKSPACE_CONFIG) after the test."""
+    before = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),
+              torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark)
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    yield
+    torch.use_deterministic_algorithms(before[0], warn_only=before[1])
+    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = before[2], before[3]
+
+
+def test_the_switch_turns_on_torchs_deterministic_kernels_and_keeps_a_users_cublas_setting(torch_switches,
+                                                                                          monkeypatch):
+    torch.use_deterministic_algorithms(False)
+    torch.backends.cudnn.benchmark = True
+    use_deterministic_kernels()
+    assert torch.are_deterministic_algorithms_enabled()
+    assert torch.is_deterministic_algorithms_warn_only_enabled()  # an op without such a kernel warns, not stops
+    assert torch.backends.cudnn.deterministic and not torch.backends.cudnn.benchmark
+    assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == CUBLAS_DETERMINISTIC_WORKSPACE
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":16:8")  # the other setting NVIDIA documents: the user's
+    use_deterministic_kernels()
+    assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":16:8"
+
+
+def _global_weights(run_dir):
+    return {k: v for k, v in load_file(str(run_dir / "checkpoint.safetensors")).items() if k.startswith("global/")}
+
+
+def test_a_cpu_run_is_the_same_with_and_without_it_and_trains_with_the_switch_on(tiny_config, tmp_path,
+                                                                              torch_switches, monkeypatch):
+    from fedstyle.algorithms.base import Algorithm
+
+    torch.use_deterministic_algorithms(False)
+    plain = run_experiment(tiny_config, tmp_path / "plain", quiet=True)
+    assert not torch.are_deterministic_algorithms_enabled()  # a plain run leaves the switch alone
+
+    seen = []
+    original = Algorithm.training_step
+
+    def spy(self, *args, **kwargs):
+        seen.append(torch.are_deterministic_algorithms_enabled())
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(Algorithm, "training_step", spy)
+    strict = run_experiment(tiny_config.updated(deterministic=True), tmp_path / "strict", quiet=True)
+    assert seen and all(seen)
+    assert strict["targets"] == plain["targets"]
+    assert evaluations(tmp_path / "strict") == evaluations(tmp_path / "plain")
+    a, b = _global_weights(tmp_path / "plain"), _global_weights(tmp_path / "strict")
+    assert a and all(torch.equal(v, b[k]) for k, v in a.items())
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_a_deterministic_gpu_run_repeats_bit_for_bit(tiny_config, tmp_path, torch_switches):
+    config = tiny_config.updated(device="cuda", deterministic=True, backbone="resnet18", method="mixstyle")
+    first = run_experiment(config, tmp_path / "a", quiet=True)
+    second = run_experiment(config, tmp_path / "b", quiet=True)
+    assert first["targets"] == second["targets"]
+    a, b = _global_weights(tmp_path / "a"), _global_weights(tmp_path / "b")
+    assert a and all(torch.equal(v, b[k]) for k, v in a.items())
