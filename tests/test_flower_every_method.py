@@ -22,19 +22,21 @@ from run_records import evaluations  # noqa: E402
 FAST_HPARAMS = {"ccst": {"style_backend": "fft", "k": 1}, "pardon": {"style_backend": "fft"}}
 
 STAR_METHODS = [name for name, cls in METHODS.items() if "star" in cls.topologies]
+#: modes with exchanges of their own (FedDyn's reference mode sends the clients' sizes in a setup exchange)
+MODES = [("feddyn", {"reference_code": True})]
 
 
 def test_the_matrix_holds_every_star_method():
     assert len(STAR_METHODS) >= 20 and {"fedavg", "ccst", "stablefdg", "pardon", "fedgca"} <= set(STAR_METHODS)
 
 
-@pytest.mark.parametrize("method", STAR_METHODS)
-def test_a_method_under_flower_equals_the_simulator(tiny_config, tmp_path, method):
+@pytest.mark.parametrize("method,hparams", [(m, FAST_HPARAMS.get(m, {})) for m in STAR_METHODS] + MODES,
+                         ids=STAR_METHODS + [f"{m}-{'-'.join(h)}" for m, h in MODES])
+def test_a_method_under_flower_equals_the_simulator(tiny_config, tmp_path, method, hparams):
     before = torch.get_num_threads()
     torch.set_num_threads(1)  # as a site trains (one thread per ClientApp)
     try:
-        config = tiny_config.updated(method=method, hparams=FAST_HPARAMS.get(method, {}), rounds=2,
-                                     lr_schedule="constant")
+        config = tiny_config.updated(method=method, hparams=hparams, rounds=2, lr_schedule="constant")
         simulated = run_experiment(config, tmp_path / "sim", quiet=True)
         flower = run_under_flower(config, tmp_path / "flower")
     finally:

@@ -7,6 +7,19 @@ w_server = mean_{i∈S}(w_i) − h/alpha (unweighted mean, Algorithm 1 of the pa
 running statistics are averaged as in FedAvg. FedGCA's class-consistency term (its Eq. 5) is the
 same regulariser, so :class:`DynamicRegularizer` is shared.
 
+The authors' code (alpemreacar/FedDyn, utils_methods.py ``train_FedDyn`` and utils_general.py
+``train_feddyn_mdl``) computes the same client loss and server step, with two choices the paper does not
+state, which ``reference_code=true`` selects:
+
+- ``alpha_scaling=data_size``: client i trains with alpha_i = alpha · n̄ / n_i, n̄ the mean client size
+  (utils_methods.py:296-297, 387, "adaptive alpha coef"). Its gradient term accumulates with alpha_i too,
+  and the server step is unchanged (it does not depend on alpha there). The clients' sizes reach the server
+  in a setup exchange, which sends each client its alpha_i / alpha;
+- ``clip_grad_norm=10``: every local step clips the gradient's norm at 10 (utils_general.py:9, 224).
+
+The code also writes (alpha/2)·||w||² as SGD weight decay and the rest of the quadratic as a linear term;
+the gradient is the same (parity: docs/parity.md).
+
 Its card, with hyperparameters, results and parity: docs/methods/feddyn.md.
 """
 
@@ -15,11 +28,15 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from fedstyle.algorithms.base import Algorithm, weighted_average
+from fedstyle.algorithms.base import Algorithm, apply_reference_code, weighted_average
 from fedstyle.algorithms.hparams import HParam
 from fedstyle.algorithms.registry import register_method
 
 _GRAD = "feddyn/grad"
+#: alpha_i / alpha of this client (``alpha_scaling=data_size``), from the setup exchange
+_SCALE = "feddyn/alpha_scale"
+#: reference_code=true: the public code's choices for the hyperparameters not given explicitly
+REFERENCE = {"alpha_scaling": "data_size", "clip_grad_norm": 10.0}
 
 
 def flatten(tensors) -> torch.Tensor:
@@ -40,15 +57,20 @@ class DynamicRegularizer:
         """The downloaded parameters as one vector (w_server of this round)."""
         return flatten([ctx.global_weights[name] for name, _ in model.named_parameters()]).detach()
 
+    def client_alpha(self, ctx) -> float:
+        """alpha_i: alpha, times the client's scale where the setup exchange set one (``alpha_scaling``)."""
+        scale = ctx.state.get(_SCALE)
+        return self.alpha if scale is None else self.alpha * float(scale)
+
     def penalty(self, ctx, model, anchor: torch.Tensor) -> torch.Tensor:
         w = flatten(model.parameters())
         grad = ctx.state[_GRAD].to(w.device)
-        return -torch.dot(grad, w) + 0.5 * self.alpha * torch.sum((w - anchor) ** 2)
+        return -torch.dot(grad, w) + 0.5 * self.client_alpha(ctx) * torch.sum((w - anchor) ** 2)
 
     @torch.no_grad()
     def update_client(self, ctx, model, anchor: torch.Tensor) -> None:
         w = flatten(model.parameters())
-        ctx.state[_GRAD] = ctx.state[_GRAD].to(w.device) - self.alpha * (w - anchor)
+        ctx.state[_GRAD] = ctx.state[_GRAD].to(w.device) - self.client_alpha(ctx) * (w - anchor)
 
     @torch.no_grad()
     def aggregate(self, server, updates, param_keys, uniform: bool) -> dict[str, torch.Tensor]:
@@ -72,12 +94,39 @@ class FedDyn(Algorithm):
     label = "FedDyn"
     summary = "federated learning with dynamic regularisation (client gradient correction + server state)"
     paper = "Acar et al., Federated learning based on dynamic regularization, ICLR 2021"
-    HPARAMS = (HParam("alpha", 0.01, "FedDyn regularisation strength alpha", low=1e-12),)
+    HPARAMS = (
+        HParam("alpha", 0.01, "FedDyn regularisation strength alpha", low=1e-12),
+        HParam("alpha_scaling", "none", "none: every client uses alpha (the paper); data_size: client i uses "
+               "alpha x mean client size / its size (the authors' code), the sizes sent in a setup exchange",
+               choices=("none", "data_size")),
+        HParam("clip_grad_norm", 0.0, "clip each local step's gradient norm at this value; 0: no clipping (the "
+               "paper); the authors' code clips at 10", low=0.0),
+        HParam("reference_code", False, "the authors' code's choices: alpha_scaling=data_size, clip_grad_norm=10"),
+    )
 
     def __init__(self, hparams=None, *, num_classes, num_clients):
         super().__init__(hparams, num_classes=num_classes, num_clients=num_clients)
         self.regularizer = DynamicRegularizer(self.hp["alpha"])
         self._anchor: torch.Tensor | None = None  # per-call scratch: this round's downloaded weights
+
+    @classmethod
+    def resolve(cls, given):
+        return apply_reference_code(super().resolve(given), given, REFERENCE)
+
+    def uses_phase(self, phase: str) -> bool:
+        if phase == "setup":  # the clients' sizes, for alpha_i; none under the paper's single alpha
+            return self.hp["alpha_scaling"] == "data_size"
+        return super().uses_phase(phase)
+
+    def setup_upload(self, ctx, model):
+        return {"num_samples": torch.tensor([float(len(ctx.data))], dtype=torch.float64)}
+
+    def setup_broadcast(self, uploads, server):
+        sizes = torch.cat([u["num_samples"] for _, u in sorted(uploads.items())])
+        return {"mean_size": sizes.mean()}
+
+    def setup_download(self, ctx, model, broadcast):
+        ctx.state[_SCALE] = (broadcast["mean_size"] / float(len(ctx.data))).to(torch.float64)
 
     def init_client_state(self, ctx, model):
         self.regularizer.init_client(ctx, model)
@@ -88,6 +137,27 @@ class FedDyn(Algorithm):
 
     def training_loss(self, ctx, model, x, y, payload):
         return F.cross_entropy(model(x), y) + self.regularizer.penalty(ctx, model, self._anchor)
+
+    def training_step(self, ctx, model, optimizer, x, y, payload):
+        """With ``clip_grad_norm``, the code's step (utils_general.py:190, 219-225): the quadratic's
+        (alpha_i/2)·||w||² is SGD weight decay there, so its gradient alpha_i·w joins after the clip; the loss
+        that is clipped is CE + alpha_i·<w, -w_server> - <grad_i, w>. Without clipping the two steps are equal."""
+        if not self.hp["clip_grad_norm"]:
+            return super().training_step(ctx, model, optimizer, x, y, payload)
+        params = [p for p in model.parameters() if p.requires_grad]
+        alpha = self.regularizer.client_alpha(ctx)
+        w = flatten(model.parameters())
+        linear = -torch.dot(ctx.state[_GRAD].to(w.device), w) - alpha * torch.dot(self._anchor, w)
+        loss = F.cross_entropy(model(x), y) + linear
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, max_norm=self.hp["clip_grad_norm"])
+        with torch.no_grad():
+            for p in params:
+                p.grad.add_(p, alpha=alpha)  # the weight decay's alpha_i, unclipped
+            quadratic = 0.5 * alpha * (torch.sum(w.detach() ** 2) + torch.sum(self._anchor ** 2))
+        optimizer.step()
+        return (loss.detach() + quadratic).detach()  # the paper's loss: CE + the whole penalty
 
     def after_local_train(self, ctx, model):
         self.regularizer.update_client(ctx, model, self._anchor)
