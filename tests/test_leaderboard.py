@@ -625,7 +625,8 @@ def test_show_prints_the_tables_and_claims_before_the_files(tmp_path, capsys):
         done = board.runs_expected() - board.runs_missing()
         assert f"{board.title} ({done} of {board.runs_expected()} runs)" in out
         first = out.split(f"{board.title} (", 1)[1].splitlines()[2]
-        assert first.startswith(board.best.label) and first.rstrip().endswith("best")
+        assert first.startswith(board.best.label) and " best " in first
+        assert first.rstrip().endswith(board.best.versus_reference.interval())  # then its verdict against FedAvg
     assert "The papers' claims" in out and "  CCST: CCST > FedAvg: " in out and "**" not in out
     for board in boards.values():  # then each benchmark's leader, as the page's table has it
         for dataset, leads, _ in benchmark_leaders(board):
@@ -633,6 +634,30 @@ def test_show_prints_the_tables_and_claims_before_the_files(tmp_path, capsys):
     assert out.index("The papers' claims") < out.index(f"wrote {tmp_path / 'leaderboard.md'} and 6 files beside it")
     assert main(["leaderboard", "show", "--out", str(tmp_path), "--no-figures", "--quiet"]) == 0
     assert capsys.readouterr().out.startswith(f"wrote {tmp_path / 'leaderboard.md'}")
+
+
+def test_the_vs_baseline_column_is_the_rule_against_the_tables_reference_row():
+    from fedstyle.experiments.leaderboard.page import against_reference_line
+    from fedstyle.experiments.leaderboard.render import markdown_table, text_table
+    from fedstyle.experiments.verdict import judge_paired
+
+    board = build_board("multi_source", "Small", "target", SMALL_TABLE, _small_lines(), SMALL_DATASETS, reference="c")
+    a, b, c = (_row(board, v) for v in "abc")
+    assert board.reference is c and c.versus_reference is None
+    for row in (a, b):  # this row > the baseline, over their (cell, seed) pairs
+        assert row.versus_reference == judge_paired(row.values, c.values)
+    assert a.versus_reference.status == "holds" and a.versus_reference.mean == pytest.approx(10.0)
+    table = markdown_table(board)
+    assert table.splitlines()[0].endswith("| vs best | vs C |") and table.splitlines()[1].endswith("|:--|:--|")
+    assert f"| best | holds: {a.versus_reference.interval()} |" in table and "| baseline |" in table
+    assert text_table(board).splitlines()[1].endswith(f"holds: {a.versus_reference.interval()}")
+    assert against_reference_line(board) == [
+        "Against C (the vs C column): 2 of 2 ranked rows are above it by the rule, 0 within noise, 0 below."]
+    # no reference: no column (a table of tables.toml always names one)
+    assert "vs C" not in markdown_table(build_board("multi_source", "Small", "target", SMALL_TABLE, _small_lines(),
+                                                     SMALL_DATASETS))
+    with pytest.raises(ConfigError, match="reference row 'nope'"):
+        build_board("multi_source", "Small", "target", SMALL_TABLE, _small_lines(), SMALL_DATASETS, reference="nope")
 
 
 def test_the_text_table_aligns_the_readmes_columns(small_board):
@@ -823,7 +848,14 @@ def test_a_method_card_block_lists_its_rows_and_the_claims_on_them(small_board):
     cells = [x.strip() for x in rows[0].strip("|").split("|")]
     assert cells[:3] == ["Small", "B", "2 of 3"]  # A, B, C ranked; Dull did not learn, Short misses cells
     assert cells[3:5] == [f"{b.dataset_average['d1']:.1f}", f"{b.dataset_average['d2']:.1f}"]
-    assert cells[5] == f"{b.average:.1f}" and cells[-2] == "15 of 15" and cells[-1].startswith("tied: ")
+    assert cells[5] == f"{b.average:.1f}" and cells[-3] == "15 of 15" and cells[-2].startswith("tied: ")
+    assert cells[-1] == "—"  # the small board names no baseline
+    with_baseline = build_board("multi_source", "Small", "target", SMALL_TABLE, _small_lines(), SMALL_DATASETS,
+                                reference="c")
+    row = next(line for line in card_block("mixstyle", {"multi_source": with_baseline}, []).splitlines()
+               if line.startswith("| Small |"))
+    assert row.endswith(f"| C: {verdict.status}: {verdict.interval()} |")
+    assert "| the baseline |" in card_block("dsu", {"multi_source": with_baseline}, [])  # row c's method
     assert f"- `b > c` (P1 and P2): {verdict.status} (" in block
     assert "a > c" not in block  # a claim that names none of its rows
     best = card_block("fedavg", boards, claims)

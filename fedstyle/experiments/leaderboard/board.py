@@ -61,6 +61,8 @@ class BoardRow:
     rank: float | None = None
     #: best > this row, by the rule (None for the best row and unranked rows)
     versus_best: PairedVerdict | None = None
+    #: this row > the table's reference row (FedAvg, DSGD), by the rule (None for the reference row itself)
+    versus_reference: PairedVerdict | None = None
 
     @property
     def ranked(self) -> bool:
@@ -117,6 +119,8 @@ class Board:
     run_time: dict[str, list[float]] = field(default_factory=dict)
     #: row label -> the settings and hyperparameters its variant sets beside the table's base ("lr 0.0167")
     row_settings: dict[str, str] = field(default_factory=dict)
+    #: the row every other is read against in the "vs" column (its plain baseline: FedAvg, DSGD); None: no column
+    reference: BoardRow | None = None
 
     @property
     def datasets(self) -> list[str]:
@@ -167,8 +171,10 @@ def own_settings(variant: Mapping[str, Any], base: Mapping[str, Any]) -> list[st
 
 
 def build_board(key: str, title: str, kind: str, table_text: str, lines: Sequence[Mapping[str, str]],
-                datasets: Mapping[str, Mapping[str, Any]], *, where: str = "", rank: bool = True) -> Board:
-    """A :class:`Board` from a table's sweep file text and its CSV lines (see the module docstring)."""
+                datasets: Mapping[str, Mapping[str, Any]], *, where: str = "", rank: bool = True,
+                reference: str | None = None) -> Board:
+    """A :class:`Board` from a table's sweep file text and its CSV lines (see the module docstring); ``reference``:
+    the variant every row is also judged against (tables.toml's ``reference``)."""
     spec = table_spec(table_text, where or key)
     cells = expected_cells(spec, kind, datasets, where or key)
     seeds = list(spec.get("seeds", [0]))
@@ -214,6 +220,10 @@ def build_board(key: str, title: str, kind: str, table_text: str, lines: Sequenc
             by_variant[variant].values[(name, seed)] = statistics.fmean(accs)
     for (variant, dataset, _, _), value in sorted(run_source_val.items()):
         by_variant[variant].source_val.setdefault(dataset, []).append(value)
+    if reference is not None:
+        board.reference = by_variant.get(reference)
+        if board.reference is None:
+            raise ConfigError(f"{where or key}: its reference row {reference!r} (tables.toml) is not a row of the table")
     _summarise(board, datasets)
     if rank:
         from fedstyle.experiments.leaderboard.ranks import rank_rows
@@ -238,6 +248,11 @@ def _summarise(board: Board, datasets: Mapping[str, Mapping[str, Any]]) -> None:
         if missing:
             command = f"fedstyle leaderboard run --only {board.key} --only variant={row.variant}"
             board.missing.append(Missing(row.variant, row.label, missing, command))
+    ref = board.reference
+    if ref is not None and ref.values:
+        for row in board.rows:
+            if row is not ref and row.values:
+                row.versus_reference = judge_paired(row.values, ref.values)
     ranked = [r for r in board.rows if r.ranked]
     if ranked:
         board.best = max(ranked, key=lambda r: r.average)

@@ -12,7 +12,7 @@ from typing import Mapping, Sequence
 
 from fedstyle.experiments.leaderboard.board import Board, BoardRow, fmt
 from fedstyle.experiments.leaderboard.claims import ClaimRow
-from fedstyle.experiments.leaderboard.render import seeds_text, standing
+from fedstyle.experiments.leaderboard.render import against_reference, seeds_text, standing
 
 CARD_START, CARD_END = "<!-- leaderboard-rows:start -->", "<!-- leaderboard-rows:end -->"
 
@@ -28,6 +28,15 @@ def _runs(board: Board, row: BoardRow) -> str:
     return f"{expected - missing} of {expected}"
 
 
+def _versus_baseline(board: Board, row: BoardRow) -> str:
+    """The rule on this row > the table's plain baseline, naming the baseline (tables differ: FedAvg, DSGD)."""
+    if board.reference is None:
+        return "—"
+    if row is board.reference:
+        return "the baseline"
+    return f"{board.reference.label}: {against_reference(board, row)[0]}"
+
+
 def card_block(method: str, boards: Mapping[str, Board], claims: Sequence[ClaimRow]) -> str:
     """What docs/methods/<method>.md holds between :data:`CARD_START` and :data:`CARD_END`."""
     mine = [(board, row) for board in boards.values() for row in board.rows if row.method == method]
@@ -36,13 +45,15 @@ def card_block(method: str, boards: Mapping[str, Board], claims: Sequence[ClaimR
            "`fedstyle leaderboard show` writes them from the per-seed CSVs:", ""]
     if not mine:
         return "\n".join(out[:1] + ["", "None: no leaderboard table has a row of this method."]) + "\n"
-    head = ["Table", "Row", "Place"] + [f"{d} avg" for d in datasets] + ["Avg", "Src-val", "Seeds", "Runs", "vs best"]
-    out += ["| " + " | ".join(head) + " |", "|:--|:--|" + "--:|" * (len(head) - 4) + ":--|:--|"]
+    head = (["Table", "Row", "Place"] + [f"{d} avg" for d in datasets]
+            + ["Avg", "Src-val", "Seeds", "Runs", "vs best", "vs baseline"])
+    out += ["| " + " | ".join(head) + " |", "|:--|:--|" + "--:|" * (len(head) - 5) + ":--|:--|:--|"]
     for board, row in mine:
         avg = f"**{fmt(row.average)}**" if row is board.best else fmt(row.average)
         cells = [board.title, row.label, _place(board, row)]
         cells += [fmt(row.dataset_average.get(d)) if d in board.datasets else "—" for d in datasets]
-        cells += [avg, fmt(row.source_val_mean()), seeds_text(board, row), _runs(board, row), standing(board, row)]
+        cells += [avg, fmt(row.source_val_mean()), seeds_text(board, row), _runs(board, row), standing(board, row),
+                  _versus_baseline(board, row)]
         out.append("| " + " | ".join(cells) + " |")
     links: dict[tuple[str, str, str], tuple[list[str], str]] = {}  # one line per link, naming every paper it is in
     for claim in claims:
@@ -53,7 +64,8 @@ def card_block(method: str, boards: Mapping[str, Board], claims: Sequence[ClaimR
                 papers, _ = links.setdefault((claim.table, link.better, link.worse), ([], link.text()))
                 papers.append(claim.paper)
     out += ["", "Place: among the table's ranked rows, by Avg. vs best: the mean difference, best row minus this one, "
-            "over the (cell, seed) pairs both have; its 95 % interval in brackets."]
+            "over the (cell, seed) pairs both have; its 95 % interval in brackets. vs baseline: the rule on this row "
+            "> the table's plain baseline, this row minus the baseline."]
     out += ["", "The papers' claims that involve these rows, on the leaderboard's cells:", ""]
     out += [f"- `{better} > {worse}` ({' and '.join(papers)}): {text}"
             for (_, better, worse), (papers, text) in links.items()] or ["- none"]

@@ -35,7 +35,7 @@ def load_boards(grid_dir: Path = GRID_DIR, csv_dir: Path = CSV_DIR, *, rank: boo
         csv_path = Path(csv_dir) / f"{entry['csv']}.csv"
         lines = read_rows(csv_path, COLUMNS) if csv_path.exists() else []
         board = build_board(key, str(entry["title"]), str(entry.get("cell", "target")), path.read_text(), lines,
-                            datasets, where=str(path), rank=rank)
+                            datasets, where=str(path), rank=rank, reference=entry.get("reference"))
         board.csv = str(entry["csv"])
         boards[key] = board
     return boards
@@ -143,7 +143,22 @@ def readme_summary(board: Board) -> str:
                          f"({', '.join(r.label for r in tied)}) and puts {len(others) - len(tied)} below it.")
         else:
             lines.append(f"On {span} pairs, the rule puts every other ranked row below {board.best.label}.")
+    lines += against_reference_line(board)
     return "\n".join(lines) + "\n"
+
+
+def against_reference_line(board: Board) -> list[str]:
+    """How many ranked rows the rule puts above, level with and below the table's plain baseline (FedAvg, DSGD)."""
+    ref = board.reference
+    judged = [r for r in board.rows if r.ranked and r is not ref and r.versus_reference is not None
+              and r.versus_reference.low is not None]
+    if ref is None or not judged:
+        return []
+    by = {status: [r.label for r in judged if r.versus_reference.status == status]
+          for status in ("holds", "within noise", "fails")}
+    text = (f"Against {ref.label} (the vs {ref.label} column): {len(by['holds'])} of {len(judged)} ranked rows are above "
+            f"it by the rule, {len(by['within noise'])} within noise, {len(by['fails'])} below")
+    return [text + (f" ({', '.join(by['fails'])})." if by["fails"] else ".")]
 
 
 def update_between(path: Path, start: str, end: str, block: str) -> bool:

@@ -2,8 +2,8 @@
 CSV and LaTeX; the same columns in each.
 
 Columns: the row, its average rank, one column per cell (mean ± sample std over its seeds), the average per
-dataset and over every cell, source validation, the seeds per cell, and the row's standing against the best by
-the paired rule. The best average is in bold; a row the rule cannot tell from the best reads "tied" with the mean
+dataset and over every cell, source validation, the seeds per cell, the row's standing against the best by
+the paired rule, and the rule's verdict on the row against the table's plain baseline (FedAvg, DSGD). The best average is in bold; a row the rule cannot tell from the best reads "tied" with the mean
 difference and its 95 % interval; a row that did not learn, or misses cells, is not ranked and says why.
 """
 
@@ -16,7 +16,26 @@ from fedstyle.experiments.leaderboard.board import Board, BoardRow, fmt
 
 STANDING_HELP = ("**vs best**: the mean difference, best row minus this row, over the (cell, seed) pairs both have; "
                  "its 95 % t interval in brackets. *Tied*: the interval contains 0, so the rule cannot tell the row "
-                 "from the best. *Below*: the interval lies above 0.")
+                 "from the best. *Below*: the interval lies above 0. **vs FedAvg** (DSGD on the peer-to-peer table): "
+                 "the rule's verdict on this row > the table's plain baseline, the mean difference, this row minus "
+                 "the baseline, and its interval.")
+
+
+def reference_header(board: Board) -> list[str]:
+    """The "vs <plain baseline>" column's header; none where the table names no reference row."""
+    return [] if board.reference is None else [f"vs {board.reference.label}"]
+
+
+def against_reference(board: Board, row: BoardRow) -> list[str]:
+    """The "vs <plain baseline>" cell: the rule's verdict on ``row`` > the reference, with its interval."""
+    if board.reference is None:
+        return []
+    if row is board.reference:
+        return ["baseline"]
+    v = row.versus_reference
+    if v is None or v.low is None:
+        return ["not judged"]
+    return [f"{v.status}: {v.interval()}"]
 
 
 def seeds_text(board: Board, row: BoardRow) -> str:
@@ -50,7 +69,7 @@ def header(board: Board, compact: bool = False) -> list[str]:
     """The columns; ``compact`` leaves out the per-cell ones (the README's table)."""
     cells = [] if compact else [c.short for c in board.cells]
     return (["Method", "Rank"] + cells + [f"{d} avg" for d in board.datasets]
-            + ["Avg", "Src-val", "Seeds", "vs best"])
+            + ["Avg", "Src-val", "Seeds", "vs best"] + reference_header(board))
 
 
 def row_cells(board: Board, row: BoardRow, bold=lambda text: f"**{text}**", compact: bool = False) -> list[str]:
@@ -60,14 +79,16 @@ def row_cells(board: Board, row: BoardRow, bold=lambda text: f"**{text}**", comp
         avg = bold(avg)
     cells = [] if compact else [cell_text(board, row, c) for c in board.cells]
     return ([row.label, fmt(rank, 2)] + cells + [fmt(row.dataset_average.get(d)) for d in board.datasets]
-            + [avg, fmt(row.source_val_mean()), seeds_text(board, row), standing(board, row)])
+            + [avg, fmt(row.source_val_mean()), seeds_text(board, row), standing(board, row)]
+            + against_reference(board, row))
 
 
 def markdown_table(board: Board, compact: bool = False) -> str:
     """The table as Markdown (rows best first; see the module docstring); ``compact``: without the per-cell
     columns, the averages only (the README's table)."""
     head = header(board, compact)
-    lines = ["| " + " | ".join(head) + " |", "|:--|" + "--:|" * (len(head) - 2) + ":--|"]
+    text_columns = 1 + len(reference_header(board))  # vs best, vs the baseline: left-aligned words
+    lines = ["| " + " | ".join(head) + " |", "|:--|" + "--:|" * (len(head) - 1 - text_columns) + ":--|" * text_columns]
     for row in board.ordered_rows():
         lines.append("| " + " | ".join(row_cells(board, row, compact=compact)) + " |")
     return "\n".join(lines) + "\n"
@@ -78,10 +99,10 @@ def text_table(board: Board) -> str:
     rows = [header(board, compact=True)]
     rows += [row_cells(board, row, bold=lambda text: text, compact=True) for row in board.ordered_rows()]
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    last = len(widths) - 1
+    words = {0} | set(range(len(widths) - 1 - len(reference_header(board)), len(widths)))  # left-aligned columns
 
     def line(cells: list[str]) -> str:
-        return "  ".join(c.ljust(w) if i in (0, last) else c.rjust(w)
+        return "  ".join(c.ljust(w) if i in words else c.rjust(w)
                          for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
 
     return "\n".join(line(r) for r in rows) + "\n"
@@ -93,7 +114,8 @@ def csv_table(board: Board) -> str:
     writer = csv.writer(buffer, lineterminator="\n")
     cell_cols = [f"{c.name} {part}" for c in board.cells for part in ("mean", "std", "seeds")]
     writer.writerow(["method", "label", "rank"] + cell_cols + [f"{d} avg" for d in board.datasets]
-                    + ["avg", "source_val", "ranked", "standing"])
+                    + ["avg", "source_val", "ranked", "standing"]
+                    + (["versus_reference"] if board.reference is not None else []))
     for row in board.ordered_rows():
         rank = board.friedman.mean_ranks.get(row.label) if board.friedman else None
         cells = []
@@ -101,7 +123,8 @@ def csv_table(board: Board) -> str:
             cells += [_num(row.cell_mean(c)), _num(row.cell_std(c)), len(row.cell_seeds(c))]
         writer.writerow([row.method, row.label, _num(rank)] + cells
                         + [_num(row.dataset_average.get(d)) for d in board.datasets]
-                        + [_num(row.average), _num(row.source_val_mean()), row.ranked, standing(board, row)])
+                        + [_num(row.average), _num(row.source_val_mean()), row.ranked, standing(board, row)]
+                        + against_reference(board, row))
     return buffer.getvalue()
 
 
@@ -119,7 +142,8 @@ def _tex(text: str) -> str:
 def latex_table(board: Board) -> str:
     """The table as a LaTeX tabular (booktabs), the best average in bold."""
     head = header(board)
-    lines = [r"\begin{tabular}{l" + "r" * (len(head) - 2) + "l}", r"\toprule",
+    text_columns = 1 + len(reference_header(board))
+    lines = [r"\begin{tabular}{l" + "r" * (len(head) - 1 - text_columns) + "l" * text_columns + "}", r"\toprule",
              " & ".join(_tex(h) for h in head) + r" \\", r"\midrule"]
     avg_column = head.index("Avg")
     for row in board.ordered_rows():
