@@ -1,6 +1,7 @@
 """The algorithm API and the simulators on tiny in-memory data (no dataset files)."""
 
 import math
+import types
 
 import networkx as nx
 import pytest
@@ -114,6 +115,50 @@ def test_feddyn_client_penalty_and_state_update():
     # grad_i = 0 - alpha * (w_i - w_server): recompute from the uploaded weights
     w_local = flatten([state_w for state_w in _last_local(sim, algo)])
     assert torch.allclose(state["feddyn/grad"], -0.1 * (w_local - before), atol=1e-6)
+
+
+def _feddyn_by_hand(hparams, scale=None):
+    """FedDyn on a 2 x 2 linear model (no bias), W = [[1, 0], [0, 2]], one input x = (1, 1) of class 1, grad_i =
+    (0.5, 0, 0, -0.5), the round's download a = (0, 0, 0, 1) (flattened row by row)."""
+    algo = METHODS.get("feddyn")({"alpha": 0.1, **hparams}, num_classes=2, num_clients=1)
+    model = torch.nn.Linear(2, 2, bias=False)
+    with torch.no_grad():
+        model.weight.copy_(torch.tensor([[1.0, 0.0], [0.0, 2.0]]))
+    algo.configure_model(model)
+    state = {"feddyn/grad": torch.tensor([0.5, 0.0, 0.0, -0.5])}
+    if scale is not None:
+        state["feddyn/alpha_scale"] = torch.tensor(scale, dtype=torch.float64)
+    ctx = types.SimpleNamespace(state=state, global_weights={"weight": torch.tensor([[0.0, 0.0], [0.0, 1.0]])})
+    algo._anchor = algo.regularizer.anchor(ctx, model)
+    return algo, model, ctx, torch.tensor([[1.0, 1.0]]), torch.tensor([1])
+
+
+def test_feddyn_loss_through_the_forward_pass_by_hand():
+    # logits x W^T = (1, 2); CE of class 1 = log(e^1 + e^2) - 2 = log(1 + e^-1); -<grad_i, w> = -(0.5 - 1) = 0.5;
+    # (alpha/2) ||w - a||^2 = 0.05 * ||(1, 0, 0, 1)||^2 = 0.1
+    ce = math.log(1 + math.exp(-1))
+    algo, model, ctx, x, y = _feddyn_by_hand({})
+    assert float(algo.training_loss(ctx, model, x, y, {}).detach()) == pytest.approx(ce + 0.5 + 0.1, abs=1e-6)
+    algo, model, ctx, x, y = _feddyn_by_hand({"alpha_scaling": "data_size"}, scale=2.0)  # alpha_i = 0.2
+    assert float(algo.training_loss(ctx, model, x, y, {}).detach()) == pytest.approx(ce + 0.5 + 0.2, abs=1e-6)
+
+
+def test_feddyn_clipped_step_by_hand():
+    """clip_grad_norm: CE's gradient and the linear terms are clipped; alpha_i w joins after (the code's weight
+    decay). SGD with lr 1, no momentum, no weight decay."""
+    algo, model, ctx, x, y = _feddyn_by_hand({"clip_grad_norm": 0.2})
+    p = 1 / (1 + math.exp(1))  # softmax of logits (1, 2): (p, 1 - p)
+    ce_grad = [p, p, -p, -p]  # (softmax - onehot(1)) outer x, row by row
+    linear_grad = [-0.5, 0.0, 0.0, 0.5 - 0.1 * 1.0]  # -grad_i - alpha a
+    g = [c + l for c, l in zip(ce_grad, linear_grad)]
+    factor = 0.2 / (math.sqrt(sum(v * v for v in g)) + 1e-6)  # torch's clip_grad_norm_ (total norm + 1e-6)
+    w = [1.0, 0.0, 0.0, 2.0]
+    expected = [wi - (gi * factor + 0.1 * wi) for wi, gi in zip(w, g)]
+    optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
+    loss = algo.training_step(ctx, model, optimizer, x, y, {})
+    assert model.weight.detach().flatten().tolist() == pytest.approx(expected, abs=1e-6)
+    ce = math.log(1 + math.exp(-1))
+    assert float(loss) == pytest.approx(ce + 0.5 + 0.1, abs=1e-6)  # the paper's loss, whatever the step
 
 
 def _last_local(sim, algo):
