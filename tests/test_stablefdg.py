@@ -565,11 +565,44 @@ def test_without_a_received_style_nothing_is_shifted():
     assert metrics["shift_fired"] == 0.0
 
 
-@pytest.mark.parametrize("hp", [{"attention": False}, {"share": False, "oversample": False, "mixstyle": False},
-                                {"oversample": False}, {"explore": False}, {"mixstyle": False},
-                                {"select": "random"}, {"oversample_balanced": False}, {"oversample_ratio": 0.25}])
-def test_every_piece_switches_off(hp):
-    train_step(dict(ALWAYS, **hp), torch.randn(6, 3, 16, 16), torch.tensor([0, 0, 1, 1, 2, 3]), RECEIVED)
+def _pieces(hp):
+    """One training step with every style op of the pipeline spied on: its logged metrics and each op's calls."""
+    calls = {"selective_shift": [], "oversample_indices": [], "oversample_features": [], "explore_and_mix": []}
+
+    def spy(name, op):
+        return lambda *args, **kw: calls[name].append((args, kw)) or op(*args, **kw)
+
+    with pytest.MonkeyPatch.context() as patch:
+        for name in calls:
+            patch.setattr(stablefdg_pipeline, name, spy(name, getattr(stablefdg_pipeline, name)))
+        torch.manual_seed(0)
+        _, metrics = train_step(dict(ALWAYS, **hp), torch.randn(6, 3, 16, 16), torch.tensor([0, 0, 1, 1, 2, 3]),
+                                RECEIVED)
+    return metrics, calls
+
+
+#: per switch, what the step shows of it (the defaults, with every piece firing, show the opposite of each)
+SWITCHED_OFF = {
+    "attention": ({"attention": False}, lambda m, c: "attention_seconds" not in m),
+    "no sharing": ({"share": False, "oversample": False, "mixstyle": False},
+                   lambda m, c: m["shift_fired"] == 0 and not c["selective_shift"] and not c["oversample_features"]
+                   and not c["explore_and_mix"]),
+    "oversample": ({"oversample": False},  # exploration works on the oversampled samples: none, so it stops too
+                   lambda m, c: not c["oversample_features"] and m["explore_fired"] == 0),
+    "explore": ({"explore": False}, lambda m, c: m["explore_fired"] == 0 and c["oversample_features"]
+                and all(args[1] is None for args, _ in c["explore_and_mix"])),
+    "mixstyle": ({"mixstyle": False}, lambda m, c: all(kw["mix_weights"] is None for _, kw in c["explore_and_mix"])),
+    "random selection": ({"select": "random"}, lambda m, c: [a[2] for a, _ in c["selective_shift"]] == ["random"]),
+    "unbalanced": ({"oversample_balanced": False}, lambda m, c: [a[3] for a, _ in c["oversample_indices"]] == [False]),
+    "ratio": ({"oversample_ratio": 0.25}, lambda m, c: [a[2] for a, _ in c["oversample_features"]] == [2]),  # 0.25 B
+}
+
+
+@pytest.mark.parametrize("switch", sorted(SWITCHED_OFF))
+def test_every_piece_switches_off(switch):
+    hp, off = SWITCHED_OFF[switch]
+    assert off(*_pieces(hp)), switch
+    assert not off(*_pieces({})), f"the default step already shows {switch} off: the check tells nothing"
 
 
 @pytest.mark.parametrize("hp,select,center_count,min_sigma", [
