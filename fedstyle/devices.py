@@ -6,6 +6,7 @@ It sits at the package's bottom (torch and fedstyle.errors only) so every subpac
 from __future__ import annotations
 
 import os
+import warnings
 from typing import Iterable
 
 import torch
@@ -85,18 +86,41 @@ def inference_batch(device: str | torch.device, accelerator_batch: int) -> int:
 CUBLAS_DETERMINISTIC_WORKSPACE = ":4096:8"
 
 
-def use_deterministic_kernels() -> None:
-    """Make this process's torch pick deterministic kernels (``--deterministic``): a GPU run then repeats bit
-    for bit on the same machine, at some cost in speed.
+#: torch's switches as they were before a ``--deterministic`` run turned them on in this process; None: not on
+_BEFORE_DETERMINISTIC: tuple[bool, bool, bool, bool] | None = None
 
-    It turns on ``torch.use_deterministic_algorithms`` with ``warn_only=True``: an op without a deterministic
-    kernel warns (naming itself) instead of stopping the run, so the warning says where a run may still vary.
-    It also turns off cuDNN's benchmark autotuner (which may pick a different convolution algorithm per run)
-    and sets ``CUBLAS_WORKSPACE_CONFIG`` unless it is set. The CPU's kernels are deterministic already: a CPU
-    run's results are the same with it as without it (tested). It stays on for the rest of the process, as
-    torch's own switch does; every process of a run (the simulator, each Flower site) turns it on itself.
+
+def set_deterministic_kernels(enabled: bool) -> None:
+    """Make this process's torch pick deterministic kernels, or not (``--deterministic``): a GPU run then repeats
+    bit for bit on the same machine, at some cost in speed.
+
+    On: ``torch.use_deterministic_algorithms(True, warn_only=True)``, so an op without a deterministic kernel warns
+    (naming itself) instead of stopping the run; cuDNN's benchmark autotuner off (it may pick another convolution
+    algorithm per run); ``CUBLAS_WORKSPACE_CONFIG`` set unless it is (cuBLAS reads it when it starts: a warning says
+    so if CUDA already started in this process). The CPU's kernels are deterministic already: a CPU run's results
+    are the same either way (tested). Off: the switches this function turned on go back to what they were, so a
+    later run of a process that runs several (a sweep's worker, a Flower site) does not inherit them, and a
+    caller's own setting is left alone. Every process of a run (the simulator, each Flower site) sets it itself,
+    from the run's config (``build_experiment``).
     """
-    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_DETERMINISTIC_WORKSPACE)
+    global _BEFORE_DETERMINISTIC
+    if not enabled:
+        if _BEFORE_DETERMINISTIC is not None:
+            algorithms, warn_only, cudnn_deterministic, benchmark = _BEFORE_DETERMINISTIC
+            torch.use_deterministic_algorithms(algorithms, warn_only=warn_only)
+            torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = cudnn_deterministic, benchmark
+            _BEFORE_DETERMINISTIC = None
+        return
+    if _BEFORE_DETERMINISTIC is None:
+        _BEFORE_DETERMINISTIC = (torch.are_deterministic_algorithms_enabled(),
+                                 torch.is_deterministic_algorithms_warn_only_enabled(),
+                                 torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark)
+    if "CUBLAS_WORKSPACE_CONFIG" not in os.environ:
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            warnings.warn("--deterministic: CUDA started in this process before CUBLAS_WORKSPACE_CONFIG was set, so "
+                          "cuBLAS may not repeat bit for bit; set CUBLAS_WORKSPACE_CONFIG=:4096:8 before starting "
+                          "Python", stacklevel=2)
+        os.environ["CUBLAS_WORKSPACE_CONFIG"] = CUBLAS_DETERMINISTIC_WORKSPACE
     torch.use_deterministic_algorithms(True, warn_only=True)
     torch.backends.cudnn.deterministic = True
     torch.backends.cudnn.benchmark = False

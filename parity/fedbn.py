@@ -47,7 +47,7 @@ SETTINGS = {"sizes": list(SIZES), "input_size": 8, "width": 4, "hidden": 6, "cla
 
 
 class SmallDigitModel(nn.Module):
-    """``DigitModel`` (nets/models.py:7-44) with 4 channels, 8 x 8 inputs, one hidden layer of 6."""
+    """``DigitModel`` (nets/models.py:7-47) with 4 channels, 8 x 8 inputs, one hidden layer of 6."""
 
     def __init__(self):
         super().__init__()

@@ -1,13 +1,13 @@
 """Parity fixture for FedDyn's ``reference_code`` mode: three rounds of the authors' ``train_FedDyn``.
 
 The authors' code (``alpemreacar/FedDyn``, pinned ``COMMIT``) runs unchanged: ``utils_methods.train_FedDyn``
-(utils_methods.py:286-406), which calls ``utils_general.train_feddyn_mdl`` (utils_general.py:185-236) for each
+(utils_methods.py:286-449), which calls ``utils_general.train_feddyn_mdl`` (utils_general.py:185-242) for each
 sampled client. Three clients of 10, 6 and 14 samples (unequal, so each trains with its own
 alpha_i = alpha * mean size / size, utils_methods.py:296-297, 387), ``act_prob`` 0.7 (the code's own sampling,
 ``np.random.seed(round + rand_seed + retry)``, utils_methods.py:359-369: round 1 samples a subset, so the server's
 term also carries clients that did not train), batch 4 (3, 2 and 4 steps of one epoch), lr 0.1, weight decay 1e-3,
 alpha 0.1, no learning-rate decay. The inputs are N(0, 4^2), so the gradients' norms pass the code's clipping
-threshold of 10 (utils_general.py:9, 224) in some steps and not in others; the fixture records each step's norm.
+threshold of 10 (utils_general.py:8, 224) in some steps and not in others; the fixture records each step's norm.
 
 The model both sides train is a two-layer perceptron (16 -> 8 -> 3, no BatchNorm: the code moves parameters
 only, ``get_mdl_params`` / ``set_client_from_params``), its weights :func:`parity.common.seeded_weights` (seed 0).

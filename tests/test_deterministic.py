@@ -8,7 +8,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from fedstyle.devices import CUBLAS_DETERMINISTIC_WORKSPACE, use_deterministic_kernels
+from fedstyle import devices
+from fedstyle.devices import CUBLAS_DETERMINISTIC_WORKSPACE, set_deterministic_kernels
 from fedstyle.experiments.runner import run_experiment
 from run_records import evaluations
 
@@ -19,23 +20,33 @@ def torch_switches(monkeypatch):
     before = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),
               torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark)
     monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    monkeypatch.setattr(devices, "_BEFORE_DETERMINISTIC", None)
     yield
     torch.use_deterministic_algorithms(before[0], warn_only=before[1])
     torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = before[2], before[3]
 
 
-def test_the_switch_turns_on_torchs_deterministic_kernels_and_keeps_a_users_cublas_setting(torch_switches,
-                                                                                          monkeypatch):
+def test_the_switch_turns_torchs_deterministic_kernels_on_and_back_off(torch_switches, monkeypatch):
     torch.use_deterministic_algorithms(False)
-    torch.backends.cudnn.benchmark = True
-    use_deterministic_kernels()
+    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = False, True
+    set_deterministic_kernels(True)
     assert torch.are_deterministic_algorithms_enabled()
     assert torch.is_deterministic_algorithms_warn_only_enabled()  # an op without such a kernel warns, not stops
     assert torch.backends.cudnn.deterministic and not torch.backends.cudnn.benchmark
     assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == CUBLAS_DETERMINISTIC_WORKSPACE
+    set_deterministic_kernels(True)  # a second run with it: the state to go back to is still the first one
+    set_deterministic_kernels(False)  # a later run without it, in the same process (a sweep's worker, a site)
+    assert not torch.are_deterministic_algorithms_enabled()
+    assert not torch.backends.cudnn.deterministic and torch.backends.cudnn.benchmark
     monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":16:8")  # the other setting NVIDIA documents: the user's
-    use_deterministic_kernels()
+    set_deterministic_kernels(True)
     assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":16:8"
+
+
+def test_a_run_without_it_leaves_a_callers_own_setting_alone(torch_switches):
+    torch.use_deterministic_algorithms(True)  # set by the caller, not by a --deterministic run
+    set_deterministic_kernels(False)
+    assert torch.are_deterministic_algorithms_enabled() and not torch.is_deterministic_algorithms_warn_only_enabled()
 
 
 def _global_weights(run_dir):
@@ -60,6 +71,8 @@ def test_a_cpu_run_is_the_same_with_and_without_it_and_trains_with_the_switch_on
     monkeypatch.setattr(Algorithm, "training_step", spy)
     strict = run_experiment(tiny_config.updated(deterministic=True), tmp_path / "strict", quiet=True)
     assert seen and all(seen)
+    run_experiment(tiny_config, tmp_path / "after", quiet=True)  # the next run in this process, without it
+    assert not torch.are_deterministic_algorithms_enabled()
     assert strict["targets"] == plain["targets"]
     assert evaluations(tmp_path / "strict") == evaluations(tmp_path / "plain")
     a, b = _global_weights(tmp_path / "plain"), _global_weights(tmp_path / "strict")

@@ -129,8 +129,15 @@ def _feddyn_by_hand(hparams, scale=None):
     if scale is not None:
         state["feddyn/alpha_scale"] = torch.tensor(scale, dtype=torch.float64)
     ctx = types.SimpleNamespace(state=state, global_weights={"weight": torch.tensor([[0.0, 0.0], [0.0, 1.0]])})
-    algo._anchor = algo.regularizer.anchor(ctx, model)
+    algo._anchor = algo.regularizer.anchor(ctx, model)  # what local_train sets before the steps
+    algo._alpha = algo.regularizer.client_alpha(ctx, scaled=algo.hp["alpha_scaling"] == "data_size")
     return algo, model, ctx, torch.tensor([[1.0, 1.0]]), torch.tensor([1])
+
+
+def test_feddyn_with_alpha_per_client_refuses_a_client_without_its_scale():
+    algo = METHODS.get("feddyn")({"alpha_scaling": "data_size"}, num_classes=2, num_clients=1)
+    with pytest.raises(FedstyleError, match="client 3 has no scale from the setup exchange"):
+        algo.regularizer.client_alpha(types.SimpleNamespace(state={}, client_id=3), scaled=True)
 
 
 def test_feddyn_loss_through_the_forward_pass_by_hand():

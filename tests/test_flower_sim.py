@@ -59,17 +59,21 @@ def test_flower_sim_refuses_peer_to_peer(tiny_config, tmp_path):
 @pytest.mark.xdist_group("ray")
 def test_an_interrupted_flower_sim_run_resumes_to_the_uninterrupted_run(tiny_config, tmp_path, one_thread,
                                                                        monkeypatch, isolated_site_state):
-    """FedDyn keeps a gradient term per client, which the actors keep in OUT/flower/state. The ServerApp dies in
-    round 3, after the checkpoint of round 2 and after round 3's clients wrote their states. A resume on a new
-    Ray instance (new actors, nothing in memory) continues from the states on disk and ends as the
-    uninterrupted in-process run does, bitwise. (Which snapshot a redone round takes is checked message by
-    message in test_flower_policy.py; here the redo repeats the dead round exactly, so both agree.)"""
+    """FedDyn keeps a gradient term per client, which the actors keep in OUT/flower/state; its reference mode
+    also a scale of alpha per client, from a setup exchange of the clients' sizes (unequal here). The ServerApp
+    dies in round 3, after the checkpoint of round 2 and after round 3's clients wrote their states. A resume on a
+    new Ray instance (new actors, nothing in memory, the setup exchange run again) continues from the states on
+    disk and ends as the uninterrupted in-process run does, bitwise. (Which snapshot a redone round takes is
+    checked message by message in test_flower_policy.py; here the redo repeats the dead round exactly.)"""
     from fedstyle.experiments.runner import resume_experiment
     from fedstyle.federation.star import StarSimulator
 
-    config = tiny_config.updated(method="feddyn", partition="per_domain", clients=6, clients_per_round=2, rounds=4,
-                                 eval_every=2, lr_schedule="constant")
+    config = tiny_config.updated(method="feddyn", hparams={"reference_code": True}, partition="dirichlet", clients=6,
+                                 clients_per_round=2, rounds=4, eval_every=2, lr_schedule="constant")
     full = run_experiment(config, tmp_path / "sim", quiet=True)
+    scales = [float(v) for k, v in load_file(str(tmp_path / "sim" / "checkpoint.safetensors")).items()
+              if k.endswith("feddyn/alpha_scale")]
+    assert len(scales) == 6 and len(set(scales)) > 1  # the clients' alphas differ
 
     original = StarSimulator.run_round
 

@@ -649,10 +649,10 @@ def test_the_vs_baseline_column_is_the_rule_against_the_tables_reference_row():
     assert a.versus_reference.status == "holds" and a.versus_reference.mean == pytest.approx(10.0)
     table = markdown_table(board)
     assert table.splitlines()[0].endswith("| vs best | vs C |") and table.splitlines()[1].endswith("|:--|:--|")
-    assert f"| best | holds: {a.versus_reference.interval()} |" in table and "| baseline |" in table
-    assert text_table(board).splitlines()[1].endswith(f"holds: {a.versus_reference.interval()}")
+    assert f"| best | above: {a.versus_reference.interval()} |" in table and "| baseline |" in table
+    assert text_table(board).splitlines()[1].endswith(f"above: {a.versus_reference.interval()}")
     assert against_reference_line(board) == [
-        "Against C (the vs C column): 2 of 2 ranked rows are above it by the rule, 0 within noise, 0 below."]
+        "Against C (the vs C column): 2 of 2 ranked rows are above it by the rule, 0 tied with it, 0 below it."]
     # no reference: no column (a table of tables.toml always names one)
     assert "vs C" not in markdown_table(build_board("multi_source", "Small", "target", SMALL_TABLE, _small_lines(),
                                                      SMALL_DATASETS))
@@ -832,6 +832,7 @@ def test_a_method_card_block_lists_its_rows_and_the_claims_on_them(small_board):
     every leaderboard link of a claim that names one of them, once, with each paper it comes from."""
     from fedstyle.experiments.leaderboard.cards import card_block
     from fedstyle.experiments.leaderboard.claims import ClaimRow, Judgement, Link
+    from fedstyle.experiments.leaderboard.render import POSITION
 
     boards = {"multi_source": small_board}
     b, c = _row(small_board, "b"), _row(small_board, "c")
@@ -854,7 +855,7 @@ def test_a_method_card_block_lists_its_rows_and_the_claims_on_them(small_board):
                                 reference="c")
     row = next(line for line in card_block("mixstyle", {"multi_source": with_baseline}, []).splitlines()
                if line.startswith("| Small |"))
-    assert row.endswith(f"| C: {verdict.status}: {verdict.interval()} |")
+    assert row.endswith(f"| C: {POSITION[verdict.status]}: {verdict.interval()} |")
     assert "| the baseline |" in card_block("dsu", {"multi_source": with_baseline}, [])  # row c's method
     assert f"- `b > c` (P1 and P2): {verdict.status} (" in block
     assert "a > c" not in block  # a claim that names none of its rows

@@ -14,11 +14,13 @@ state, which ``reference_code=true`` selects:
 - ``alpha_scaling=data_size``: client i trains with alpha_i = alpha · n̄ / n_i, n̄ the mean client size
   (utils_methods.py:296-297, 387, "adaptive alpha coef"). Its gradient term accumulates with alpha_i too,
   and the server step is unchanged (it does not depend on alpha there). The clients' sizes reach the server
-  in a setup exchange, which sends each client its alpha_i / alpha;
-- ``clip_grad_norm=10``: every local step clips the gradient's norm at 10 (utils_general.py:9, 224).
+  in a setup exchange, which sends each client its alpha_i / alpha. In a deployment the mean is over the sites
+  that answered the exchange (a site that joins later gets the same broadcast);
+- ``clip_grad_norm=10``: every local step clips the gradient's norm at 10 (utils_general.py:8, 224).
 
-The code also writes (alpha/2)·||w||² as SGD weight decay and the rest of the quadratic as a linear term;
-the gradient is the same (parity: docs/parity.md).
+The code also writes (alpha/2)·||w||² as SGD weight decay and the rest of the quadratic as a linear term.
+Without clipping the gradient is the same; with it, alpha·w joins after the clip (``training_step``; parity:
+docs/parity.md).
 
 Its card, with hyperparameters, results and parity: docs/methods/feddyn.md.
 """
@@ -31,6 +33,7 @@ import torch.nn.functional as F
 from fedstyle.algorithms.base import Algorithm, apply_reference_code, weighted_average
 from fedstyle.algorithms.hparams import HParam
 from fedstyle.algorithms.registry import register_method
+from fedstyle.errors import FedstyleError
 
 _GRAD = "feddyn/grad"
 #: alpha_i / alpha of this client (``alpha_scaling=data_size``), from the setup exchange
@@ -57,20 +60,30 @@ class DynamicRegularizer:
         """The downloaded parameters as one vector (w_server of this round)."""
         return flatten([ctx.global_weights[name] for name, _ in model.named_parameters()]).detach()
 
-    def client_alpha(self, ctx) -> float:
-        """alpha_i: alpha, times the client's scale where the setup exchange set one (``alpha_scaling``)."""
+    def client_alpha(self, ctx, scaled: bool = False) -> float:
+        """alpha_i: alpha, times the client's scale from the setup exchange when ``scaled``
+        (``alpha_scaling=data_size``; a client without one is an error, never the plain alpha)."""
+        if not scaled:
+            return self.alpha
         scale = ctx.state.get(_SCALE)
-        return self.alpha if scale is None else self.alpha * float(scale)
+        if scale is None:
+            raise FedstyleError(f"FedDyn with alpha_scaling=data_size: client {ctx.client_id} has no scale from the "
+                                "setup exchange; the runtime skipped the exchange (a bug), or the client's state was "
+                                "lost: start the run again")
+        return self.alpha * float(scale)
 
-    def penalty(self, ctx, model, anchor: torch.Tensor) -> torch.Tensor:
+    def penalty(self, ctx, model, anchor: torch.Tensor, alpha: float | None = None) -> torch.Tensor:
+        """-<grad_i, w> + (alpha_i/2)·||w - w_server||², alpha_i = ``alpha`` (default: the regulariser's alpha)."""
+        alpha = self.alpha if alpha is None else alpha
         w = flatten(model.parameters())
         grad = ctx.state[_GRAD].to(w.device)
-        return -torch.dot(grad, w) + 0.5 * self.client_alpha(ctx) * torch.sum((w - anchor) ** 2)
+        return -torch.dot(grad, w) + 0.5 * alpha * torch.sum((w - anchor) ** 2)
 
     @torch.no_grad()
-    def update_client(self, ctx, model, anchor: torch.Tensor) -> None:
+    def update_client(self, ctx, model, anchor: torch.Tensor, alpha: float | None = None) -> None:
+        alpha = self.alpha if alpha is None else alpha
         w = flatten(model.parameters())
-        ctx.state[_GRAD] = ctx.state[_GRAD].to(w.device) - self.client_alpha(ctx) * (w - anchor)
+        ctx.state[_GRAD] = ctx.state[_GRAD].to(w.device) - alpha * (w - anchor)
 
     @torch.no_grad()
     def aggregate(self, server, updates, param_keys, uniform: bool) -> dict[str, torch.Tensor]:
@@ -108,6 +121,7 @@ class FedDyn(Algorithm):
         super().__init__(hparams, num_classes=num_classes, num_clients=num_clients)
         self.regularizer = DynamicRegularizer(self.hp["alpha"])
         self._anchor: torch.Tensor | None = None  # per-call scratch: this round's downloaded weights
+        self._alpha = self.regularizer.alpha  # per-call scratch: this client's alpha_i
 
     @classmethod
     def resolve(cls, given):
@@ -126,17 +140,20 @@ class FedDyn(Algorithm):
         return {"mean_size": sizes.mean()}
 
     def setup_download(self, ctx, model, broadcast):
-        ctx.state[_SCALE] = (broadcast["mean_size"] / float(len(ctx.data))).to(torch.float64)
+        # float32: client state moves to the training device, and Apple's MPS holds no float64
+        ctx.state[_SCALE] = (broadcast["mean_size"] / float(len(ctx.data))).to(torch.float32)
 
     def init_client_state(self, ctx, model):
         self.regularizer.init_client(ctx, model)
 
     def local_train(self, ctx, model, payload):
         self._anchor = self.regularizer.anchor(ctx, model)
+        # once per call, not per step: on a GPU, reading the state's scale is a host synchronisation
+        self._alpha = self.regularizer.client_alpha(ctx, scaled=self.hp["alpha_scaling"] == "data_size")
         return super().local_train(ctx, model, payload)
 
     def training_loss(self, ctx, model, x, y, payload):
-        return F.cross_entropy(model(x), y) + self.regularizer.penalty(ctx, model, self._anchor)
+        return F.cross_entropy(model(x), y) + self.regularizer.penalty(ctx, model, self._anchor, self._alpha)
 
     def training_step(self, ctx, model, optimizer, x, y, payload):
         """With ``clip_grad_norm``, the code's step (utils_general.py:190, 219-225): the quadratic's
@@ -145,7 +162,7 @@ class FedDyn(Algorithm):
         if not self.hp["clip_grad_norm"]:
             return super().training_step(ctx, model, optimizer, x, y, payload)
         params = [p for p in model.parameters() if p.requires_grad]
-        alpha = self.regularizer.client_alpha(ctx)
+        alpha = self._alpha
         w = flatten(model.parameters())
         linear = -torch.dot(ctx.state[_GRAD].to(w.device), w) - alpha * torch.dot(self._anchor, w)
         loss = F.cross_entropy(model(x), y) + linear
@@ -160,7 +177,7 @@ class FedDyn(Algorithm):
         return (loss.detach() + quadratic).detach()  # the paper's loss: CE + the whole penalty
 
     def after_local_train(self, ctx, model):
-        self.regularizer.update_client(ctx, model, self._anchor)
+        self.regularizer.update_client(ctx, model, self._anchor, self._alpha)
 
     def aggregate(self, server, updates):
         return self.regularizer.aggregate(server, updates, self.param_keys, self.hp["aggregation"] == "uniform")

@@ -11,7 +11,7 @@ import torch
 
 from fedstyle.algorithms import METHODS, Algorithm
 from fedstyle.data import BatchTransform, DomainDataset, SamplePool, load_dataset
-from fedstyle.devices import resolve_device, use_deterministic_kernels
+from fedstyle.devices import resolve_device, set_deterministic_kernels
 from fedstyle.errors import ConfigError, DataError
 from fedstyle.experiments.config import RunConfig
 from fedstyle.data.client import ClientData
@@ -196,8 +196,7 @@ def build_experiment(config: RunConfig, progress: bool = True) -> Experiment:
     check_method_settings(config)
     method_cls = METHODS.get(config.method)
     device = resolve_device(config.device)
-    if config.deterministic:  # before any kernel runs: cuBLAS reads its workspace setting when it starts
-        use_deterministic_kernels()
+    set_deterministic_kernels(config.deterministic)  # before any kernel runs: cuBLAS reads its setting when it starts
     config, dataset, split, specs = plan_data(config, progress)
     mean, std = dataset.mean, dataset.std
     if config.pretrained:

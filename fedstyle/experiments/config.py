@@ -151,9 +151,10 @@ class RunConfig:
     label: str | None = _opt(None, "name of this run's row in reports (default: the method with its options)")
     seed: int = _opt(0, "random seed (same config and seed give the same metrics)")
     device: str = _opt("auto", "cpu, cuda, cuda:1, mps or auto")
-    deterministic: bool = _opt(False, "use torch's deterministic kernels, so a GPU run repeats bit for bit on the same "
-                               "machine (somewhat slower; an op without such a kernel warns, naming itself). The "
-                               "CPU's kernels are deterministic already: CPU results do not change")
+    deterministic: bool = _opt(False, "use torch's deterministic kernels, so that a GPU run repeats bit for bit on the "
+                               "same machine (somewhat slower; an op without such a kernel warns, naming itself; not "
+                               "yet checked on a GPU). The CPU's kernels are deterministic already: CPU results do not "
+                               "change")
     backend: str = _opt("sim", "runtime: sim (fedstyle's in-process simulators) or flower-sim (Flower's simulation "
                         "engine on Ray, star topology, for many clients; needs pip install 'fedstyle[flower-sim]'); "
                         "same run directory")

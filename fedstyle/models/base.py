@@ -56,10 +56,6 @@ class Backbone(nn.Module):
 
     def pool(self, x: torch.Tensor) -> torch.Tensor:
         """Global average pooling of the last stage's output to (B, feature_dim)."""
-        if x.is_cuda and torch.are_deterministic_algorithms_enabled():
-            # adaptive_avg_pool2d's CUDA backward adds with atomics and has no deterministic kernel; the mean's
-            # backward spreads the gradient evenly without them (same value, summed in another order)
-            return x.mean(dim=(2, 3))
         return torch.flatten(nn.functional.adaptive_avg_pool2d(x, 1), 1)
 
     # -- style-op slots -----------------------------------------------------------------

@@ -223,7 +223,8 @@ def build_board(key: str, title: str, kind: str, table_text: str, lines: Sequenc
     if reference is not None:
         board.reference = by_variant.get(reference)
         if board.reference is None:
-            raise ConfigError(f"{where or key}: its reference row {reference!r} (tables.toml) is not a row of the table")
+            raise ConfigError(f"{where or key}: its reference row {reference!r} (tables.toml) is not a row of the "
+                              "table")
     _summarise(board, datasets)
     if rank:
         from fedstyle.experiments.leaderboard.ranks import rank_rows

@@ -64,8 +64,8 @@ def card_block(method: str, boards: Mapping[str, Board], claims: Sequence[ClaimR
                 papers, _ = links.setdefault((claim.table, link.better, link.worse), ([], link.text()))
                 papers.append(claim.paper)
     out += ["", "Place: among the table's ranked rows, by Avg. vs best: the mean difference, best row minus this one, "
-            "over the (cell, seed) pairs both have; its 95 % interval in brackets. vs baseline: the rule on this row "
-            "> the table's plain baseline, this row minus the baseline."]
+            "over the (cell, seed) pairs both have; its 95 % interval in brackets. vs baseline: this row minus the "
+            "table's plain baseline over their pairs, with the rule's position: above, tied or below."]
     out += ["", "The papers' claims that involve these rows, on the leaderboard's cells:", ""]
     out += [f"- `{better} > {worse}` ({' and '.join(papers)}): {text}"
             for (_, better, worse), (papers, text) in links.items()] or ["- none"]

@@ -156,8 +156,8 @@ def against_reference_line(board: Board) -> list[str]:
         return []
     by = {status: [r.label for r in judged if r.versus_reference.status == status]
           for status in ("holds", "within noise", "fails")}
-    text = (f"Against {ref.label} (the vs {ref.label} column): {len(by['holds'])} of {len(judged)} ranked rows are above "
-            f"it by the rule, {len(by['within noise'])} within noise, {len(by['fails'])} below")
+    text = (f"Against {ref.label} (the vs {ref.label} column): {len(by['holds'])} of {len(judged)} ranked rows are "
+            f"above it by the rule, {len(by['within noise'])} tied with it, {len(by['fails'])} below it")
     return [text + (f" ({', '.join(by['fails'])})." if by["fails"] else ".")]
 
 

@@ -3,8 +3,9 @@ CSV and LaTeX; the same columns in each.
 
 Columns: the row, its average rank, one column per cell (mean ± sample std over its seeds), the average per
 dataset and over every cell, source validation, the seeds per cell, the row's standing against the best by
-the paired rule, and the rule's verdict on the row against the table's plain baseline (FedAvg, DSGD). The best average is in bold; a row the rule cannot tell from the best reads "tied" with the mean
-difference and its 95 % interval; a row that did not learn, or misses cells, is not ranked and says why.
+the paired rule, and its position against the table's plain baseline (FedAvg, DSGD) by the same rule. The best
+average is in bold; a row the rule cannot tell from the best reads "tied" with the mean difference and its 95 %
+interval; a row that did not learn, or misses cells, is not ranked and says why.
 """
 
 from __future__ import annotations
@@ -17,8 +18,12 @@ from fedstyle.experiments.leaderboard.board import Board, BoardRow, fmt
 STANDING_HELP = ("**vs best**: the mean difference, best row minus this row, over the (cell, seed) pairs both have; "
                  "its 95 % t interval in brackets. *Tied*: the interval contains 0, so the rule cannot tell the row "
                  "from the best. *Below*: the interval lies above 0. **vs FedAvg** (DSGD on the peer-to-peer table): "
-                 "the rule's verdict on this row > the table's plain baseline, the mean difference, this row minus "
-                 "the baseline, and its interval.")
+                 "the other way round, this row minus the table's plain baseline, its mean and 95 % interval over "
+                 "their pairs. *Above*: the interval lies above 0 (the rule's row > baseline holds). *Tied*: it "
+                 "contains 0. *Below*: it lies below 0.")
+
+#: the rule's verdict on "row > baseline" in the words of the vs-baseline column
+POSITION = {"holds": "above", "within noise": "tied", "fails": "below"}
 
 
 def reference_header(board: Board) -> list[str]:
@@ -35,7 +40,7 @@ def against_reference(board: Board, row: BoardRow) -> list[str]:
     v = row.versus_reference
     if v is None or v.low is None:
         return ["not judged"]
-    return [f"{v.status}: {v.interval()}"]
+    return [f"{POSITION[v.status]}: {v.interval()}"]
 
 
 def seeds_text(board: Board, row: BoardRow) -> str:
