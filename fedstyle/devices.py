@@ -86,41 +86,48 @@ def inference_batch(device: str | torch.device, accelerator_batch: int) -> int:
 CUBLAS_DETERMINISTIC_WORKSPACE = ":4096:8"
 
 
-#: torch's switches as they were before a ``--deterministic`` run turned them on in this process; None: not on
-_BEFORE_DETERMINISTIC: tuple[bool, bool, bool, bool] | None = None
+#: torch's switches as they were before a ``--deterministic`` run turned them on in this process, and whether it
+#: set CUBLAS_WORKSPACE_CONFIG; None: not on
+_BEFORE_DETERMINISTIC: tuple[bool, bool, bool, bool, bool] | None = None
 
 
 def set_deterministic_kernels(enabled: bool) -> None:
-    """Make this process's torch pick deterministic kernels, or not (``--deterministic``): a GPU run then repeats
-    bit for bit on the same machine, at some cost in speed.
+    """Make this process's torch pick deterministic kernels, or not (``--deterministic``), so that a GPU run repeats
+    bit for bit on the same machine, at some cost in speed (not yet checked on a GPU:
+    ``benchmarks/deterministic_check.py``).
 
     On: ``torch.use_deterministic_algorithms(True, warn_only=True)``, so an op without a deterministic kernel warns
     (naming itself) instead of stopping the run; cuDNN's benchmark autotuner off (it may pick another convolution
     algorithm per run); ``CUBLAS_WORKSPACE_CONFIG`` set unless it is (cuBLAS reads it when it starts: a warning says
-    so if CUDA already started in this process). The CPU's kernels are deterministic already: a CPU run's results
-    are the same either way (tested). Off: the switches this function turned on go back to what they were, so a
-    later run of a process that runs several (a sweep's worker, a Flower site) does not inherit them, and a
-    caller's own setting is left alone. Every process of a run (the simulator, each Flower site) sets it itself,
-    from the run's config (``build_experiment``).
+    so if CUDA already started in this process; a caller's own strict mode stays strict). The CPU's kernels are
+    deterministic already: a CPU run's results are the same either way (tested). Off: the switches this function
+    turned on, and the variable it set, go back to what they were, so a later run of a process that runs several
+    (a sweep's worker, a Flower site) does not inherit them, and a caller's own setting is left alone. Every
+    process of a run (the simulator, each Flower site) sets it itself, from the run's config (``build_experiment``).
     """
     global _BEFORE_DETERMINISTIC
     if not enabled:
         if _BEFORE_DETERMINISTIC is not None:
-            algorithms, warn_only, cudnn_deterministic, benchmark = _BEFORE_DETERMINISTIC
+            algorithms, warn_only, cudnn_deterministic, benchmark, set_cublas = _BEFORE_DETERMINISTIC
             torch.use_deterministic_algorithms(algorithms, warn_only=warn_only)
             torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = cudnn_deterministic, benchmark
+            if set_cublas:  # child processes of a later run (flower-sim's Ray workers) inherit the environment
+                os.environ.pop("CUBLAS_WORKSPACE_CONFIG", None)
             _BEFORE_DETERMINISTIC = None
         return
+    set_cublas = "CUBLAS_WORKSPACE_CONFIG" not in os.environ
     if _BEFORE_DETERMINISTIC is None:
         _BEFORE_DETERMINISTIC = (torch.are_deterministic_algorithms_enabled(),
                                  torch.is_deterministic_algorithms_warn_only_enabled(),
-                                 torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark)
-    if "CUBLAS_WORKSPACE_CONFIG" not in os.environ:
+                                 torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark, set_cublas)
+    if set_cublas:
         if torch.cuda.is_available() and torch.cuda.is_initialized():
             warnings.warn("--deterministic: CUDA started in this process before CUBLAS_WORKSPACE_CONFIG was set, so "
                           "cuBLAS may not repeat bit for bit; set CUBLAS_WORKSPACE_CONFIG=:4096:8 before starting "
                           "Python", stacklevel=2)
         os.environ["CUBLAS_WORKSPACE_CONFIG"] = CUBLAS_DETERMINISTIC_WORKSPACE
-    torch.use_deterministic_algorithms(True, warn_only=True)
+    # a caller's own strict mode (errors, not warnings) stays strict
+    strict = torch.are_deterministic_algorithms_enabled() and not torch.is_deterministic_algorithms_warn_only_enabled()
+    torch.use_deterministic_algorithms(True, warn_only=not strict)
     torch.backends.cudnn.deterministic = True
     torch.backends.cudnn.benchmark = False

@@ -1,25 +1,26 @@
-"""Parity fixture for FedProx: two rounds of the authors' local solver, batching, client sampling and averaging.
+"""Parity fixture for FedProx: five rounds of the authors' local solver, batching, client sampling and averaging.
 
 The authors' code (``litian96/FedProx``, pinned ``COMMIT``) is TensorFlow 1.10. This generator runs its pieces
 unchanged, in a scratch environment with TensorFlow 2 (``pip install tensorflow-cpu`` there, never into the project's)
 and its TF 1 API, ``tf.compat.v1`` with v2 behaviour off:
 
 - ``flearn/optimizer/pgd.py``'s ``PerturbedGradientDescent``, the FedProx solver: ``w <- w - lr (grad + mu (w - w*))``
-  with ``w*`` the round's global model (``_apply_dense``, lines 28-35), set by its ``set_params`` (lines 56-61);
+  with ``w*`` the round's global model (``_apply_dense``, lines 29-36), set by its ``set_params`` (lines 59-64);
 - ``flearn/utils/model_utils.py``'s ``batch_data`` (lines 5-24): each epoch reshuffles the client's arrays in place
   with ``np.random.seed(100)`` and walks them in batches;
 - ``flearn/trainers/fedbase.py``'s ``select_clients`` (lines 98-113: ``np.random.seed(round)``, a uniform draw
   without replacement, whatever its docstring says of weights) and ``aggregate`` (lines 115-125: the solutions
   averaged with weights = the clients' sample counts, in float64);
-- the round of ``flearn/trainers/fedprox.py``'s ``Server.train`` (lines 47-73) with ``drop_percent = 0``: every
+- the round of ``flearn/trainers/fedprox.py``'s ``Server.train`` (lines 49-77) with ``drop_percent = 0``: every
   sampled client gets the global model and ``num_epochs`` epochs of ``solve_inner``.
 
 The model is the code's multinomial logistic regression (``flearn/models/mnist/mclr.py``: one dense layer and
 ``tf.losses.sparse_softmax_cross_entropy``; its ``l2_regularizer`` never enters the loss it minimises), rebuilt
 here in the same TF 1 API on 12 features and 3 classes: the code's ``Model`` class needs ``tf.contrib`` and the
 profiler of TF 1. Its weights are :func:`parity.common.seeded_weights` (seed 0) under the names ``dense/kernel``
-(12 x 3) and ``dense/bias``. Four clients of 9, 5, 12 and 7 samples; 2 of them sampled per round, 2 rounds, 2 local
-epochs, batch 4, lr 0.1, mu 0.5.
+(12 x 3) and ``dense/bias``. Four clients of 9, 5, 12 and 7 samples; 2 of them sampled per round (the code's draws:
+clients 2 and 3 in rounds 1-3, then 3 and 1, then 0 and 1), 5 rounds, 2 local epochs, batch 4 (client 0's last
+batch holds one sample), lr 0.1, mu 0.5.
 
 ``pgd.py``'s module-level ``tf`` is the TF 1 API here (``tf.compat.v1``): its ``set_params`` calls
 ``tf.trainable_variables``, which TF 2 keeps there only.
@@ -49,7 +50,7 @@ REPOSITORY = "litian96/FedProx"
 COMMIT = "d2a4501f319f1594b732d88315c5ca1a72855f50"
 
 SIZES = (9, 5, 12, 7)
-SETTINGS = {"sizes": list(SIZES), "features": 12, "classes": 3, "clients_per_round": 2, "rounds": 2, "epochs": 2,
+SETTINGS = {"sizes": list(SIZES), "features": 12, "classes": 3, "clients_per_round": 2, "rounds": 5, "epochs": 2,
             "batch_size": 4, "lr": 0.1, "mu": 0.5}
 #: the code's (TensorFlow) names and shapes; fedstyle's nn.Linear holds the kernel transposed
 SHAPES = {"dense/kernel": (SETTINGS["features"], SETTINGS["classes"]), "dense/bias": (SETTINGS["classes"],)}
@@ -116,7 +117,7 @@ def run(checkout: Path) -> dict[str, torch.Tensor]:
             for r in range(s["rounds"]):
                 indices, selected = BaseFedarated.select_clients(server, r, num_clients=s["clients_per_round"])
                 tensors[f"selected/r{r}"] = torch.tensor([int(c) for c in selected])
-                optimizer.set_params(latest, model)  # w* = the round's global model (fedprox.py:56)
+                optimizer.set_params(latest, model)  # w* = the round's global model (fedprox.py:55)
                 solutions = []
                 for c in [int(c) for c in selected]:
                     set_params(latest)
@@ -140,7 +141,7 @@ def run(checkout: Path) -> dict[str, torch.Tensor]:
 def main(argv: list[str] | None = None) -> Path:
     return generate("fedprox", __doc__ or "", REPOSITORY, COMMIT, run, threads=1,
                     description="PerturbedGradientDescent (flearn/optimizer/pgd.py), batch_data, select_clients and "
-                                "aggregate for 2 rounds of FedProx on 4 clients, a logistic regression in the TF 1 "
+                                "aggregate for 5 rounds of FedProx on 4 clients, a logistic regression in the TF 1 "
                                 "API: each sampled client's solution and the averaged model",
                     settings=SETTINGS, argv=argv)
 

@@ -38,13 +38,20 @@ def test_the_switch_turns_torchs_deterministic_kernels_on_and_back_off(torch_swi
     set_deterministic_kernels(False)  # a later run without it, in the same process (a sweep's worker, a site)
     assert not torch.are_deterministic_algorithms_enabled()
     assert not torch.backends.cudnn.deterministic and torch.backends.cudnn.benchmark
+    assert "CUBLAS_WORKSPACE_CONFIG" not in os.environ  # it set the variable, so it takes it back
     monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":16:8")  # the other setting NVIDIA documents: the user's
     set_deterministic_kernels(True)
     assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":16:8"
+    set_deterministic_kernels(False)
+    assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":16:8"  # not its own: left alone
 
 
-def test_a_run_without_it_leaves_a_callers_own_setting_alone(torch_switches):
-    torch.use_deterministic_algorithms(True)  # set by the caller, not by a --deterministic run
+def test_a_callers_own_strict_setting_is_kept(torch_switches):
+    torch.use_deterministic_algorithms(True)  # set by the caller (errors, not warnings), not by a --deterministic run
+    set_deterministic_kernels(False)  # a run without it leaves it alone
+    assert torch.are_deterministic_algorithms_enabled() and not torch.is_deterministic_algorithms_warn_only_enabled()
+    set_deterministic_kernels(True)  # a run with it keeps it strict
+    assert not torch.is_deterministic_algorithms_warn_only_enabled()
     set_deterministic_kernels(False)
     assert torch.are_deterministic_algorithms_enabled() and not torch.is_deterministic_algorithms_warn_only_enabled()
 

@@ -128,9 +128,10 @@ def _feddyn_by_hand(hparams, scale=None):
     state = {"feddyn/grad": torch.tensor([0.5, 0.0, 0.0, -0.5])}
     if scale is not None:
         state["feddyn/alpha_scale"] = torch.tensor(scale, dtype=torch.float64)
-    ctx = types.SimpleNamespace(state=state, global_weights={"weight": torch.tensor([[0.0, 0.0], [0.0, 1.0]])})
-    algo._anchor = algo.regularizer.anchor(ctx, model)  # what local_train sets before the steps
-    algo._alpha = algo.regularizer.client_alpha(ctx, scaled=algo.hp["alpha_scaling"] == "data_size")
+    ctx = types.SimpleNamespace(state=state, global_weights={"weight": torch.tensor([[0.0, 0.0], [0.0, 1.0]])},
+                                scratch={})
+    ctx.scratch.update({"feddyn/anchor": algo.regularizer.anchor(ctx, model),  # what local_train sets before the steps
+                        "feddyn/alpha": algo.regularizer.client_alpha(ctx, algo.hp["alpha_scaling"] == "data_size")})
     return algo, model, ctx, torch.tensor([[1.0, 1.0]]), torch.tensor([1])
 
 

@@ -38,6 +38,8 @@ from fedstyle.errors import FedstyleError
 _GRAD = "feddyn/grad"
 #: alpha_i / alpha of this client (``alpha_scaling=data_size``), from the setup exchange
 _SCALE = "feddyn/alpha_scale"
+#: this call's downloaded weights (one vector) and alpha_i, in ``ctx.scratch`` (per call, never checkpointed)
+_ANCHOR, _ALPHA = "feddyn/anchor", "feddyn/alpha"
 #: reference_code=true: the public code's choices for the hyperparameters not given explicitly
 REFERENCE = {"alpha_scaling": "data_size", "clip_grad_norm": 10.0}
 
@@ -120,8 +122,6 @@ class FedDyn(Algorithm):
     def __init__(self, hparams=None, *, num_classes, num_clients):
         super().__init__(hparams, num_classes=num_classes, num_clients=num_clients)
         self.regularizer = DynamicRegularizer(self.hp["alpha"])
-        self._anchor: torch.Tensor | None = None  # per-call scratch: this round's downloaded weights
-        self._alpha = self.regularizer.alpha  # per-call scratch: this client's alpha_i
 
     @classmethod
     def resolve(cls, given):
@@ -147,13 +147,14 @@ class FedDyn(Algorithm):
         self.regularizer.init_client(ctx, model)
 
     def local_train(self, ctx, model, payload):
-        self._anchor = self.regularizer.anchor(ctx, model)
+        ctx.scratch[_ANCHOR] = self.regularizer.anchor(ctx, model)
         # once per call, not per step: on a GPU, reading the state's scale is a host synchronisation
-        self._alpha = self.regularizer.client_alpha(ctx, scaled=self.hp["alpha_scaling"] == "data_size")
+        ctx.scratch[_ALPHA] = self.regularizer.client_alpha(ctx, scaled=self.hp["alpha_scaling"] == "data_size")
         return super().local_train(ctx, model, payload)
 
     def training_loss(self, ctx, model, x, y, payload):
-        return F.cross_entropy(model(x), y) + self.regularizer.penalty(ctx, model, self._anchor, self._alpha)
+        penalty = self.regularizer.penalty(ctx, model, ctx.scratch[_ANCHOR], ctx.scratch[_ALPHA])
+        return F.cross_entropy(model(x), y) + penalty
 
     def training_step(self, ctx, model, optimizer, x, y, payload):
         """With ``clip_grad_norm``, the code's step (utils_general.py:190, 219-225): the quadratic's
@@ -162,9 +163,9 @@ class FedDyn(Algorithm):
         if not self.hp["clip_grad_norm"]:
             return super().training_step(ctx, model, optimizer, x, y, payload)
         params = [p for p in model.parameters() if p.requires_grad]
-        alpha = self._alpha
+        alpha, anchor = ctx.scratch[_ALPHA], ctx.scratch[_ANCHOR]
         w = flatten(model.parameters())
-        linear = -torch.dot(ctx.state[_GRAD].to(w.device), w) - alpha * torch.dot(self._anchor, w)
+        linear = -torch.dot(ctx.state[_GRAD].to(w.device), w) - alpha * torch.dot(anchor, w)
         loss = F.cross_entropy(model(x), y) + linear
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -172,12 +173,12 @@ class FedDyn(Algorithm):
         with torch.no_grad():
             for p in params:
                 p.grad.add_(p, alpha=alpha)  # the weight decay's alpha_i, unclipped
-            quadratic = 0.5 * alpha * (torch.sum(w.detach() ** 2) + torch.sum(self._anchor ** 2))
+            quadratic = 0.5 * alpha * (torch.sum(w.detach() ** 2) + torch.sum(anchor ** 2))
         optimizer.step()
         return (loss.detach() + quadratic).detach()  # the paper's loss: CE + the whole penalty
 
     def after_local_train(self, ctx, model):
-        self.regularizer.update_client(ctx, model, self._anchor, self._alpha)
+        self.regularizer.update_client(ctx, model, ctx.scratch[_ANCHOR], ctx.scratch[_ALPHA])
 
     def aggregate(self, server, updates):
         return self.regularizer.aggregate(server, updates, self.param_keys, self.hp["aggregation"] == "uniform")
