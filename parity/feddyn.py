@@ -33,10 +33,10 @@ from __future__ import annotations
 import contextlib
 import io
 import os
-import sys
 import tempfile
 import types
 from pathlib import Path
+from unittest import mock
 
 import numpy as np
 import torch
@@ -86,8 +86,9 @@ def run(checkout: Path) -> dict[str, torch.Tensor]:
     norms: list[list[float]] = []  # per call: each step's gradient norm before clipping
     sizes_seen: list[int] = []
 
-    saved_env = {k: os.environ.get(k) for k in ("CUDA_DEVICE_ORDER", "CUDA_VISIBLE_DEVICES")}
-    with tempfile.TemporaryDirectory() as work, importable(checkout), stub_modules(["torchvision"]):
+    # utils_general.py sets CUDA_DEVICE_ORDER and CUDA_VISIBLE_DEVICES at import: patch.dict puts them back after
+    with tempfile.TemporaryDirectory() as work, importable(checkout), stub_modules(["torchvision"]), \
+            mock.patch.dict(os.environ):
         old_cwd = os.getcwd()
         os.chdir(work)
         try:
@@ -134,12 +135,6 @@ def run(checkout: Path) -> dict[str, torch.Tensor]:
             drift = np.load(f"Output/parity/FedDyn/{s['rounds']}_local_param_list.npy")
         finally:
             os.chdir(old_cwd)
-            for key, value in saved_env.items():
-                if value is None:
-                    os.environ.pop(key, None)
-                else:
-                    os.environ[key] = value
-            sys.modules.pop("utils_libs", None)
 
     # which clients each round trained: the code prints them; the calls' sizes name them (sizes are distinct)
     selected = [[int(c) for c in line.split(":")[1].split(",")]
