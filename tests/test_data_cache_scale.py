@@ -18,6 +18,7 @@ from fedstyle.data import fashion4, folder
 from fedstyle.data.cache import ChunkedImages, cached_dataset, decode_workers, ordered_map
 from fedstyle.data.registry import load_dataset
 from fedstyle.errors import ConfigError, DataError
+from fs_faults import fd_under
 from test_data_fashion4 import write_fashion
 
 
@@ -37,8 +38,11 @@ def entry_bytes(root: Path) -> dict[str, int]:
 def test_chunk_writer_flushes_and_drops_every_k_rows(tmp_path, monkeypatch):
     synced, dropped = [], []
     real_sync = os.fdatasync
-    monkeypatch.setattr(os, "fdatasync", lambda fd: synced.append(fd) or real_sync(fd))
-    monkeypatch.setattr(os, "posix_fadvise", lambda fd, start, length, advice: dropped.append((start, length, advice)))
+    # Count only this file's syncs: a cache store left by an earlier test may be collected (and flush) meanwhile.
+    mine = str(tmp_path)
+    monkeypatch.setattr(os, "fdatasync", lambda fd: (fd_under(fd, mine) and synced.append(fd)) or real_sync(fd))
+    monkeypatch.setattr(os, "posix_fadvise", lambda fd, start, length, advice:
+                        fd_under(fd, mine) and dropped.append((start, length, advice)))
     rows = np.random.default_rng(0).integers(0, 256, (7, 3, 2, 5), dtype=np.uint8)
     out = ChunkedImages(tmp_path / "x.npy", 7, 2, 5, flush_every=3)
     for row in rows:
