@@ -1,4 +1,4 @@
-"""Parity fixture for FedBN's ``reference_code`` mode: two rounds of the authors' training and ``communication``.
+"""Parity fixture for FedBN (its default, and its ``reference_code`` mode): two rounds of the authors' training and ``communication``.
 
 The authors' code (``med-air/FedBN``, pinned ``COMMIT``) runs unchanged: ``federated/fed_digits.py``'s ``train``
 (lines 87-108: one pass over the client's loader, cross-entropy, plain SGD) for each of three clients, then
@@ -7,8 +7,8 @@ its client; the others are averaged with ``client_weights``, copied into the ser
 client). ``client_weights`` is the script's ``[1 / client_num] * client_num`` (line 247): a uniform average, whatever
 the clients' sizes. The optimisers are made afresh each round as in its loop (line 282), ``optim.SGD(lr=1e-2)``.
 
-The three clients hold 10, 6 and 14 samples (unequal, so a uniform average differs from fedstyle's default average
-by size), batch 4, 2 rounds. The model is the authors' ``DigitModel`` layout narrowed to run in milliseconds
+The three clients hold 10, 6 and 14 samples (unequal, so a uniform average differs from an average by size,
+``aggregation=size``), batch 4, 2 rounds. The model is the authors' ``DigitModel`` layout narrowed to run in milliseconds
 (``conv1``/``bn1``, ``conv2``/``bn2``, ``fc1``/``bn4``, ``fc3``: the names the code's ``'bn' in key`` rule reads),
 built on both sides by :func:`build_model`, its weights :func:`parity.common.seeded_weights` (seed 0). The loaders
 are plain ``DataLoader(TensorDataset(x, y), batch_size=4, shuffle=False)``: the code's own loaders read the Digits

@@ -232,6 +232,29 @@ def test_fedbn_keeps_batchnorm_local_and_does_not_send_it_down():
     assert not torch.allclose(a, b)  # each client kept its own statistics
 
 
+@pytest.mark.parametrize("hp,by_size", [({}, False), ({"aggregation": "size"}, True)])
+def test_fedbn_averages_its_shared_layers_with_1_over_k_unless_asked_by_size(hp, by_size):
+    """FedBN's Algorithm 1, line 8: every layer that is not BatchNorm becomes (1/K) sum_k w_k, whatever the
+    clients' sizes (8 and 24 images here); ``aggregation=size`` weights by sample count instead. One full round:
+    the server's shared entries are that mean of what the clients uploaded, computed here by hand."""
+    algo, model = make_model("fedbn", hp, n_clients=2)
+    small, large = make_clients(2)
+    small = ClientData(small.images[:8], small.labels[:8], small.domains[:8], TRANSFORM)
+    sim = StarSimulator(algo, model, [small, large], SETTINGS, seed=0, device=torch.device("cpu"))
+    uploads = []
+    real = algo.aggregate
+    algo.aggregate = lambda server, updates: uploads.extend(updates) or real(server, updates)
+    sim.run_round(0)
+    assert [u.num_samples for u in uploads] == [8, 24]
+    w = [1 / 4, 3 / 4] if by_size else [1 / 2, 1 / 2]
+    bn = batchnorm_keys(model)
+    key = "head.weight"
+    assert key not in bn
+    a, b = (u.weights[key].double() for u in uploads)
+    assert not torch.allclose(a, b)  # the two clients moved apart, so the weighting shows
+    torch.testing.assert_close(sim.server.weights[key].double(), w[0] * a + w[1] * b, rtol=0, atol=1e-6)
+
+
 def test_empty_client_is_refused():
     algo, model = make_model()
     clients = make_clients(2)

@@ -44,11 +44,14 @@ def test_card_table_matches_the_registry(name, gen_cards):
     method = METHODS.get(name)
     assert gen_cards.card_table(text) == gen_cards.table(method), (
         f"docs/methods/{name}.md's hyperparameters differ from the registry: run `python docs/tools/gen_cards.py`")
-    # the table's rows are the method's own hyperparameters, each with its default as `fedstyle methods` shows it
-    own = [h for h in method.declared_hparams() if h.name not in gen_cards.COMMON]
+    # the table's rows are the common options whose default the method changes, then its own hyperparameters,
+    # each with its default as `fedstyle methods` shows it
+    common = gen_cards.COMMON_DEFAULTS
+    listed = [h for h in method.declared_hparams() if h.name in common and h.default != common[h.name]]
+    listed += [h for h in method.declared_hparams() if h.name not in gen_cards.COMMON]
     rows = [line for line in gen_cards.card_table(text).splitlines()[2:] if line.startswith("| `")]
-    assert [r.split("`")[1] for r in rows] == [h.name for h in own]
-    for row, h in zip(rows, own):
+    assert [r.split("`")[1] for r in rows] == [h.name for h in listed]
+    for row, h in zip(rows, listed):
         assert f"`{h.default!r}`" in row
 
 

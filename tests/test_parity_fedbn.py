@@ -69,8 +69,10 @@ def test_fedstyles_local_layers_are_the_codes_bn_entries():
     assert local == {k for k in model.state_dict() if "bn" in k}  # communication()'s rule, fed_digits.py:169
 
 
-def test_two_rounds_match_train_and_communication():
-    for r, result in enumerate(federate({"reference_code": True})):
+@pytest.mark.parametrize("hparams", [{}, {"reference_code": True}], ids=["default", "reference_code"])
+def test_two_rounds_match_train_and_communication(hparams):
+    """The default is the code's (and Algorithm 1's) 1/K average, so both settings match the fixture."""
+    for r, result in enumerate(federate(hparams)):
         expected = FIXTURE.group(f"server/r{r}/")
         assert set(expected) == set(result["server"])
         for key, value in expected.items():
@@ -83,7 +85,7 @@ def test_two_rounds_match_train_and_communication():
                     assert torch.equal(state[key], value), (r, c, key)
 
 
-def test_the_fixture_tells_the_codes_average_from_the_size_weighted_default():
-    last = federate({})[-1]["server"]
+def test_the_fixture_tells_the_codes_average_from_weighting_by_size():
+    last = federate({"aggregation": "size"})[-1]["server"]
     expected = FIXTURE.group(f"server/r{S['rounds'] - 1}/")
     assert max(relative_error(last[k], v) for k, v in expected.items()) > 100 * TOLERANCE

@@ -4,9 +4,12 @@ For evaluation on an unseen domain there is no client BatchNorm to use, so clien
 their BatchNorm layers and the server's evaluation model holds their average; the server never
 sends BatchNorm layers down (they are not counted in bytes down).
 
-The authors' code (med-air/FedBN, federated/fed_digits.py ``communication``, lines 164-175) averages the
-shared entries with weights 1/K whatever the clients' sizes (``client_weights``, line 247);
-``reference_code=true`` does the same (``aggregation=uniform``). fedstyle's default averages by size, as FedAvg.
+The shared layers are averaged with weights 1/K whatever the clients' sizes (``aggregation=uniform``, the
+default): the paper's Algorithm 1 (Appendix), line 8, sets every non-BatchNorm layer to
+(1/K) sum_k w_{t+1,k}, and the authors' code (med-air/FedBN, federated/fed_digits.py ``communication``,
+lines 164-175, ``client_weights`` at line 247) does the same. The paper's experiments truncate every client
+to one size, where 1/K and weighting by size agree; ``aggregation=size`` weights by sample count, as FedAvg.
+``reference_code=true`` is kept for symmetry with the other methods and changes nothing here.
 
 Its card, with hyperparameters, results and parity: docs/methods/fedbn.md.
 """
@@ -27,9 +30,10 @@ class FedBN(Algorithm):
     label = "FedBN"
     summary = "FedAvg with client-local BatchNorm layers (evaluation model: averaged BatchNorm)"
     paper = "Li et al., FedBN: Federated learning on non-IID features via local batch normalization, ICLR 2021"
-    DEFAULTS = {"local_bn": True}
-    HPARAMS = (HParam("reference_code", False, "the authors' code's choice: the shared layers averaged with weights "
-                      "1/K, not by client size (aggregation=uniform)"),)
+    #: Algorithm 1, line 8: w <- (1/K) sum_k w_k for every layer that is not BatchNorm
+    DEFAULTS = {"local_bn": True, "aggregation": "uniform"}
+    HPARAMS = (HParam("reference_code", False, "the authors' code's choices (aggregation=uniform, already the "
+                      "default: the paper's Algorithm 1 averages with 1/K too)"),)
 
     @classmethod
     def resolve(cls, given):
