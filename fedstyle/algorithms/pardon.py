@@ -62,7 +62,8 @@ class PARDON(StyleBackendExchange):
         HParam("band", DEFAULT_BAND, "fft backend: half-width of the exchanged low-frequency square", low=0.0, high=1.0),
         STYLE_IMAGES,
         HParam("local_features", "style", "what FINCH clusters a client's images on: per-image style [mu, sigma] "
-               "(style) or flattened encoder feature maps (flat, the public code)", choices=LOCAL_FEATURES),
+               "(style: the text after Eq. 1 compares image styles) or flattened encoder feature maps (flat: Eq. 1's "
+               "Phi(C_k), and the public code)", choices=LOCAL_FEATURES),
         HParam("client_style", "mean", "the client style from its cluster styles: their mean (S_Ck after Eq. 2) or "
                "the style of their pooled first and second moments, equal weight per cluster (pooled, public code)",
                choices=CLIENT_STYLES),
