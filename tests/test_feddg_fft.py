@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
+from torch import nn
 
 from fedstyle.algorithms import METHODS
-from fedstyle.algorithms.feddg_fft import FedDGFFT, plan_amplitude_exchange
+from fedstyle.algorithms.feddg_fft import VIEW, FedDGFFT, plan_amplitude_exchange
 from fedstyle.data.transforms import BatchTransform
 from fedstyle.errors import ConfigError
 from fedstyle.data.client import ClientData
@@ -15,6 +17,7 @@ from fedstyle.models import build_model
 from fedstyle.seeding import seed_everything
 from fedstyle.style.transfer import Style
 from fedstyle.style.transfer.augment import StyleBank
+from parity_steps import client_context
 
 SIZE, PER_CLIENT = 16, 16
 TRANSFORM = BatchTransform((0.5, 0.5, 0.5), (0.5, 0.5, 0.5), "none")
@@ -78,6 +81,106 @@ def test_default_bank_is_an_eighth_of_the_images_and_one_client_is_refused():
         simulator(n=1).setup()
 
 
-def test_the_missing_meta_learning_is_stated():
-    assert "episodic" in FedDGFFT.summary and "NO" in FedDGFFT.summary
-    assert "NOT implemented" in __import__("fedstyle.algorithms.feddg_fft", fromlist=["x"]).__doc__
+def test_what_is_left_out_is_stated():
+    assert "episodic=true" in FedDGFFT.summary
+    doc = " ".join(__import__("fedstyle.algorithms.feddg_fft", fromlist=["x"]).__doc__.split())
+    assert "NOT implemented: the boundary-oriented contrastive term" in doc
+
+
+# -- episodic learning (episodic=true, FedDG Sec. 3.3) -------------------------------------------------
+def test_episodic_setup_pairs_each_image_with_the_copy_the_plain_mode_adds():
+    plain = simulator({"stylize": "eager"})
+    plain.setup()
+    sim = simulator({"stylize": "eager", "episodic": True})
+    originals = make_clients()
+    sim.setup()
+    for c, data in enumerate(sim.clients):
+        assert len(data) == PER_CLIENT and torch.equal(data.images, originals[c].images)  # no extra data
+        assert torch.equal(data.views[VIEW][:], plain.clients[c].images[1::2])  # the same copies, as views
+    assert plain.algo.batching_support(plain.algo.hp) is None  # the plain mode keeps client batching
+    assert "training_loss" in sim.algo.batching_support(sim.algo.hp)
+
+
+def episodic_setup(hp):
+    """A float64 network, a batch x, its copies x' and labels, and the method with ``hp``. The network is smooth
+    (softplus, average pooling) with BatchNorm: a central difference of the ConvNet's ReLU and max-pool kinks
+    does not converge, so it could not check a gradient."""
+    seed_everything(0)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.Softplus(), nn.AdaptiveAvgPool2d(2), nn.Flatten(),
+                          nn.Linear(32, 4)).double()
+    algo = FedDGFFT({"episodic": True, "meta_step": 0.5, **hp}, num_classes=4, num_clients=3)
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(8, 3, SIZE, SIZE, generator=g, dtype=torch.float64)
+    x_copy = torch.randn(8, 3, SIZE, SIZE, generator=g, dtype=torch.float64)
+    return algo, model, x, x_copy, torch.arange(8) % 4
+
+
+def objective(model, x, x_copy, y, beta, clip=None):
+    """FedDG's objective by hand: L(x; w) + L(x'; w - beta * clip(grad L(x; w))), its value only."""
+    weights = dict(model.named_parameters())
+    inner = F.cross_entropy(model(x), y)
+    grads = torch.autograd.grad(inner, list(weights.values()))
+    adapted = {n: w - beta * (g if clip is None else g.clamp(-clip, clip)) for (n, w), g in zip(weights.items(), grads)}
+    return (inner + F.cross_entropy(torch.func.functional_call(model, adapted, (x_copy,)), y)).item()
+
+
+@pytest.mark.parametrize("meta_clip", [100.0, 0.0])
+def test_episodic_loss_is_its_objective_and_second_order_differentiates_through_the_inner_step(meta_clip):
+    """The loss equals the objective computed by hand, and its gradient (meta_order=second) is the objective's:
+    a central difference along a random direction of every weight agrees to 1e-6."""
+    algo, model, x, x_copy, y = episodic_setup({"meta_clip": meta_clip})
+    ctx = client_context()
+    loss = algo.episodic_loss(ctx, model, x, x_copy, y)
+    assert loss.item() == pytest.approx(objective(model, x, x_copy, y, 0.5, meta_clip or None), rel=1e-12)
+    weights = list(model.parameters())
+    grads = torch.autograd.grad(loss, weights)
+    g = torch.Generator().manual_seed(2)
+    direction = [torch.randn(w.shape, generator=g, dtype=w.dtype) for w in weights]
+    eps = 1e-5
+    with torch.no_grad():
+        values = []
+        for sign in (1, -1):
+            for w, d in zip(weights, direction):
+                w.add_(sign * eps * d)
+            with torch.enable_grad():
+                values.append(objective(model, x, x_copy, y, 0.5, meta_clip or None))
+            for w, d in zip(weights, direction):
+                w.sub_(sign * eps * d)
+    numeric = (values[0] - values[1]) / (2 * eps)
+    analytic = float(sum((gr * d).sum() for gr, d in zip(grads, direction)))
+    assert analytic == pytest.approx(numeric, rel=1e-6)
+    metrics = ctx.logged_metrics()
+    assert set(metrics) >= {"inner", "outer"} and metrics["inner"] + metrics["outer"] == pytest.approx(loss.item())
+
+
+def test_first_order_treats_the_inner_gradient_as_a_constant_as_the_code_does():
+    """meta_order=first (reference_code=true): the gradient is grad L(x; w) + grad L(x'; .) at w', the outer
+    gradient taken at the adapted weights and applied to w unchanged; it differs from the second-order one."""
+    algo, model, x, x_copy, y = episodic_setup({"reference_code": True})
+    assert algo.hp["meta_order"] == "first"
+    weights = list(model.parameters())
+    first = torch.autograd.grad(algo.episodic_loss(client_context(), model, x, x_copy, y), weights)
+    inner_grads = torch.autograd.grad(F.cross_entropy(model(x), y), weights)
+    names = [n for n, _ in model.named_parameters()]
+    adapted = {n: (w - 0.5 * gr.clamp(-100, 100)).detach().requires_grad_() for n, w, gr in
+               zip(names, weights, inner_grads)}
+    outer_grads = torch.autograd.grad(F.cross_entropy(torch.func.functional_call(model, adapted, (x_copy,)), y),
+                                      list(adapted.values()))
+    for got, a, b in zip(first, inner_grads, outer_grads):
+        torch.testing.assert_close(got, a + b, rtol=1e-10, atol=1e-12)
+    second_algo, *_ = episodic_setup({})
+    second = torch.autograd.grad(second_algo.episodic_loss(client_context(), model, x, x_copy, y), weights)
+    assert max(float((s - f).abs().max()) for s, f in zip(second, first)) > 1e-4
+
+
+def test_an_episodic_round_trains_logs_its_terms_and_refuses_what_it_cannot_pair():
+    sim = simulator({"episodic": True})
+    start = {k: v.clone() for k, v in sim.server.weights.items()}
+    sim.setup()
+    result = sim.run_round(0)
+    assert not torch.equal(start["head.weight"], sim.server.weights["head.weight"])
+    assert result.metrics["inner"] > 0 and result.metrics["outer"] > 0  # both terms reach metrics.jsonl
+    with pytest.raises(ConfigError, match="drop copies"):
+        FedDGFFT.resolve({"episodic": True, "copies": 2})
+    with pytest.raises(ConfigError, match="drop augment"):
+        FedDGFFT.resolve({"episodic": True, "augment": "randconv"})

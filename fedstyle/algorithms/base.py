@@ -130,6 +130,9 @@ class Algorithm:
     #: the loss), which keeps the method batchable (:meth:`batching_support`); e.g. counting the images the
     #: block made. Only ``local_train`` is honoured: the executor calls it, never ``training_step``
     BATCHING_WRAPPERS: ClassVar[tuple[str, ...]] = ()
+    #: step hooks a class overrides only for a boolean hyperparameter (hook -> its name): with it off the
+    #: override defers to the base hook, so client batching stays open (FedDG-FFT's ``episodic``)
+    GATED_STEP_HOOKS: ClassVar[dict[str, str]] = {}
 
     def __init__(self, hparams: Mapping[str, Any] | None = None, *, num_classes: int, num_clients: int):
         self.hp = self.resolve(hparams or {})
@@ -218,7 +221,8 @@ class Algorithm:
         if STAR[0] not in cls.topologies:
             return "peer-to-peer method: client batching runs star rounds"
         custom = [hook for hook in _STEP_HOOKS if getattr(cls, hook) is not getattr(Algorithm, hook)
-                  and not (hook == "local_train" and _wraps_only(cls, hook))]
+                  and not (hook == "local_train" and _wraps_only(cls, hook))
+                  and not (hook in cls.GATED_STEP_HOOKS and not hp.get(cls.GATED_STEP_HOOKS[hook]))]
         if custom:
             return "its own " + ", ".join(custom)
         if hp.get("style", "none") != "none":

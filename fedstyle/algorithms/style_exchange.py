@@ -219,6 +219,23 @@ class StyleExchange(Algorithm):
         recipe: dict[str, Any],
     ) -> dict[str, float]:
         """Generate (or reuse) the plan's images and make them the client's data; returns setup metrics."""
+        plan, images, metrics = self._planned_images(ctx, broadcast, plan_for, alpha, recipe)
+        ctx.data.replace(images, plan.source)  # labels, domains (and any views) follow their source rows
+        return metrics
+
+    def attach_planned_view(self, ctx: ClientContext, view: str, broadcast: Payload,
+                            plan_for: Callable[[StyleBank], AugmentPlan], alpha: float,
+                            recipe: dict[str, Any]) -> dict[str, float]:
+        """As :meth:`augment`, for a plan with exactly one output per local image, in order (output m
+        restyles image m): the outputs become the aligned view ``view`` instead of replacing the data
+        (FedDG's episodic training pairs each image with its amplitude-exchanged copy)."""
+        plan, images, metrics = self._planned_images(ctx, broadcast, plan_for, alpha, recipe)
+        if not torch.equal(plan.source, torch.arange(len(ctx.data))):
+            raise ValueError("a view's plan must restyle every local image once, in order")
+        ctx.data.set_view(view, images)
+        return metrics
+
+    def _planned_images(self, ctx, broadcast, plan_for, alpha, recipe):
         bank = StyleBank.from_payload(broadcast)
         backend = self.backend(ctx)
         backend.check(bank.style)  # refuse a foreign bank before planning with it
@@ -226,9 +243,8 @@ class StyleExchange(Algorithm):
         recipe = dict(recipe, method=self.name, backend_options=self.cache_options())
         images, metrics = stylize_cached(self.name, recipe, ctx.data.images, plan, bank, backend, alpha,
                                          self.hp["transfer_batch"], progress=self.progress, mode=self.hp["stylize"])
-        ctx.data.replace(images, plan.source)  # labels, domains (and any views) follow their source rows
         metrics.update(pop_style_cost(ctx.state))
-        return metrics
+        return plan, images, metrics
 
     def attach_transfers(self, ctx: ClientContext, view: str, style: Style, alpha: float,
                          recipe: dict[str, Any]) -> dict[str, float]:
