@@ -36,9 +36,10 @@ def test_every_registered_method_has_a_row_or_a_reason():
             assert name in star_methods or name in star.excluded, name
         if "complete" in topologies:
             assert name in p2p_methods or name in p2p.excluded, name
-    # one row per method in the multi-source table: a file's [[variant]] replaces the method's default row
+    # every method has its default row, named after it (a file's [[variant]] of that name replaces it); other rows of
+    # a method (FedDG's episodic mode of feddg_fft) carry names of their own
     names = [v["name"] for v in star.data["variant"]]
-    assert len(names) == len(set(names)) == len(star_methods)
+    assert len(names) == len(set(names)) and star_methods <= set(names)
 
 
 def _copy_grid(tmp_path: Path) -> Path:
