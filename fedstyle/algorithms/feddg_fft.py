@@ -156,8 +156,7 @@ class FedDGFFT(StyleExchange):
         L_inner(w) + L_outer(w'), w' = w - beta * clamp(grad L_inner(w), -c, c), each term logged."""
         hp = self.hp
         inner = F.cross_entropy(model(x), y)
-        names = [n for n, p in model.named_parameters() if p.requires_grad]
-        weights = [p for _, p in model.named_parameters() if p.requires_grad]
+        names, weights = zip(*[(n, p) for n, p in model.named_parameters() if p.requires_grad])
         # retain_graph: the returned loss backpropagates through L_inner again
         grads = torch.autograd.grad(inner, weights, create_graph=hp["meta_order"] == "second", retain_graph=True,
                                     allow_unused=True)
