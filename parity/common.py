@@ -39,6 +39,7 @@ import json
 import os
 import subprocess
 import sys
+import textwrap
 import types
 import zlib
 from dataclasses import dataclass
@@ -345,6 +346,27 @@ def load_functions(path: Path, names: tuple[str, ...], namespace: dict) -> dict:
         raise SystemExit(f"error: {path} defines none of {sorted(missing)}: not the pinned commit?")
     exec(compile(ast.Module(body=nodes, type_ignores=[]), str(path), "exec"), namespace)
     return namespace
+
+
+def load_loop(path: Path, target: str) -> types.CodeType:
+    """The one ``for {target} in ...:`` loop of the file ``path`` (``target`` as written: ``"i_batch,
+    sampled_batch"``), compiled alone with the file's name and line numbers (tracebacks point into it): for code
+    the authors wrote inline, in a script's ``__main__`` block, rather than in a function. The loop is cut from
+    the text by indentation, not from the file's syntax tree, so a syntax error elsewhere in the file does not
+    stop it. ``exec`` it in a namespace holding its free names."""
+    path = Path(path)
+    lines = path.read_text().splitlines()
+    heads = [i for i, line in enumerate(lines) if line.lstrip().startswith(f"for {target} in ")]
+    if len(heads) != 1:
+        raise SystemExit(f"error: {path} has {len(heads)} loops over {target!r}, not 1: not the pinned commit?")
+    head = heads[0]
+    indent = len(lines[head]) - len(lines[head].lstrip())
+    end = head + 1
+    while end < len(lines) and (not lines[end].strip() or len(lines[end]) - len(lines[end].lstrip()) > indent):
+        end += 1
+    tree = ast.parse(textwrap.dedent("\n".join(lines[head:end])), str(path))
+    ast.increment_lineno(tree, head)
+    return compile(tree, str(path), "exec")
 
 
 def recorder(function: Callable, keep: Callable | None = None, into: list | None = None) -> Callable:

@@ -1,5 +1,6 @@
 """The mutations of issue 49 §2, each of which a parity test must catch: a differential test outside the project
-found that these seven changes to fedstyle's reference modes passed every parity test of the day.
+found that the first seven of these changes to fedstyle's reference modes passed every parity test of the day;
+the last two guard the episodic step of FedDG (its parity test came later).
 
 For each mutation this copies the project's files (``git ls-files``: tracked and untracked, not ignored) into a
 temporary folder, applies the mutation there (one exact source replacement, which must occur once), runs the
@@ -26,6 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 STABLEFDG = "tests/test_parity_stablefdg.py"
 PARDON = "tests/test_parity_pardon.py"
+FEDDG = "tests/test_parity_feddg_episodic.py"
 
 
 @dataclass(frozen=True)
@@ -61,6 +63,12 @@ MUTATIONS = (
     Mutation("PARDON's triplet distance with eps 1e-5", "fedstyle/algorithms/paired_views.py",
              "positive = F.pairwise_distance(z, zp, eps=eps)", "positive = F.pairwise_distance(z, zp, eps=1e-5)",
              (f"{PARDON}::test_one_step_loss_and_gradients_are_the_codes",)),
+    Mutation("FedDG's reference step second order", "fedstyle/algorithms/feddg_fft.py",
+             'REFERENCE = {"meta_order": "first"}', 'REFERENCE = {"meta_order": "second"}',
+             (f"{FEDDG}::test_two_episodic_steps_match_train_elcfs[code]",)),
+    Mutation("FedDG's inner gradient not clamped", "fedstyle/algorithms/feddg_fft.py",
+             'g = g.clamp(-hp["meta_clip"], hp["meta_clip"])', "g = g",
+             (f"{FEDDG}::test_two_episodic_steps_match_train_elcfs[clamped]",)),
 )
 
 
