@@ -517,7 +517,7 @@ def test_claims_are_judged_by_the_rule_on_each_set_of_results(tmp_path, small_bo
     expected = judge_paired({("d1 → a", s): v for s, v in enumerate((50.0, 52.0, 49.0))},
                             {("d1 → a", s): v for s, v in enumerate((40.0, 41.0, 45.0))})
     assert (p_q.status, p_q.verdict.mean) == (expected.status, pytest.approx(expected.mean))
-    assert q_r.status == "not judged (no per-seed values of R)"
+    assert q_r.status == "not judged (its files have no row of R)"
     assert row.preset_runs.text() == "not judged (no such run)"
     assert "`benchmarks/per_seed/pre.csv`" in row.evidence()
 
@@ -653,7 +653,8 @@ def test_the_vs_baseline_column_is_the_rule_against_the_tables_reference_row():
     assert f"| best | above: {a.versus_reference.interval()} |" in table and "| baseline |" in table
     assert text_table(board).splitlines()[1].endswith(f"above: {a.versus_reference.interval()}")
     assert against_reference_line(board) == [
-        "Against C (the vs C column): 2 of 2 ranked rows are above it by the rule, 0 tied with it, 0 below it."]
+        "Against C (the vs C column): 2 of the 2 other ranked rows are above it by the rule, 0 tied with it, "
+        "0 below it."]
     # no reference: no column (a table of tables.toml always names one)
     assert "vs C" not in markdown_table(build_board("multi_source", "Small", "target", SMALL_TABLE, _small_lines(),
                                                      SMALL_DATASETS))

@@ -82,7 +82,7 @@ Lookup = Mapping[str, tuple[dict, dict[str, float]] | None]
 
 
 def judge(says: str, lookup, classes: Mapping[str, int], sources: list[str],
-          absent_word: str = "no per-seed values of") -> Judgement:
+          absent_word: str = "its files have no row of") -> Judgement:
     out = Judgement(says, sources=sources)
     for better, worse in chain(says):
         rows = {name: lookup(name) for name in (better, worse)}

@@ -15,12 +15,20 @@ import io
 
 from fedstyle.experiments.leaderboard.board import Board, BoardRow, fmt
 
-STANDING_HELP = ("**vs best**: the mean difference, best row minus this row, over the (cell, seed) pairs both have; "
-                 "its 95 % t interval in brackets. *Tied*: the interval contains 0, so the rule cannot tell the row "
-                 "from the best. *Below*: the interval lies above 0. **vs FedAvg** (DSGD on the peer-to-peer table): "
-                 "the other way round, this row minus the table's plain baseline, its mean and 95 % interval over "
-                 "their pairs. *Above*: the interval lies above 0 (the rule's row > baseline holds). *Tied*: it "
-                 "contains 0. *Below*: it lies below 0.")
+STANDING_HELP = ("**vs best**: the best row minus this row, the mean over the (cell, seed) pairs both have, with its "
+                 "95 % t interval in brackets. *Tied*: the interval contains 0, so the rule cannot tell the row from "
+                 "the best. *Below*: the interval lies above 0, so the best row leads.")
+
+
+def reference_help(board: Board) -> str:
+    """The legend of the "vs <plain baseline>" column, naming the table's own baseline; empty without one."""
+    if board.reference is None:
+        return ""
+    name = board.reference.label
+    return (f"**vs {name}**: the other way round, this row minus {name}, the mean and 95 % interval over their "
+            f"pairs. *Above*: the interval lies above 0 (the rule's row > {name} holds). *Tied*: it contains 0. "
+            "*Below*: it lies below 0.")
+
 
 #: the rule's verdict on "row > baseline" in the words of the vs-baseline column
 POSITION = {"holds": "above", "within noise": "tied", "fails": "below"}
