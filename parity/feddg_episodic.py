@@ -24,7 +24,9 @@ What stands in for the segmentation task, the same on both sides:
   which loss it differentiates);
 - the boundary-oriented contrastive term (``cont_loss_func``, an ``NTXentLoss`` of pytorch_metric_learning over
   the disc and cup contour embeddings, :185, 229-245) is zero: it needs segmentation masks, and fedstyle does not
-  implement it (docs/methods/feddg_fft.md). The contour masks are ones, the embedding a zero map.
+  implement it (docs/methods/feddg_fft.md). The contour masks are ones, the embedding a zero map, and
+  ``extract_contour_embedding`` (:95-106) a stand-in that feeds only that zero term (the file's own function cannot be
+  compiled from a file that does not parse).
 
 Two settings: the code's defaults (``meta_step_size`` 1e-3, ``clip_value`` 100: the clamp never binds) and one
 where the inner step is large and the clamp binds for about half the gradient (0.5 and 0.08), so that a second-order
