@@ -5,7 +5,8 @@ The authors wrote the step inline, in the script's ``__main__`` block: the loop 
 enumerate(dataloader_current):`` (``train_ELCFS.py:199-286``). The generator compiles that loop alone from the
 checkout (:func:`parity.common.load_loop`, which cuts it from the text by indentation: the file does not parse at
 this commit, line 58 lacking a closing bracket; the rest of the script, which parses arguments and globs a dataset,
-is not run) and runs it unchanged over a loader of one batch, twice, in a namespace holding the names it reads. What it does, line by line:
+is not run) and runs it unchanged over a loader of one batch, twice, in a namespace holding the names it reads.
+What it does, line by line:
 
 - ``loss_inner = dice_loss(net(x))``; ``grads = torch.autograd.grad(loss_inner, net.parameters(),
   retain_graph=True)``: no ``create_graph``, so the outer loss reaches the weights only through ``w'``'s first
