@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from parity.common import FIXTURES, ROOT, count_sketch, gradient_errors, gradient_record, read_fixture
-from parity.common import require_checkout, seeded_weights
+from parity.common import load_loop, require_checkout, seeded_weights
 
 GENERATORS = sorted(p.stem for p in (ROOT / "parity").glob("*.py") if p.stem not in ("__init__", "common", "mutations"))
 DOC = (ROOT / "docs" / "parity.md").read_text()
@@ -113,3 +113,26 @@ def test_importable_forgets_nested_namespace_packages_whatever_the_order(tmp_pat
         for i in range(30):
             assert importlib.import_module(f"nspkg.sub{i}.mod").VALUE == 1
     assert not any(name == "nspkg" or name.startswith("nspkg.") for name in sys.modules)
+
+
+def test_an_inline_loop_is_cut_from_a_file_that_does_not_parse(tmp_path):
+    """parity.common.load_loop: the authors' train_ELCFS.py holds its step inline and does not parse (a bracket is
+    missing at line 58), so the loop is cut from the text; its line numbers stay the file's."""
+    script = tmp_path / "train.py"
+    script.write_text("names = ['a', 'b'\n"  # the file's own syntax error, as in train_ELCFS.py
+                      "if __name__ == '__main__':\n"
+                      "    for epoch in range(1):\n"
+                      "        for i, batch in enumerate(loader):\n"
+                      "            total = total + batch\n"
+                      "\n"
+                      "            seen.append(i)\n"
+                      "        after_the_loop = True\n")
+    names = {"loader": [1, 2, 3], "total": 0, "seen": []}
+    exec(load_loop(script, "i, batch"), names)
+    assert (names["total"], names["seen"], "after_the_loop" in names) == (6, [0, 1, 2], False)
+    names["loader"] = [None]
+    with pytest.raises(TypeError) as raised:
+        exec(load_loop(script, "i, batch"), names)
+    assert raised.traceback[-1].lineno + 1 == 5  # the file's line 5 (pytest counts from 0)
+    with pytest.raises(SystemExit, match="0 loops"):
+        load_loop(script, "j, batch")
