@@ -15,6 +15,8 @@ wall time on a shared machine; CPU hours on an idle core are about the same as w
 
     PYTHONPATH=. python benchmarks/leaderboard/measure_cost.py [--tables multi_source p2p single_source]
         -> benchmarks/leaderboard/cost.json
+    PYTHONPATH=. python benchmarks/leaderboard/measure_cost.py --tables multi_source --rows NEW_ROW
+        (a new row's one round only; the rest of the table's record kept)
 """
 
 from __future__ import annotations
@@ -70,6 +72,26 @@ def cpu_seconds(config, scratch: Path) -> float:
     return time.process_time() - start
 
 
+def measure_rows(key: str, rows: list[str], scratch: Path, log, previous: dict) -> dict:
+    """Only ``rows``' one-round seconds, measured afresh into the table's ``previous`` record (a new row's estimate,
+    without measuring the table's other rows and its reference again)."""
+    table = load_table(key)
+    plan = plan_grid(table.grid(overrides=[("rounds", 1), ("eval_every", 1), ("seeds", [0])]), scratch / f"plan-{key}",
+                     only=[("variant", rows)])
+    first: dict[str, object] = {}
+    for run in plan.runs:
+        if run.config.dataset == "digits4":
+            first.setdefault(run.variant, run.config)
+    missing = sorted(set(rows) - set(first))
+    if missing:
+        raise SystemExit(f"error: the {key} table has no row {', '.join(missing)}: see {key}.toml's [[variant]] names")
+    out = dict(previous, rows_one_round=dict(previous["rows_one_round"]))
+    for variant, config in first.items():
+        out["rows_one_round"][variant] = round(cpu_seconds(config, scratch), 2)
+        log(f"{key} {variant}: {out['rows_one_round'][variant]} CPU s for 1 round")
+    return out
+
+
 def measure(key: str, scratch: Path, log, whole_rounds: int) -> dict:
     table = load_table(key)
     one_round = table.grid(overrides=[("rounds", 1), ("eval_every", 1), ("seeds", [0])])
@@ -102,17 +124,31 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=HERE / "cost.json")
     parser.add_argument("--whole-rounds", type=int, default=8, help="rounds of the reference's whole run (the "
                         "estimate scales it to a table's rounds in proportion)")
+    parser.add_argument("--rows", nargs="+", metavar="VARIANT", help="measure only these rows of the one table in "
+                        "--tables (a new row's estimate), keeping its other measurements")
     args = parser.parse_args()
+    if args.rows and len(args.tables) != 1:
+        parser.error("--rows names rows of one table: give one --tables")
     torch.set_num_threads(1)
-    result = {"basis": __doc__.split("\n\n")[1].replace("\n", " "), "date": time.strftime("%Y-%m-%d %H:%M UTC",
-              time.gmtime()), "machine": f"{platform.machine()}, {platform.processor() or 'cpu'}, torch "
-              f"{torch.__version__}, 1 thread", "command": " ".join(["python"] + sys.argv), "tables": {}}
-    if args.out.exists():  # measure some tables again, keep the others
-        result["tables"] = json.loads(args.out.read_text()).get("tables", {})
+    now, command = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), " ".join(["python"] + sys.argv)
+    result = {"basis": __doc__.split("\n\n")[1].replace("\n", " "), "date": now, "machine": f"{platform.machine()}, "
+              f"{platform.processor() or 'cpu'}, torch {torch.__version__}, 1 thread", "command": command, "tables": {}}
+    previous = json.loads(args.out.read_text()) if args.out.exists() else {}
+    result["tables"] = previous.get("tables", {})  # measure some tables again, keep the others
+    if args.rows:  # the file's date and command stay those of its whole measurement; the rows say their own
+        result.update({k: previous[k] for k in ("date", "machine", "command") if k in previous})
     with tempfile.TemporaryDirectory() as scratch:
         for key in args.tables:
-            result["tables"][key] = measure(key, Path(scratch), lambda s: print(s, flush=True),
-                                            args.whole_rounds)
+            log = lambda s: print(s, flush=True)  # noqa: E731
+            if args.rows:
+                if key not in result["tables"]:
+                    parser.error(f"--rows adds to a measured table; {key} has none yet: measure it whole first")
+                table = measure_rows(key, args.rows, Path(scratch), log, result["tables"][key])
+                table["rows_measured_later"] = dict(table.get("rows_measured_later", {}),
+                                                    **{row: f"{now}: {command}" for row in args.rows})
+                result["tables"][key] = table
+            else:
+                result["tables"][key] = measure(key, Path(scratch), log, args.whole_rounds)
             args.out.write_text(json.dumps(result, indent=1) + "\n")
     print(f"wrote {args.out}")
     return 0
