@@ -35,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # this checkout's 
 import torch  # noqa: E402
 
 from fedstyle.data.cache import CACHE_ENV, DERIVED_KINDS, cache_dir  # noqa: E402
+from fedstyle.errors import ConfigError  # noqa: E402
 from fedstyle.experiments.grid import plan_grid  # noqa: E402
 from fedstyle.experiments.leaderboard.tables import load_table, read_meta  # noqa: E402
 from fedstyle.experiments.runner import run_experiment  # noqa: E402
@@ -72,16 +73,25 @@ def cpu_seconds(config, scratch: Path) -> float:
     return time.process_time() - start
 
 
-def measure_rows(key: str, rows: list[str], scratch: Path, log, previous: dict) -> dict:
-    """Only ``rows``' one-round seconds, measured afresh into the table's ``previous`` record (a new row's estimate,
-    without measuring the table's other rows and its reference again)."""
-    table = load_table(key)
-    plan = plan_grid(table.grid(overrides=[("rounds", 1), ("eval_every", 1), ("seeds", [0])]), scratch / f"plan-{key}",
-                     only=[("variant", rows)])
+def first_digits4_runs(plan) -> dict[str, object]:
+    """Each row's first run on digits4 (its first target or source): the run whose one round is measured."""
     first: dict[str, object] = {}
     for run in plan.runs:
         if run.config.dataset == "digits4":
             first.setdefault(run.variant, run.config)
+    return first
+
+
+def measure_rows(key: str, rows: list[str], scratch: Path, log, previous: dict) -> dict:
+    """Only ``rows``' one-round seconds, measured afresh into the table's ``previous`` record (a new row's estimate,
+    without measuring the table's other rows and its reference again)."""
+    table = load_table(key)
+    try:
+        plan = plan_grid(table.grid(overrides=[("rounds", 1), ("eval_every", 1), ("seeds", [0])]),
+                         scratch / f"plan-{key}", only=[("variant", rows)])
+    except ConfigError as error:  # an unknown row: the message lists the table's rows
+        raise SystemExit(f"error: {error}") from None
+    first = first_digits4_runs(plan)
     missing = sorted(set(rows) - set(first))
     if missing:
         raise SystemExit(f"error: the {key} table has no row {', '.join(missing)}: see {key}.toml's [[variant]] names")
@@ -95,11 +105,7 @@ def measure_rows(key: str, rows: list[str], scratch: Path, log, previous: dict) 
 def measure(key: str, scratch: Path, log, whole_rounds: int) -> dict:
     table = load_table(key)
     one_round = table.grid(overrides=[("rounds", 1), ("eval_every", 1), ("seeds", [0])])
-    plan = plan_grid(one_round, scratch / f"plan-{key}")
-    first: dict[str, object] = {}
-    for run in plan.runs:  # the first dataset's first target (or source) of every row
-        if run.config.dataset == "digits4":
-            first.setdefault(run.variant, run.config)
+    first = first_digits4_runs(plan_grid(one_round, scratch / f"plan-{key}"))
     rows = {}
     for variant, config in first.items():
         rows[variant] = round(cpu_seconds(config, scratch), 2)
