@@ -88,7 +88,7 @@ def measure_rows(key: str, rows: list[str], scratch: Path, log, previous: dict) 
     table = load_table(key)
     try:
         plan = plan_grid(table.grid(overrides=[("rounds", 1), ("eval_every", 1), ("seeds", [0])]),
-                         scratch / f"plan-{key}", only=[("variant", rows)])
+                         scratch / f"plan-{key}", only=[("variant", rows), ("dataset", ["digits4"])])
     except ConfigError as error:  # an unknown row: the message lists the table's rows
         raise SystemExit(f"error: {error}") from None
     first = first_digits4_runs(plan)
