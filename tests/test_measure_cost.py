@@ -3,20 +3,14 @@ measuring the table's other rows or its reference again (the dry run's estimate 
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "leaderboard" / "measure_cost.py"
+from bench_scripts import load_script
 
 
 @pytest.fixture(scope="module")
 def measure_cost():
-    spec = importlib.util.spec_from_file_location("measure_cost", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("leaderboard/measure_cost.py")
 
 
 def test_only_the_named_rows_are_measured_and_the_rest_is_kept(measure_cost, monkeypatch, tmp_path):

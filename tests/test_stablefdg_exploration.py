@@ -1,22 +1,17 @@
 """benchmarks/stablefdg_exploration.py's recorder: what Eq. 4-5 (alpha = 3) does to each sample-channel, counted
 against values worked out by hand, and the firing stage's output left as the method makes it."""
 
-import importlib.util
 import math
-from pathlib import Path
 
 import pytest
 import torch
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "stablefdg_exploration.py"
+from bench_scripts import load_script
 
 
 @pytest.fixture(scope="module")
 def script():
-    spec = importlib.util.spec_from_file_location("stablefdg_exploration", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("stablefdg_exploration.py")
 
 
 def _batch(last: list[float]) -> torch.Tensor:
