@@ -116,15 +116,13 @@ def run(checkout: Path) -> dict[str, torch.Tensor]:
     s = SETTINGS
     loop = load_loop(checkout / "train_ELCFS.py", "i_batch, sampled_batch")
     tensors = weight_sums(build_model().state_dict())
-    for k in range(s["batches"]):
-        x, x_copy, y = batch(k)
-        tensors[f"y/{k}"] = y
+    batches = [batch(k) for k in range(s["batches"])]
+    tensors.update({f"y/{k}": y for k, (_, _, y) in enumerate(batches)})
     for run_name, (meta_step, clip) in RUNS.items():
         net = UNetConvention(build_model()).train()
         optimizer = torch.optim.Adam(net.parameters(), lr=s["lr"], betas=(0.9, 0.999))  # train_ELCFS.py:176
         names = namespace(net, optimizer, meta_step, clip)
-        for k in range(s["batches"]):
-            x, x_copy, y = batch(k)
+        for k, (x, x_copy, y) in enumerate(batches):
             ones = torch.ones(len(x), 1, s["input_size"], s["input_size"])
             sampled = {"image": torch.cat([x, x_copy], 1), "label": y, "disc_contour": ones, "disc_bg": ones,
                        "cup_contour": ones, "cup_bg": ones}

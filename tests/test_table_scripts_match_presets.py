@@ -19,7 +19,6 @@ ccst_table.py runs ``fedstyle reproduce ccst`` itself: its test checks the comma
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -27,20 +26,16 @@ from types import SimpleNamespace
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-BENCHMARKS = ROOT / "benchmarks"
+from bench_scripts import load_script
+
 #: not compared: where the run goes and how it is named in reports (the scripts' rows carry no label)
 IGNORED = ("device", "label")
 #: a run's place in the grid; every other RunConfig field is a setting that must agree
 IDENTITY = ("dataset", "partition", "protocol", "targets", "source", "val_domain", "seed")
 
 
-def load_script(name: str):
-    spec = importlib.util.spec_from_file_location(f"_table_script_{name}", BENCHMARKS / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
+def load_table_script(name: str):
+    return load_script(f"{name}.py", f"_table_script_{name}")
 
 
 def registry_domains(name: str, *args, **kwargs):
@@ -121,7 +116,7 @@ def assert_same(script_runs, preset, expected: int) -> None:
 
 
 def fedgca_runs(tmp_path: Path):
-    module = load_script("fedgca_table")
+    module = load_table_script("fedgca_table")
     scale = module.SCALES["full"]
     jobs = []
     for dataset in scale["datasets"]:  # as main() with the defaults: --momentum 0, no --pacs-coefficients
@@ -132,7 +127,7 @@ def fedgca_runs(tmp_path: Path):
 
 
 def pardon_runs(tmp_path: Path, monkeypatch):
-    module = load_script("pardon_table")
+    module = load_table_script("pardon_table")
     monkeypatch.setattr(module, "load_dataset", registry_domains)
     scale = module.SCALES["full"]
     # the LODO part: protocols=("lodo",), and without the lambda sweep (an LTDO grid)
@@ -142,7 +137,7 @@ def pardon_runs(tmp_path: Path, monkeypatch):
 
 
 def stablefdg_runs(tmp_path: Path, monkeypatch):
-    module = load_script("stablefdg_table")
+    module = load_table_script("stablefdg_table")
     monkeypatch.setattr(module, "load_dataset", registry_domains)
     scale = module.SCALES["full"]
     # as main() with the defaults: both datasets and distributions, every row but the on-request ones
@@ -157,7 +152,7 @@ def stablefdg_runs(tmp_path: Path, monkeypatch):
 
 
 def styleddg_runs(tmp_path: Path, monkeypatch):
-    module = load_script("styleddg_table")
+    module = load_table_script("styleddg_table")
     monkeypatch.setattr(module, "load_dataset", registry_domains)
     args = argparse.Namespace(scale="full", seeds=None, datasets=None, data_root=None, device="cpu", rows=None,
                               targets=None, networks=None, rounds_factor=1, report_only=False,
@@ -203,7 +198,7 @@ def test_styleddg_table_full_grid_is_the_styleddg_preset_full_scale(tmp_path, mo
 def test_ccst_table_runs_the_ccst_preset_full_scale_itself(tmp_path, monkeypatch):
     """ccst_table.py is ``fedstyle reproduce ccst --scale full`` restricted to its --datasets (digits4 by
     default, as RESULTS.md); with both datasets the --only keeps the preset's whole full grid."""
-    module = load_script("ccst_table")
+    module = load_table_script("ccst_table")
     calls = []
     monkeypatch.setattr(module, "fedstyle", lambda argv: calls.append(argv) or 0)
     out = tmp_path / "ccst-out"

@@ -22,6 +22,7 @@ wall time on a shared machine; CPU hours on an idle core are about the same as w
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import platform
@@ -143,9 +144,9 @@ def main() -> int:
     result["tables"] = previous.get("tables", {})  # measure some tables again, keep the others
     if args.rows:  # the file's date and command stay those of its whole measurement; the rows say their own
         result.update({k: previous[k] for k in ("date", "machine", "command") if k in previous})
+    log = functools.partial(print, flush=True)
     with tempfile.TemporaryDirectory() as scratch:
         for key in args.tables:
-            log = lambda s: print(s, flush=True)  # noqa: E731
             if args.rows:
                 if key not in result["tables"]:
                     parser.error(f"--rows adds to a measured table; {key} has none yet: measure it whole first")

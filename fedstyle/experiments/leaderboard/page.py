@@ -428,7 +428,7 @@ def board_section(board: Board) -> list[str]:
            "- Rank: the row's mean rank over the cells (1 = best), as the Friedman test ranks them. Rows are sorted "
            "by Avg.",
            f"- {STANDING_HELP}",
-           *([f"- {reference_help(board)}"] if board.reference is not None else [])]
+           *(f"- {text}" for text in [reference_help(board)] if text)]
     out += ["", leaders_text(board)]
     if board.other_budget_lines:
         out += ["", f"{board.other_budget_lines} CSV lines of another number of rounds are left out."]
