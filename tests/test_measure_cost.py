@@ -35,3 +35,4 @@ def test_an_unknown_row_is_refused_with_the_tables_rows(measure_cost, tmp_path):
     with pytest.raises(SystemExit, match="variant takes .*fedavg-complement"):
         measure_cost.measure_rows("multi_source", ["no-such-row"], tmp_path, lambda s: None,
                                   {"rows_one_round": {}})
+

@@ -37,6 +37,7 @@ import torch  # noqa: E402
 
 from fedstyle.data.cache import CACHE_ENV, DERIVED_KINDS, cache_dir  # noqa: E402
 from fedstyle.errors import ConfigError  # noqa: E402
+from fedstyle.io import atomic_write_text, json_text  # noqa: E402
 from fedstyle.experiments.grid import plan_grid  # noqa: E402
 from fedstyle.experiments.leaderboard.tables import load_table, read_meta  # noqa: E402
 from fedstyle.experiments.runner import run_experiment  # noqa: E402
@@ -156,7 +157,7 @@ def main() -> int:
                 result["tables"][key] = table
             else:
                 result["tables"][key] = measure(key, Path(scratch), log, args.whole_rounds)
-            args.out.write_text(json.dumps(result, indent=1) + "\n")
+            atomic_write_text(args.out, json_text(result, indent=1) + "\n")  # an interrupted run leaves the old file
     print(f"wrote {args.out}")
     return 0
 
