@@ -31,6 +31,16 @@ def test_only_the_named_rows_are_measured_and_the_rest_is_kept(measure_cost, mon
     assert previous["rows_one_round"] == {"fedavg": 2.33, "ccst": 12.91}  # the caller's record is not changed
 
 
+def test_a_single_source_row_is_measured_on_its_first_digits4_source(measure_cost, monkeypatch, tmp_path):
+    measured = []
+    monkeypatch.setattr(measure_cost, "cpu_seconds",
+                        lambda config, scratch: measured.append((config.method, config.dataset, config.source)) or 3.0)
+    previous = {"rows_one_round": {"fedavg": 2.0}, "reference": "fedavg"}
+    out = measure_cost.measure_rows("single_source", ["feddyn-complement"], tmp_path, lambda s: None, previous)
+    assert measured == [("feddyn", "digits4", "mnist")]  # the table crosses source domains, not datasets
+    assert out["rows_one_round"] == {"fedavg": 2.0, "feddyn-complement": 3.0}
+
+
 def test_an_unknown_row_is_refused_with_the_tables_rows(measure_cost, tmp_path):
     with pytest.raises(SystemExit, match="variant takes .*fedavg-complement"):
         measure_cost.measure_rows("multi_source", ["no-such-row"], tmp_path, lambda s: None,
