@@ -1,8 +1,8 @@
 """The canary audit's power (issue 50, section 7): how often the bound passes the analytic eps when the noise is f
 times smaller than claimed, simulated through fedstyle.audit.canary.canary_power (scores of the receiver's
 projection, no training), and the bound the claimed noise gives (what an over-claiming accountant must stay under
-to be caught). Defaults: RESULTS' CCST per-image setting (canary share 0.74 of 2C, z = 1, delta = 1e-5, 1000
-releases per world); ~20 s.
+to be caught). Defaults: docs/results/privacy.md's CCST per-image setting (canary share 0.74 of 2C, z = 1,
+delta = 1e-5, 1000 releases per world); ~20 s.
 
     python benchmarks/canary_power.py [--share 0.74] [--noise 1] [--delta 1e-5] [--trials 1000] [--repeats 100]
 """

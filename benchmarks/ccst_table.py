@@ -3,7 +3,7 @@
 Rows: FedAvg, MixStyle, FedDG (amplitude exchange), JiGen, RSC, CCST with single-image and overall styles at
 K = 1, 2, 3, CCST (overall, K = 3) + MixStyle — the preset fedstyle/experiments/presets/ccst.toml,
 which also puts the paper's numbers beside fedstyle's and checks its claims. Setting (as
-benchmarks/RESULTS.md): leave-one-domain-out, one client per source domain, ConvNet, 8 rounds x 15
+docs/results/ccst.md): leave-one-domain-out, one client per source domain, ConvNet, 8 rounds x 15
 local steps of batch 64, 3 seeds. A second table gives the setup phase: style computation and
 stylization throughput (images per second) and the style-bank bytes. Finished runs are reused;
 ``--workers`` runs several at once (a GPU holds many digits-sized jobs).
@@ -139,7 +139,8 @@ def main() -> int:
                         "runs/ccst-many-clients)")
     parser.add_argument("--scale", default="full", help="the preset's scale (default: full)")
     parser.add_argument("--datasets", nargs="+", default=["digits4"],
-                        help="the full scale's datasets to run (default: digits4, as RESULTS.md; add fashion4)")
+                        help="the full scale's datasets to run (default: digits4, as docs/results/ccst.md; "
+                        "add fashion4)")
     parser.add_argument("--backend", help="CCST style backend: lite (the preset's default), adain, fft")
     parser.add_argument("--rounds", type=int)
     parser.add_argument("--local-steps", type=int)

@@ -1,8 +1,8 @@
-"""Per-seed results of a benchmark, kept in the repository, and the verdicts of RESULTS.md re-read from them.
+"""Per-seed results of a benchmark, kept in the repository, and the verdicts of docs/results/ re-read from them.
 
 Run directories are large (checkpoints) and do not outlive the machine they ran on; a verdict by the rule of
 :mod:`fedstyle.experiments.verdict` needs each (cell, seed)'s accuracy, not a mean. So each table of
-benchmarks/RESULTS.md measured after 2026-11-26 keeps one small CSV here, one line per run:
+docs/results/ measured after 2026-11-26 keeps one small CSV here, one line per run:
 
     python benchmarks/per_seed.py export RUN_DIR [RUN_DIR ...] --name NAME   # -> benchmarks/per_seed/NAME.csv
     python benchmarks/per_seed.py judge NAME --claim 'FedOMG > FedAvg' [--claim ...] [--dataset digits4]

@@ -2,7 +2,7 @@
 
 Variants: ``alpha1`` (StyleExplore alpha = 1 instead of the paper's 3, Eq. 18) and ``layer1`` (the
 style steps at stage 1 only). Seeds 0-2; finished runs are skipped. Prints each run's selected
-target accuracy; the table in benchmarks/RESULTS.md adds the source-validation accuracy from the
+target accuracy; the table in docs/results/styleddg.md adds the source-validation accuracy from the
 runs' metrics.jsonl.
 
     PYTHONPATH=. python benchmarks/styleddg_sensitivity.py \

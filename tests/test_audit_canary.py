@@ -178,10 +178,10 @@ def test_the_senders_noise_is_the_claimed_noise(tiny_config):
 
 
 def test_the_canary_audits_power_against_noise_smaller_than_claimed():
-    # the per-image setting of RESULTS' CCST table: a canary moving the row by 0.74 of 2C, z = 1, delta = 1e-5,
-    # 1000 releases per world. Correct noise never passes the analytic eps (4.38); noise 10x too small always
-    # does; 2x too small does not (the bound's ceiling at 500 counted releases is 4.91, and the true eps of
-    # 2x-too-small noise at this canary is reached only in tails these trials do not resolve)
+    # the per-image setting of docs/results/privacy.md's CCST table: a canary moving the row by 0.74 of 2C,
+    # z = 1, delta = 1e-5, 1000 releases per world. Correct noise never passes the analytic eps (4.38); noise 10x
+    # too small always does; 2x too small does not (the bound's ceiling at 500 counted releases is 4.91, and the
+    # true eps of 2x-too-small noise at this canary is reached only in tails these trials do not resolve)
     power = canary_power(0.74, 1.0, 1e-5, 1000, (1, 2, 10), repeats=20)
     assert power == {1.0: 0.0, 2.0: 0.0, 10.0: 1.0}
     with pytest.raises(ConfigError, match="canary_power needs"):

@@ -590,6 +590,33 @@ def test_readme_table_is_the_rendering():
                                                       "CSVs: run `fedstyle leaderboard show --readme README.md`")
 
 
+def test_results_md_says_who_leads_each_benchmark_as_rendered():
+    """benchmarks/RESULTS.md names each benchmark's leader, its ties and the grid's run time (issue 51): the block is
+    the rendering of the committed CSVs."""
+    from fedstyle.experiments.leaderboard.page import RESULTS_END, RESULTS_START, load_boards, results_leaders
+
+    results = (Path(__file__).resolve().parents[1] / "benchmarks" / "RESULTS.md").read_text()
+    inside = results.split(RESULTS_START, 1)[1].split(RESULTS_END, 1)[0]
+    assert results_leaders(load_boards()).strip() == inside.strip(), ("benchmarks/RESULTS.md's leaders are not the "
+                                                                       "rendering: run `fedstyle leaderboard show`")
+
+
+def test_results_leaders_name_the_leader_its_ties_and_the_run_time(small_board, tmp_path):
+    from fedstyle.experiments.leaderboard.page import RESULTS_END, RESULTS_START, results_leaders, write_show
+
+    text = results_leaders({"multi_source": small_board})
+    # A leads both benchmarks; B is tied with it on each (its per-seed noise), C below; "short" misses d2 → y x 3
+    assert "| [Small](../docs/results/leaderboard.md#small) | d1 | **A** (61.7) | B (61.0; +0.7 [-0.7, +2.1]) |" in text
+    assert "| d2 | **A** (72.5) | B (71.8;" in text and "C (" not in text
+    assert "| Small | 72 of 75 | 72 runs on cpu, 0.0 h |" in text
+    # write_show fills the block of the RESULTS.md two levels above the pages it writes, as the method cards beside
+    (tmp_path / "benchmarks").mkdir()
+    results = tmp_path / "benchmarks" / "RESULTS.md"
+    results.write_text(f"# Results\n\n{RESULTS_START}\nstale block\n{RESULTS_END}\n")
+    written = write_show(tmp_path / "docs" / "results", figures=False)
+    assert results in written and "stale block" not in results.read_text() and "Who leads" in results.read_text()
+
+
 def test_the_readme_summary_counts_runs_and_places_rows_by_the_rule(small_board, monkeypatch):
     from fedstyle.experiments.leaderboard.page import readme_summary
 
@@ -701,6 +728,10 @@ def test_the_budget_paragraph_rereads_the_rule_from_the_runs():
     flat = runs({("d1", 8): 70.0, ("d1", 16): 70.5, ("d1", 32): 71.0, ("d2", 8): 60, ("d2", 16): 60.5,
                  ("d2", 32): 61.0})
     assert "It gives **8**. The tables use 32: rerun the budget or change `rounds`." in budget_text(rule, flat, 32)
+    # the cap's reason, when tables.toml gives one, is said where the rule stops at the cap, and only there
+    rule["cap_why"] = "the grid's cost"
+    assert budget_text(rule, still_gaining, 32).endswith(" Why a cap: the grid's cost.")
+    assert "Why a cap" not in budget_text(rule, flat, 32)
 
 
 def test_show_refuses_before_writing_anything(tmp_path, capsys):

@@ -1,4 +1,5 @@
-"""benchmarks/per_seed.py: the per-seed tables behind RESULTS.md's verdicts, and their re-reading by the rule."""
+"""benchmarks/per_seed.py: the per-seed tables behind the verdicts of docs/results/, and their re-reading by the
+rule."""
 
 from __future__ import annotations
 

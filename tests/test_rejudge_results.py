@@ -1,4 +1,5 @@
-"""benchmarks/rejudge_results.py: the RESULTS.md verdicts re-read by the rule from their recorded per-seed values."""
+"""benchmarks/rejudge_results.py: the verdicts of docs/results/ re-read by the rule from their recorded per-seed
+values."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ def rejudge():
 
 
 def test_every_recorded_figure_is_printed_on_its_row_of_results(rejudge):
-    """The script's data are RESULTS.md's figures: each recorded row's per-seed values are on that row there."""
+    """The script's data are the figures of docs/results/: each recorded row's per-seed values are on that row there."""
     assert rejudge.check_recorded(rejudge.results_text(rejudge.RESULTS)) == []
 
 

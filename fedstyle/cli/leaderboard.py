@@ -9,11 +9,11 @@ from pathlib import Path
 
 DESCRIPTION = """\
 The leaderboard: every method side by side on every leave-one-domain-out target of digits4 and
-fashion4, seeds 0-2, in three tables: multi-source star (every star method of the registry, one client per
-source domain), peer to peer (DSGD, DSGD + MixStyle, DSGD + DSU, StyleDDG on StyleDDG's graph) and single
-source (FedGCA and its paper's baselines, each domain the one source). The tables are sweep files,
-benchmarks/leaderboard/*.toml; each run's result is kept in benchmarks/per_seed/leaderboard-*.csv, and the
-leaderboard is rendered from those files only."""
+fashion4, seeds 0-2, in three tables: multi-source star (every star method of the registry and one
+ablation row, one client per source domain), peer to peer (DSGD, DSGD + MixStyle, DSGD + DSU, StyleDDG on
+StyleDDG's graph) and single source (FedGCA, its paper's baselines and one ablation row, each domain the one
+source). The tables are sweep files, benchmarks/leaderboard/*.toml; each run's result is kept in
+benchmarks/per_seed/leaderboard-*.csv, and the leaderboard is rendered from those files only."""
 
 RUN_EPILOG = """\
 examples:

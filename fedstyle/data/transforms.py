@@ -115,7 +115,8 @@ class BatchTransform:
         mean = torch.tensor(self.mean, dtype=torch.float32, device=x.device).view(1, 3, 1, 1)
         std = torch.tensor(self.std, dtype=torch.float32, device=x.device).view(1, 3, 1, 1)
         # channels-last: the convolution kernels of CPUs (oneDNN) and GPUs (tensor cores) run faster
-        # on NHWC; measured 1.7x for the digits ConvNet on this 2-core CPU (benchmarks/RESULTS.md)
+        # on NHWC; measured 1.7x for the digits ConvNet on this 2-core CPU (docs/results/speed.md
+        # "Speed: FedAvg on digits4")
         x = x.contiguous(memory_format=torch.channels_last)
         x = x.to(torch.float32)
         if self.output_size is not None and tuple(x.shape[-2:]) != (self.output_size, self.output_size):

@@ -129,7 +129,8 @@ class RunConfig:
                                     "(1 = the first) every client normalises with the global model's running "
                                     "statistics, frozen, as evaluation does; 0 = never. Half the rounds is the "
                                     "paper's choice; it closes the gap batch statistics leave when each client "
-                                    "holds one domain (benchmarks/RESULTS.md 'Fine-tuning with batch statistics'). "
+                                    "holds one domain (docs/results/pretrained.md 'Fine-tuning with batch "
+                                    "statistics'). "
                                     "With BatchNorm kept on the clients (FedBN, --hp local_bn=true) there are no "
                                     "global statistics: each client normalises with its own running statistics, "
                                     "frozen, and the run says so")
@@ -146,7 +147,7 @@ class RunConfig:
                                 "learns at --lr), for a fresh head on a pretrained backbone: with BatchNorm's batch "
                                 "statistics Lite0's pooled features are 3x smaller than with ImageNet's, so its head "
                                 "learns ~9x slower at the same lr (10 brought 30 centralised steps from loss 2.20 to "
-                                "1.57; benchmarks/RESULTS.md 'Fine-tuning with batch statistics')")
+                                "1.57; docs/results/pretrained.md 'Fine-tuning with batch statistics')")
     # run
     label: str | None = _opt(None, "name of this run's row in reports (default: the method with its options)")
     seed: int = _opt(0, "random seed (same config and seed give the same metrics)")

@@ -1,5 +1,5 @@
 """How fedstyle reads a claim "A > B" from runs: one rule, used by ``fedstyle reproduce``, sweep reports and the
-benchmark table scripts, and quoted in benchmarks/RESULTS.md (issue 35).
+benchmark table scripts, and quoted in docs/results/index.md "How a claim is read" (issue 35).
 
 **The rule** (:data:`RULE`). A claim is judged on *cells*: a dataset and one held-out target domain (or one
 LTDO split) where both rows ran. In a cell, the seeds both rows ran pair up (a seed fixes the partition, the
@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
-#: the rule in one paragraph, for reports and RESULTS.md
+#: the rule in one paragraph, for reports and docs/results/
 RULE = ("A claim A > B is judged on its cells (dataset x held-out target) and the seeds both rows ran there: each "
         "gives a paired difference acc(A) - acc(B). It **holds** when the 95 % t confidence interval of the mean "
         "difference lies above 0, **fails** when it lies below 0, and is **within noise** when it contains 0; "

@@ -186,8 +186,8 @@ class Classifier(nn.Module):
         replaces every BatchNorm layer's own; None keeps them (PyTorch's 0.1 for the ResNets and the
         ConvNet, TensorFlow's 0.01 for EfficientNet-Lite0). It matters in ``train`` mode only: with
         0.01 the running statistics that evaluation uses still hold 74 % of ImageNet's after 30 steps
-        (0.99^30) while the weights have adapted to the batch statistics (benchmarks/RESULTS.md "The
-        pretrained track", 'Fine-tuning with batch statistics').
+        (0.99^30) while the weights have adapted to the batch statistics (docs/results/pretrained.md
+        'Fine-tuning with batch statistics').
 
         ``fix_round`` R > 0 (``train`` mode only) is FixBN (Zhong, Chen & Chao, "Making Batch Normalization
         Great in Federated Deep Learning", ICML 2024, arXiv:2303.06530): batch statistics in rounds 1 .. R-1
