@@ -617,6 +617,16 @@ def test_results_leaders_name_the_leader_its_ties_and_the_run_time(small_board, 
     assert results in written and "stale block" not in results.read_text() and "Who leads" in results.read_text()
 
 
+def test_show_into_a_relative_folder_without_two_levels_above_it(tmp_path, monkeypatch):
+    """`--out out` (a folder with no parents of its own) renders: the RESULTS.md two levels up is looked for from
+    the resolved path, and there is none."""
+    from fedstyle.cli.main import main
+
+    monkeypatch.chdir(tmp_path)
+    assert main(["leaderboard", "show", "--out", "out", "--no-figures", "--quiet"]) == 0
+    assert (tmp_path / "out" / "leaderboard.md").is_file()
+
+
 def test_the_readme_summary_counts_runs_and_places_rows_by_the_rule(small_board, monkeypatch):
     from fedstyle.experiments.leaderboard.page import readme_summary
 

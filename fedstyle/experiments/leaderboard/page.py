@@ -87,10 +87,11 @@ def unpaired_marker(text: str) -> str:
 RESULTS_START, RESULTS_END = "<!-- leaders:start -->", "<!-- leaders:end -->"
 
 
-def results_file(out_dir: Path) -> Path:
+def results_file(out_dir: Path) -> Path | None:
     """The RESULTS.md that a page written to ``out_dir`` (docs/results) updates: benchmarks/RESULTS.md two levels up,
-    as the method cards are found beside ``out_dir``."""
-    return Path(out_dir).parents[1] / "benchmarks" / "RESULTS.md"
+    as the method cards are found beside ``out_dir``; None for a folder without two levels above it."""
+    parents = Path(out_dir).resolve().parents  # resolved: `--out out` has no parents of its own
+    return parents[1] / "benchmarks" / "RESULTS.md" if len(parents) > 1 else None
 
 
 def results_leaders(boards: dict[str, Board]) -> str:
@@ -119,8 +120,9 @@ def check_markers(out_dir: Path, readme: Path | None = None) -> None:
 
     out_dir = Path(out_dir)
     files = sorted(out_dir.glob("*.md")) + sorted((out_dir.parent / METHODS_DIR).glob("*.md"))
-    if results_file(out_dir).is_file():
-        files.append(results_file(out_dir))
+    results = results_file(out_dir)
+    if results is not None and results.is_file():
+        files.append(results)
     if readme is not None:
         readme = Path(readme)
         if not readme.is_file():
@@ -556,8 +558,8 @@ def write_show(out_dir: Path = DEFAULT_OUT, grid_dir: Path = GRID_DIR, csv_dir: 
     written += update_cards(out_dir.parent / METHODS_DIR, boards, claims)
     written += update_results_pages(out_dir, boards, claims)
     results = results_file(out_dir)
-    if results.is_file() and RESULTS_START in results.read_text(encoding="utf-8") and update_between(
-            results, RESULTS_START, RESULTS_END, results_leaders(boards)):
+    if results is not None and results.is_file() and RESULTS_START in results.read_text(encoding="utf-8") and \
+            update_between(results, RESULTS_START, RESULTS_END, results_leaders(boards)):
         written.append(results)
     return [page] + written
 
